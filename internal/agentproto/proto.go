@@ -1,0 +1,166 @@
+// Package agentproto is the wire contract between the isopod host and the
+// guest agent. It imports only the standard library and is compiled into both.
+//
+// # Transport
+//
+// One byte stream (a virtio-serial port in the guest, a socket on the host)
+// carries frames. Every frame is
+//
+//	u32 LE  total length of what follows (header length field + header + payload)
+//	u32 LE  header length
+//	header  JSON encoding of [Msg]
+//	payload raw bytes (output, stdin, file data, entropy); may be empty
+//
+// A frame is at most [MaxFrame] bytes; both sides refuse larger ones.
+//
+// # Multiplexing
+//
+// Every request carries an ID chosen by the host (non-zero, unique per
+// connection). Every frame the guest sends about that request carries the
+// same ID, so several requests (an exec and a ping, two execs) can be in
+// flight at once. ID 0 is reserved for the guest's unsolicited [KindHello]
+// sent when the agent first opens its port.
+//
+// # Handshake
+//
+// After a cold boot the guest sends Hello (ID 0) as soon as it is ready. The
+// host may also send Hello at any time (after a snapshot resume it must) and
+// gets Hello back. The host refuses a guest whose Version differs from
+// [Version].
+//
+// # Flow control
+//
+// Stdin is credit-based: the host keeps at most [StdinWindow] unacknowledged
+// [KindStdin] frames per exec; the guest answers each with [KindStdinAck]
+// once the bytes are written to the process. Guest-to-host data is not
+// windowed: the host must keep reading and buffer per request.
+//
+// This wire surface is unstable: it changes with [Version] and both ends are
+// always built from one tree.
+package agentproto
+
+// Version is the protocol version. Bump it on any incompatible change; the
+// host refuses a guest that disagrees and tells the user to rebuild images.
+const Version = 1
+
+// Limits.
+const (
+	// MaxFrame caps one frame (length fields, header and payload).
+	MaxFrame = 1 << 20
+	// MaxHeader caps the JSON header of one frame.
+	MaxHeader = 64 << 10
+	// ChunkSize is the largest payload either side puts in one data frame.
+	ChunkSize = 32 << 10
+	// StdinWindow is how many unacknowledged stdin frames the host may have
+	// outstanding for one exec.
+	StdinWindow = 8
+	// MaxHostname caps SetHostname (the kernel's limit).
+	MaxHostname = 64
+)
+
+// Kind names a message.
+type Kind string
+
+const (
+	// Handshake and liveness.
+	KindHello Kind = "hello" // both directions; guest reply fills Hello
+	KindPing  Kind = "ping"  // host -> guest
+	KindPong  Kind = "pong"  // guest -> host
+
+	// Exec.
+	KindExec     Kind = "exec"      // host -> guest: Exec set; starts a process
+	KindStdin    Kind = "stdin"     // host -> guest: payload is stdin bytes; EOF closes
+	KindStdinAck Kind = "stdin_ack" // guest -> host: one stdin frame consumed
+	KindOutput   Kind = "output"    // guest -> host: Stream set; payload is output
+	KindExecDone Kind = "exec_done" // guest -> host: Done set; last frame of an exec
+	KindSignal   Kind = "signal"    // host -> guest: Signal set; to the exec's process group
+
+	// Files.
+	KindCopyOut   Kind = "copy_out"   // host -> guest: Path, MaxBytes
+	KindFileChunk Kind = "file_chunk" // guest -> host: payload is file bytes
+	KindFileDone  Kind = "file_done"  // guest -> host: File set; the file is complete
+
+	// Machine configuration.
+	KindConfigureNet Kind = "configure_net" // host -> guest: Net set
+	KindSyncClock    Kind = "sync_clock"    // host -> guest: Clock set
+	KindSetHostname  Kind = "set_hostname"  // host -> guest: Hostname set
+	KindAddEntropy   Kind = "add_entropy"   // host -> guest: payload is random bytes; reseed
+	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
+
+	// Generic replies.
+	KindOK    Kind = "ok"    // guest -> host: request done
+	KindError Kind = "error" // guest -> host: Error set; request failed, nothing more follows
+)
+
+// Msg is the JSON header of one frame. Only the fields of its Kind are set.
+type Msg struct {
+	ID   uint64 `json:"id"`
+	Kind Kind   `json:"kind"`
+
+	Hello  *Hello    `json:"hello,omitempty"`
+	Exec   *Exec     `json:"exec,omitempty"`
+	Done   *ExecDone `json:"done,omitempty"`
+	Stream string    `json:"stream,omitempty"` // "stdout" or "stderr" on KindOutput
+	EOF    bool      `json:"eof,omitempty"`    // on KindStdin: no more input
+	Signal int       `json:"signal,omitempty"` // on KindSignal
+
+	Path     string    `json:"path,omitempty"`      // on KindCopyOut
+	MaxBytes int64     `json:"max_bytes,omitempty"` // on KindCopyOut
+	File     *FileDone `json:"file,omitempty"`
+
+	Net      *NetConfig `json:"net,omitempty"`
+	Clock    *Clock     `json:"clock,omitempty"`
+	Hostname string     `json:"hostname,omitempty"`
+	Sync     bool       `json:"sync,omitempty"` // on KindHalt
+
+	Error string `json:"error,omitempty"`
+}
+
+// Hello is the handshake body.
+type Hello struct {
+	Version      int     `json:"version"`
+	AgentVersion string  `json:"agent_version,omitempty"`
+	UptimeMS     int64   `json:"uptime_ms,omitempty"`
+	BootError    string  `json:"boot_error,omitempty"` // set when the root could not be assembled
+	Kernel       string  `json:"kernel,omitempty"`
+	ModulesMS    float64 `json:"modules_ms,omitempty"`
+}
+
+// Exec starts one process.
+type Exec struct {
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env,omitempty"` // KEY=VALUE, applied over the baseline
+	Cwd       string   `json:"cwd,omitempty"` // default /root
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	Stdin     bool     `json:"stdin,omitempty"` // KindStdin frames follow; else /dev/null
+}
+
+// ExecDone reports how a process ended.
+type ExecDone struct {
+	ExitCode   *int  `json:"exit_code"` // nil when killed by a signal
+	Signal     *int  `json:"signal"`
+	TimedOut   bool  `json:"timed_out"`
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// FileDone closes a copy-out stream.
+type FileDone struct {
+	Bytes int64  `json:"bytes"`
+	Mode  uint32 `json:"mode"` // permission bits of the guest file
+}
+
+// NetConfig addresses the guest's one NIC.
+type NetConfig struct {
+	Interface string   `json:"interface,omitempty"` // default eth0
+	Address   string   `json:"address"`             // CIDR, e.g. 10.0.2.2/30
+	Gateway   string   `json:"gateway,omitempty"`
+	DNS       []string `json:"dns,omitempty"`
+	MAC       string   `json:"mac,omitempty"`
+	// Env is added to every later exec (proxy variables on filtered runs).
+	Env []string `json:"env,omitempty"`
+}
+
+// Clock carries the host's wall clock.
+type Clock struct {
+	UnixNano int64 `json:"unix_nano"`
+}

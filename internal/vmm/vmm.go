@@ -1,0 +1,158 @@
+// Package vmm is the contract between isopod's core and a virtual machine
+// monitor. A [Driver] starts [Machine]s; each Machine is one VMM process that
+// runs one guest and never outlives the isopod call that started it.
+//
+// Vocabulary:
+//   - Config: everything needed to boot one guest (kernel, initramfs, disks,
+//     NIC, sizes). Validate it before Start.
+//   - Agent channel: the byte stream to the guest agent (a virtio-serial port
+//     for QEMU, a vsock connection for Firecracker). Framing lives in
+//     agentproto; the driver only moves bytes.
+//
+// Lifecycle: Start returns a running Machine. Wait blocks until the VMM
+// process exits and gives every caller the same error. Kill is idempotent and
+// safe from any goroutine. A context passed to Start bounds only the start-up;
+// it never ends the Machine.
+//
+// Optional abilities are separate interfaces, found by type assertion:
+// [Snapshotter] on a Machine and [Restorer] on a Driver.
+package vmm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"isopod/internal/errdefs"
+)
+
+// Accel is how guest code executes.
+type Accel string
+
+const (
+	AccelAuto Accel = ""    // KVM when /dev/kvm is usable, else TCG
+	AccelKVM  Accel = "kvm" // hardware virtualisation
+	AccelTCG  Accel = "tcg" // QEMU's software emulation
+)
+
+// Disk is one virtio block device.
+type Disk struct {
+	Path     string
+	ReadOnly bool
+	// Serial is what the guest reads from /sys/block/vdX/serial; the agent
+	// finds each disk's role by it (at most 20 bytes).
+	Serial string
+}
+
+// Net attaches one virtio-net NIC.
+type Net struct {
+	// Socket is a unix stream socket the VMM connects to. Ethernet frames
+	// travel on it, each prefixed by its length as a 4-byte big-endian
+	// integer (QEMU's stream netdev format). Used by QEMU.
+	Socket string
+	// Tap is a host tap device name. Used by Firecracker.
+	Tap string
+	// MAC is the guest NIC's address.
+	MAC string
+}
+
+// Config describes one guest.
+type Config struct {
+	ID      string // short identifier, used in process names and logs
+	Dir     string // per-VM directory for sockets and logs; must exist
+	Kernel  string
+	Initrd  string
+	Cmdline string
+	VCPUs   int
+	MemMiB  int
+	Disks   []Disk
+	Net     *Net // nil: no NIC at all
+	// SerialLog receives the guest console (kernel and agent logs).
+	SerialLog io.Writer
+	Accel     Accel
+	Logger    *slog.Logger
+}
+
+// Validate checks what a driver cannot do without.
+func (c *Config) Validate() error {
+	switch {
+	case c.ID == "":
+		return fmt.Errorf("vmm config: empty id: %w", errdefs.ErrInvalidArgument)
+	case c.Dir == "" || !filepath.IsAbs(c.Dir):
+		return fmt.Errorf("vmm config: dir %q must be absolute: %w", c.Dir, errdefs.ErrInvalidArgument)
+	case c.Kernel == "":
+		return fmt.Errorf("vmm config: no kernel: %w", errdefs.ErrInvalidArgument)
+	case c.VCPUs < 1:
+		return fmt.Errorf("vmm config: vcpus %d < 1: %w", c.VCPUs, errdefs.ErrInvalidArgument)
+	case c.MemMiB < 64:
+		return fmt.Errorf("vmm config: mem %d MiB < 64: %w", c.MemMiB, errdefs.ErrInvalidArgument)
+	}
+	for _, d := range c.Disks {
+		if d.Path == "" || len(d.Serial) > 20 {
+			return fmt.Errorf("vmm config: disk %q serial %q: %w", d.Path, d.Serial, errdefs.ErrInvalidArgument)
+		}
+	}
+	if c.Net != nil && c.Net.Socket == "" && c.Net.Tap == "" {
+		return fmt.Errorf("vmm config: NIC without socket or tap: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Info describes a VMM build.
+type Info struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Path    string `json:"path"`
+}
+
+// Driver starts guests with one VMM.
+type Driver interface {
+	// Info reports the VMM binary in use.
+	Info(ctx context.Context) (Info, error)
+	// Start boots a guest. ctx bounds the start-up only.
+	Start(ctx context.Context, cfg Config) (Machine, error)
+}
+
+// Machine is one running VMM process.
+type Machine interface {
+	// Agent is the channel to the guest agent. Closing it does not stop the VM.
+	Agent() io.ReadWriteCloser
+	// Pid is the VMM process id; StartTime its start time in clock ticks
+	// since boot (field 22 of /proc/PID/stat), so that a reused pid is never
+	// mistaken for it.
+	Pid() int
+	StartTime() uint64
+	// Accel is the acceleration the guest actually runs with.
+	Accel() Accel
+	// Wait blocks until the VMM exits. Every caller gets the same error.
+	Wait() error
+	// Done is closed when the VMM has exited.
+	Done() <-chan struct{}
+	// Kill ends the VMM at once. Idempotent.
+	Kill() error
+}
+
+// Snapshotter is a Machine that can save its paused state.
+type Snapshotter interface {
+	// Snapshot pauses the guest and writes its device state and memory under
+	// dir. The Machine stays paused; the caller kills it.
+	Snapshot(ctx context.Context, dir string) error
+}
+
+// Restorer is a Driver that can start a Machine from a snapshot.
+type Restorer interface {
+	// Restore starts a Machine from the snapshot in dir, mapping its memory
+	// privately so that many Machines can share one snapshot. cfg supplies
+	// the disks, NIC and agent channel for the new Machine; sizes must match
+	// the snapshot.
+	Restore(ctx context.Context, cfg Config, dir string) (Machine, error)
+}
+
+// Timing is optional boot detail a driver may expose (as a Machine).
+type Timing interface {
+	// Started is when the VMM process was started.
+	Started() time.Time
+}
