@@ -1,0 +1,142 @@
+package sandbox
+
+import (
+	"io"
+
+	"isopod/internal/vmm"
+)
+
+// Defaults and limits of a run.
+const (
+	DefaultVCPUs      = 1
+	MaxVCPUs          = 32
+	DefaultMemMiB     = 512
+	MinMemMiB         = 128
+	MaxMemMiB         = 4096
+	DefaultScratchMiB = 1024
+	MinScratchMiB     = 128
+	MaxScratchMiB     = 65536
+	DefaultTimeoutS   = 120
+	MaxTimeoutS       = 3600
+	DefaultBase       = "base-min"
+	BaseStage         = "base" // the reserved empty stage
+
+	// InlineCap is how much of each output stream a report carries.
+	InlineCap = 64 << 10
+	// LogCap is how much of each output stream is kept on disk.
+	LogCap = 64 << 20
+	// SerialLogCap is how much of the guest console is kept on disk.
+	SerialLogCap = 16 << 20
+	// MaxCopyOutBytes caps one copied file.
+	MaxCopyOutBytes = 16 << 30
+)
+
+// CopyOut names one guest file to copy to the host after the command.
+type CopyOut struct {
+	Guest string `json:"guest"`
+	Host  string `json:"host"`
+}
+
+// Request is one run. The zero value of every optional field means its
+// default.
+type Request struct {
+	Argv  []string
+	Stage string // default "base"
+	Base  string // default base-min; must agree with a forked stage's chain
+
+	NoNetwork      bool
+	AllowLANEgress bool
+	// Filtered egress: any of these switches the run to default-deny.
+	AllowHosts []string
+	AllowCIDRs []string
+	DenyEgress bool
+
+	VCPUs      int
+	MemMiB     int
+	ScratchMiB int // 0: default (and warm-pool eligible)
+	TimeoutS   int
+
+	Env []string // KEY=VALUE
+	Cwd string
+
+	// Stdin feeds the command. StdinFile is a host path ("-" is not accepted
+	// here; front ends turn it into Stdin).
+	Stdin     io.Reader
+	StdinFile string
+
+	CopyOut  []CopyOut
+	CommitAs string
+}
+
+// Copied reports one copied file.
+type Copied struct {
+	Guest string `json:"guest"`
+	Host  string `json:"host"`
+	Bytes int64  `json:"bytes"`
+}
+
+// NetReport summarises a networked run's traffic.
+type NetReport struct {
+	Mode      string `json:"mode"` // "nat" or "filtered"
+	Flows     int    `json:"flows"`
+	Denied    int    `json:"denied"`
+	BytesUp   int64  `json:"bytes_up"`
+	BytesDown int64  `json:"bytes_down"`
+	LogPath   string `json:"log_path"`
+}
+
+// Report is the one JSON object a run produces. Optional fields are omitted
+// when their condition does not hold.
+type Report struct {
+	OK   bool     `json:"ok"`
+	VMID string   `json:"vm_id"`
+	Name string   `json:"name"`
+	Argv []string `json:"argv,omitempty"`
+
+	ExitCode *int `json:"exit_code"`
+	Signal   *int `json:"signal"`
+	TimedOut bool `json:"timed_out"`
+
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutBytes     int64  `json:"stdout_bytes"`
+	StderrBytes     int64  `json:"stderr_bytes"`
+
+	ExecMS          int64  `json:"exec_ms"`
+	BootMS          *int64 `json:"boot_ms,omitempty"`
+	ResumeMS        *int64 `json:"resume_ms,omitempty"`
+	TeardownMS      int64  `json:"teardown_ms"`
+	CopyOutMS       *int64 `json:"copy_out_ms,omitempty"`
+	CommitMS        *int64 `json:"commit_ms,omitempty"`
+	CommitHashMS    *int64 `json:"commit_hash_ms,omitempty"`
+	CommitCopyMS    *int64 `json:"commit_copy_ms,omitempty"`
+	SnapshotBuilt   bool   `json:"snapshot_built"`
+	SnapshotBuildMS *int64 `json:"snapshot_build_ms,omitempty"`
+	TotalMS         int64  `json:"total_ms"`
+	Path            string `json:"path"` // "cold" or "warm"
+
+	Accel        vmm.Accel `json:"accel"`
+	VCPUs        int       `json:"vcpus"`
+	MemMiB       int       `json:"mem_mib"`
+	ScratchMiB   int       `json:"scratch_mib"`
+	RootfsFlavor string    `json:"rootfs_flavor"`
+	BaseSHA256   string    `json:"base_sha256"`
+	VMM          vmm.Info  `json:"vmm"`
+
+	StageID    string `json:"stage_id,omitempty"`
+	StageName  string `json:"stage_name,omitempty"`
+	ForkedFrom string `json:"forked_from,omitempty"`
+
+	GuestIP string     `json:"guest_ip,omitempty"`
+	Net     *NetReport `json:"net,omitempty"`
+	Egress  any        `json:"egress,omitempty"`
+
+	Copied   []Copied `json:"copied,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+
+	SerialLogPath string `json:"serial_log_path"`
+	StdoutLogPath string `json:"stdout_log_path"`
+	StderrLogPath string `json:"stderr_log_path"`
+}
