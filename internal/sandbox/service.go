@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"sync"
 
 	"isopod/internal/config"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
+	"isopod/internal/vmm/qemu"
 )
 
 // Options configures a Service.
@@ -25,6 +28,27 @@ type Options struct {
 type Service struct {
 	opts Options
 	log  *slog.Logger
+
+	driverOnce sync.Once
+	drv        vmm.Driver
+	drvErr     error
+}
+
+// driver returns the VMM driver, creating the QEMU one on first use.
+func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
+	s.driverOnce.Do(func() {
+		if s.opts.Driver != nil {
+			s.drv = s.opts.Driver
+			return
+		}
+		d, err := qemu.New(qemu.Config{Logger: s.log, ProbeCache: filepath.Join(s.opts.Paths.Home, "accel-probe.json")})
+		if err != nil {
+			s.drvErr = err
+			return
+		}
+		s.drv = d
+	})
+	return s.drv, s.drvErr
 }
 
 // New returns a Service over the state root in opts.Paths.
@@ -37,43 +61,4 @@ func New(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("sandbox: no state root: %w", errdefs.ErrInvalidArgument)
 	}
 	return &Service{opts: opts, log: log}, nil
-}
-
-// Run boots a fresh microVM, runs req.Argv in it, optionally copies files out
-// and commits the scratch layer, destroys the VM and reports. A guest's
-// non-zero exit is a normal report; an error means isopod itself failed.
-// Cancelling ctx tears the VM down.
-func (s *Service) Run(ctx context.Context, req Request) (*Report, error) {
-	return nil, fmt.Errorf("run: %w", errdefs.ErrNotSupported)
-}
-
-// StageList lists stages oldest first.
-func (s *Service) StageList(ctx context.Context) (*StageListResult, error) {
-	return nil, errdefs.ErrNotSupported
-}
-
-// StageInfo resolves ref and describes the stage and its chain.
-func (s *Service) StageInfo(ctx context.Context, ref string) (*StageInfoResult, error) {
-	return nil, errdefs.ErrNotSupported
-}
-
-// StageRemove removes a stage no other stage builds on.
-func (s *Service) StageRemove(ctx context.Context, ref string) (*StageRemoveResult, error) {
-	return nil, errdefs.ErrNotSupported
-}
-
-// VMList lists VM records newest first.
-func (s *Service) VMList(ctx context.Context) (*VMListResult, error) {
-	return nil, errdefs.ErrNotSupported
-}
-
-// VMGC kills orphaned VMM processes and prunes all but the newest keepLast
-// records (never a live one).
-func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
-	return nil, errdefs.ErrNotSupported
-}
-
-// ImageList lists the bases a run accepts.
-func (s *Service) ImageList(ctx context.Context) (*ImageListResult, error) {
-	return nil, errdefs.ErrNotSupported
 }

@@ -1,0 +1,369 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
+)
+
+// Exec defaults.
+const (
+	// DefaultPath is the baseline PATH of every exec.
+	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// DefaultCwd is where a process starts when the request names no cwd.
+	DefaultCwd = "/root"
+	// pipeDrainGrace is how long an exec waits, after its process and
+	// process group are gone, for the output pipes to reach EOF. A process
+	// that left the group (setsid) may hold them open forever.
+	pipeDrainGrace = 200 * time.Millisecond
+	// notStartedCode is the exit code for a program that could not start.
+	notStartedCode = 127
+)
+
+// baseEnv is the environment every exec starts from.
+var baseEnv = []string{
+	"PATH=" + DefaultPath,
+	"HOME=/root",
+	"TERM=linux",
+	"LANG=C.UTF-8",
+}
+
+// stdinFrame is one KindStdin frame queued for an exec.
+type stdinFrame struct {
+	data []byte
+	eof  bool
+}
+
+// execState is what the reader needs to route frames to a running exec.
+type execState struct {
+	id    uint64
+	stdin chan stdinFrame
+
+	mu   sync.Mutex
+	pgid int // 0 until the process has started
+}
+
+// stdinQueue is the per-exec stdin buffer: twice the host's window, so a
+// host that respects the window never fills it.
+const stdinQueue = 2 * agentproto.StdinWindow
+
+// mergeEnv applies layers of KEY=VALUE entries in order; a later entry
+// replaces an earlier one with the same key, keeping its position.
+func mergeEnv(layers ...[]string) ([]string, error) {
+	var out []string
+	idx := make(map[string]int)
+	for _, l := range layers {
+		for _, kv := range l {
+			if err := agentproto.ValidEnv(kv); err != nil {
+				return nil, err
+			}
+			k := kv[:strings.IndexByte(kv, '=')]
+			if i, ok := idx[k]; ok {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out, nil
+}
+
+func envLookup(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// startErr is a reason a program could not start, shown to the user as
+// stderr of the exec (exit code 127).
+type startErr string
+
+// resolveProgram finds argv0 the way a shell does: through PATH unless it
+// contains a slash, in which case it is taken relative to cwd.
+func resolveProgram(argv0, pathEnv, cwd string) (string, startErr) {
+	if strings.Contains(argv0, "/") {
+		p := argv0
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		if msg := checkExecutable(p); msg != "" {
+			return "", startErr(fmt.Sprintf("isopod: %s: %s\n", argv0, msg))
+		}
+		return p, ""
+	}
+	denied := ""
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(cwd, dir)
+		}
+		p := filepath.Join(dir, argv0)
+		msg := checkExecutable(p)
+		if msg == "" {
+			return p, ""
+		}
+		if msg != "no such file or directory" && denied == "" {
+			denied = fmt.Sprintf("isopod: %s: %s\n", p, msg)
+		}
+	}
+	if denied != "" {
+		return "", startErr(denied)
+	}
+	return "", startErr(fmt.Sprintf("isopod: %s: command not found\n", argv0))
+}
+
+// checkExecutable returns "" for an executable regular file, else why not.
+func checkExecutable(p string) string {
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "no such file or directory"
+	case err != nil:
+		return errnoText(err)
+	case st.IsDir():
+		return "is a directory"
+	case !st.Mode().IsRegular():
+		return "not a regular file"
+	case st.Mode().Perm()&0o111 == 0:
+		return "permission denied (not executable)"
+	}
+	return ""
+}
+
+// errnoText is the bare reason of a path error ("no such file or directory").
+func errnoText(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// startExec registers the exec before returning, so that stdin frames that
+// follow at once find it, and runs it in a handler.
+func (c *conn) startExec(m *agentproto.Msg) {
+	st := &execState{id: m.ID, stdin: make(chan stdinFrame, stdinQueue)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, dup := c.execs[m.ID]; dup {
+		go c.replyErr(m.ID, fmt.Errorf("exec: id %d is already running; use a fresh id: %w", m.ID, errdefs.ErrInvalidArgument))
+		return
+	}
+	c.execs[m.ID] = st
+	if !c.spawnLocked(func() {
+		c.runExec(st, m.Exec)
+		c.mu.Lock()
+		delete(c.execs, st.id)
+		c.mu.Unlock()
+	}) {
+		delete(c.execs, m.ID)
+	}
+}
+
+func (c *conn) lookupExec(id uint64) *execState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.execs[id]
+}
+
+// routeStdin queues a stdin frame for its exec without blocking. Frames for
+// an exec that has ended are dropped. A full queue means the host ignored
+// the window, which ends the connection.
+func (c *conn) routeStdin(m *agentproto.Msg, payload []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.execs[m.ID]
+	if st == nil {
+		c.log.Debug("stdin for an exec that is not running", "id", m.ID)
+		return nil
+	}
+	select {
+	case st.stdin <- stdinFrame{data: payload, eof: m.EOF}:
+		return nil
+	default:
+		return fmt.Errorf("exec %d: more than %d unacknowledged stdin frames (the window is %d)", m.ID, stdinQueue, agentproto.StdinWindow)
+	}
+}
+
+func (c *conn) signalExec(m *agentproto.Msg) {
+	st := c.lookupExec(m.ID)
+	if st == nil {
+		c.log.Debug("signal for an exec that is not running", "id", m.ID)
+		return
+	}
+	if m.Signal <= 0 || m.Signal > 64 {
+		c.log.Warn("signal out of range ignored", "id", m.ID, "signal", m.Signal)
+		return
+	}
+	st.mu.Lock()
+	pgid := st.pgid
+	st.mu.Unlock()
+	if pgid == 0 {
+		c.log.Debug("signal before the process started ignored", "id", m.ID)
+		return
+	}
+	if err := unix.Kill(-pgid, unix.Signal(m.Signal)); err != nil && !errors.Is(err, unix.ESRCH) {
+		c.log.Warn("signal failed", "id", m.ID, "signal", m.Signal, "err", err)
+	}
+}
+
+func (c *conn) output(id uint64, stream, text string) {
+	c.reply(&agentproto.Msg{ID: id, Kind: agentproto.KindOutput, Stream: stream}, []byte(text))
+}
+
+func (c *conn) execDone(id uint64, start time.Time, ws *unix.WaitStatus, code int, timedOut bool) {
+	d := &agentproto.ExecDone{TimedOut: timedOut, DurationMS: time.Since(start).Milliseconds()}
+	switch {
+	case ws == nil:
+		d.ExitCode = &code
+	case ws.Signaled():
+		s := int(ws.Signal())
+		d.Signal = &s
+	default:
+		e := ws.ExitStatus()
+		d.ExitCode = &e
+	}
+	c.reply(&agentproto.Msg{ID: id, Kind: agentproto.KindExecDone, Done: d}, nil)
+}
+
+// runExec runs one process to completion and sends its output and ExecDone.
+func (c *conn) runExec(st *execState, req *agentproto.Exec) {
+	start := time.Now()
+	if req == nil || len(req.Argv) == 0 || req.Argv[0] == "" {
+		c.replyErr(st.id, fmt.Errorf("exec: argv is empty; name a program to run: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	env, err := mergeEnv(baseEnv, c.srv.execEnv(), req.Env)
+	if err != nil {
+		c.replyErr(st.id, fmt.Errorf("exec: %w: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.TimeoutMS < 0 {
+		c.replyErr(st.id, fmt.Errorf("exec: timeout_ms %d is negative: %w", req.TimeoutMS, errdefs.ErrInvalidArgument))
+		return
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = DefaultCwd
+	} else if !filepath.IsAbs(cwd) {
+		cwd = filepath.Join(DefaultCwd, cwd)
+	}
+	notStarted := func(msg string) {
+		c.output(st.id, "stderr", msg)
+		c.execDone(st.id, start, nil, notStartedCode, false)
+	}
+	if fi, err := os.Stat(cwd); err != nil {
+		notStarted(fmt.Sprintf("isopod: cwd %s: no such directory\n", cwd))
+		return
+	} else if !fi.IsDir() {
+		notStarted(fmt.Sprintf("isopod: cwd %s: not a directory\n", cwd))
+		return
+	}
+	prog, msg := resolveProgram(req.Argv[0], envLookup(env, "PATH"), cwd)
+	if msg != "" {
+		notStarted(string(msg))
+		return
+	}
+
+	p, err := newExecPipes(req.Stdin)
+	if err != nil {
+		notStarted(fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
+		return
+	}
+	defer p.closeAll()
+	attr := &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   env,
+		Files: []uintptr{p.childIn.Fd(), p.childOut.Fd(), p.childErr.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	pid, wait, err := c.reap.start(func() (int, error) {
+		return syscall.ForkExec(prog, req.Argv, attr)
+	})
+	p.closeChildEnds()
+	if err != nil {
+		notStarted(fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
+		return
+	}
+	st.mu.Lock()
+	st.pgid = pid
+	st.mu.Unlock()
+	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0])
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go c.pump(st.id, "stdout", p.out, &pumps)
+	go c.pump(st.id, "stderr", p.errR, &pumps)
+	stopStdin := make(chan struct{})
+	stdinDone := make(chan struct{})
+	if p.in != nil {
+		go c.feedStdin(st, p.in, stopStdin, stdinDone)
+	} else {
+		close(stdinDone)
+	}
+
+	var timedOut bool
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var ws unix.WaitStatus
+	ctxDone := c.ctx.Done()
+wait:
+	for {
+		select {
+		case ws = <-wait:
+			break wait
+		case <-timeout:
+			timedOut = true
+			timeout = nil
+			c.log.Info("exec timed out; killing its process group", "id", st.id, "pid", pid)
+			killGroup(pid)
+		case <-ctxDone:
+			ctxDone = nil
+			killGroup(pid)
+		}
+	}
+	// The direct child is gone: end whatever it left in its group, which
+	// would otherwise hold the pipes open.
+	killGroup(pid)
+	st.mu.Lock()
+	st.pgid = 0
+	st.mu.Unlock()
+
+	drained := make(chan struct{})
+	go func() { pumps.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(pipeDrainGrace):
+		c.log.Debug("output pipes still open after the process ended; closing them", "id", st.id)
+		p.out.Close()
+		p.errR.Close()
+		<-drained
+	}
+	close(stopStdin)
+	if p.in != nil {
+		p.in.Close()
+	}
+	<-stdinDone
+	c.execDone(st.id, start, &ws, 0, timedOut)
+}

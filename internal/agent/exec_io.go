@@ -1,0 +1,112 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/agentproto"
+)
+
+// execPipes holds both ends of an exec's standard streams. The child's ends
+// are closed in the agent right after the fork.
+type execPipes struct {
+	childIn, childOut, childErr *os.File
+	in                          *os.File // write end of stdin; nil for /dev/null
+	out, errR                   *os.File // read ends of stdout and stderr
+}
+
+func newExecPipes(withStdin bool) (*execPipes, error) {
+	p := &execPipes{}
+	var err error
+	if withStdin {
+		p.childIn, p.in, err = os.Pipe()
+	} else {
+		p.childIn, err = os.Open(os.DevNull)
+	}
+	if err == nil {
+		p.out, p.childOut, err = os.Pipe()
+	}
+	if err == nil {
+		p.errR, p.childErr, err = os.Pipe()
+	}
+	if err != nil {
+		p.closeChildEnds()
+		p.closeAll()
+		return nil, fmt.Errorf("creating pipes: %w", err)
+	}
+	return p, nil
+}
+
+func (p *execPipes) closeChildEnds() {
+	for _, f := range []*os.File{p.childIn, p.childOut, p.childErr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// closeAll closes the agent's ends; closing twice is harmless.
+func (p *execPipes) closeAll() {
+	for _, f := range []*os.File{p.in, p.out, p.errR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// killGroup sends SIGKILL to the process group pgid; a group that is already
+// empty is fine.
+func killGroup(pgid int) {
+	if pgid > 0 {
+		_ = unix.Kill(-pgid, unix.SIGKILL)
+	}
+}
+
+// pump sends what the process writes on one stream as KindOutput frames of
+// at most ChunkSize bytes, until EOF or until the pipe is closed under it.
+func (c *conn) pump(id uint64, stream string, r *os.File, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, agentproto.ChunkSize)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			c.reply(&agentproto.Msg{ID: id, Kind: agentproto.KindOutput, Stream: stream}, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// feedStdin writes queued stdin frames to the process and acknowledges each
+// one once its bytes are written (or dropped because the process no longer
+// reads). A frame with EOF closes the pipe. It returns when stop is closed.
+func (c *conn) feedStdin(st *execState, w *os.File, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	closed := false
+	for {
+		select {
+		case <-stop:
+			return
+		case f := <-st.stdin:
+			if !closed && len(f.data) > 0 {
+				if _, err := w.Write(f.data); err != nil {
+					if !errors.Is(err, unix.EPIPE) && !errors.Is(err, os.ErrClosed) {
+						c.log.Debug("writing stdin failed", "id", st.id, "err", err)
+					}
+					closed = true
+					w.Close()
+				}
+			}
+			if f.eof && !closed {
+				closed = true
+				w.Close()
+			}
+			c.reply(&agentproto.Msg{ID: st.id, Kind: agentproto.KindStdinAck}, nil)
+		}
+	}
+}

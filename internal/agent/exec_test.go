@@ -1,0 +1,340 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/agentproto"
+)
+
+func TestExec(t *testing.T) {
+	c := startAgent(t, Options{})
+	dir := t.TempDir()
+	tests := []struct {
+		name       string
+		exec       agentproto.Exec
+		stdout     string
+		stderr     string
+		code       int
+		signal     int
+		stdoutPart string
+	}{
+		{name: "echo", exec: agentproto.Exec{Argv: []string{"echo", "hello", "world"}}, stdout: "hello world\n"},
+		{name: "exit 1", exec: agentproto.Exec{Argv: []string{"sh", "-c", "exit 1"}}, code: 1},
+		{name: "exit 42", exec: agentproto.Exec{Argv: []string{"sh", "-c", "exit 42"}}, code: 42},
+		{name: "stderr", exec: agentproto.Exec{Argv: []string{"sh", "-c", "echo out; echo err >&2"}}, stdout: "out\n", stderr: "err\n"},
+		{name: "absolute program", exec: agentproto.Exec{Argv: []string{"/bin/sh", "-c", "echo abs"}}, stdout: "abs\n"},
+		{name: "cwd", exec: agentproto.Exec{Argv: []string{"pwd"}, Cwd: dir}, stdout: dir + "\n"},
+		{name: "default env", exec: agentproto.Exec{Argv: []string{"sh", "-c", `echo "$HOME|$TERM|$LANG|$PATH"`}},
+			stdout: "/root|linux|C.UTF-8|" + DefaultPath + "\n"},
+		{name: "request env", exec: agentproto.Exec{Argv: []string{"sh", "-c", `echo "$FOO|$HOME"`}, Env: []string{"FOO=a=b", "HOME=/tmp"}},
+			stdout: "a=b|/tmp\n"},
+		{name: "stdin is /dev/null", exec: agentproto.Exec{Argv: []string{"cat"}}, stdout: ""},
+		{name: "killed by a signal", exec: agentproto.Exec{Argv: []string{"sh", "-c", "kill -TERM $$"}}, signal: int(unix.SIGTERM)},
+		{name: "own process group", exec: agentproto.Exec{Argv: []string{"sh", "-c", `ps -o pgid= -p $$ | tr -d ' '; echo $$`}}, stdoutPart: "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := c.exec(tt.exec)
+			if r.err != "" {
+				t.Fatalf("exec failed: %s", r.err)
+			}
+			if tt.signal != 0 {
+				if r.done.Signal == nil || *r.done.Signal != tt.signal || r.done.ExitCode != nil {
+					t.Errorf("done = %+v; want signal %d", r.done, tt.signal)
+				}
+				return
+			}
+			if r.code() != tt.code {
+				t.Errorf("exit code %d; want %d (stderr %q)", r.code(), tt.code, r.stderr)
+			}
+			if tt.name == "own process group" {
+				f := strings.Fields(string(r.stdout))
+				if len(f) != 2 || f[0] != f[1] {
+					t.Errorf("pgid and pid: %q; want equal", r.stdout)
+				}
+				return
+			}
+			if string(r.stdout) != tt.stdout || string(r.stderr) != tt.stderr {
+				t.Errorf("stdout %q stderr %q; want %q and %q", r.stdout, r.stderr, tt.stdout, tt.stderr)
+			}
+			if r.done.TimedOut || r.done.DurationMS < 0 {
+				t.Errorf("done = %+v", r.done)
+			}
+		})
+	}
+}
+
+func TestExecCannotStart(t *testing.T) {
+	c := startAgent(t, Options{})
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		exec   agentproto.Exec
+		stderr string
+	}{
+		{"missing program", agentproto.Exec{Argv: []string{"nosuchprog-isopod"}}, "isopod: nosuchprog-isopod: command not found\n"},
+		{"missing path", agentproto.Exec{Argv: []string{"/nonexistent/prog"}}, "isopod: /nonexistent/prog: no such file or directory\n"},
+		{"missing cwd", agentproto.Exec{Argv: []string{"true"}, Cwd: "/nope-isopod"}, "isopod: cwd /nope-isopod: no such directory\n"},
+		{"cwd is a file", agentproto.Exec{Argv: []string{"true"}, Cwd: plain}, "isopod: cwd " + plain + ": not a directory\n"},
+		{"not executable", agentproto.Exec{Argv: []string{plain}}, "isopod: " + plain + ": permission denied (not executable)\n"},
+		{"relative not executable", agentproto.Exec{Argv: []string{"./plain"}, Cwd: dir}, "isopod: ./plain: permission denied (not executable)\n"},
+		{"directory", agentproto.Exec{Argv: []string{dir}}, "isopod: " + dir + ": is a directory\n"},
+		{"not executable in PATH", agentproto.Exec{Argv: []string{"plain"}, Env: []string{"PATH=" + dir}}, "isopod: " + plain + ": permission denied (not executable)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := c.exec(tt.exec)
+			if r.code() != 127 || string(r.stderr) != tt.stderr || len(r.stdout) != 0 {
+				t.Errorf("got code %d stderr %q; want 127 and %q", r.code(), r.stderr, tt.stderr)
+			}
+		})
+	}
+}
+
+func TestExecLargeOutput(t *testing.T) {
+	c := startAgent(t, Options{})
+	data := make([]byte, 300<<10+123)
+	rand.Read(data)
+	f := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := c.exec(agentproto.Exec{Argv: []string{"cat", f}})
+	if r.code() != 0 || !bytes.Equal(r.stdout, data) {
+		t.Fatalf("got code %d and %d bytes; want 0 and the %d bytes of the file", r.code(), len(r.stdout), len(data))
+	}
+	for _, n := range r.chunks {
+		if n > agentproto.ChunkSize || n == 0 {
+			t.Fatalf("an output frame carries %d bytes; want 1..%d", n, agentproto.ChunkSize)
+		}
+	}
+}
+
+// groupAlive lists processes of process group pgid that have not exited.
+func groupAlive(t *testing.T, pgid int) []string {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var alive []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
+			alive = append(alive, e.Name()+":"+s[:strings.LastIndexByte(s, ')')+1])
+		}
+	}
+	return alive
+}
+
+func TestExecTimeout(t *testing.T) {
+	c := startAgent(t, Options{})
+	start := time.Now()
+	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", "echo $$; sleep 1000 & sleep 1000"}, TimeoutMS: 300})
+	took := time.Since(start)
+	if took > 2*time.Second {
+		t.Errorf("a 300 ms timeout took %s", took)
+	}
+	if !r.done.TimedOut || r.done.Signal == nil || *r.done.Signal != int(unix.SIGKILL) {
+		t.Errorf("done = %+v; want timed out and killed", r.done)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(r.stdout)))
+	if err != nil {
+		t.Fatalf("stdout %q: want the shell's pid", r.stdout)
+	}
+	var alive []string
+	for i := 0; i < 40; i++ {
+		if alive = groupAlive(t, pgid); len(alive) == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("processes of group %d still alive after the timeout: %v", pgid, alive)
+}
+
+func TestExecSignal(t *testing.T) {
+	c := startAgent(t, Options{})
+	id := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo ready; sleep 1000"}})
+	if f := c.next(id, 5*time.Second); f.m.Kind != agentproto.KindOutput {
+		t.Fatalf("first frame %s; want output", f.m.Kind)
+	}
+	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindSignal, Signal: int(unix.SIGINT)}, nil)
+	r := c.wait(id, 5*time.Second)
+	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGINT) || r.done.TimedOut {
+		t.Errorf("done = %+v; want ended by SIGINT", r.done)
+	}
+}
+
+// A process that leaves its group (setsid) and keeps stdout open must not
+// hold ExecDone back for more than the drain grace.
+func TestExecEscapedGrandchild(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/setsid"); err != nil {
+		t.Skip("setsid(1) is not installed")
+	}
+	c := startAgent(t, Options{})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	t.Cleanup(func() {
+		for i := 0; i < 50; i++ {
+			if b, err := os.ReadFile(pidFile); err == nil && len(b) > 0 {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					unix.Kill(pid, unix.SIGKILL)
+				}
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	start := time.Now()
+	script := fmt.Sprintf(`setsid sh -c 'echo $$ > %s; exec sleep 30' & sleep 0.1; echo started`, pidFile)
+	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", script}})
+	if took := time.Since(start); took > time.Second+100*time.Millisecond {
+		t.Errorf("ExecDone took %s; want under ~1 s", took)
+	}
+	if r.code() != 0 || string(r.stdout) != "started\n" {
+		t.Errorf("got code %d stdout %q", r.code(), r.stdout)
+	}
+}
+
+// sendStdin feeds data to an exec in ChunkSize frames, keeping at most
+// StdinWindow frames unacknowledged, then sends EOF. Output frames that
+// arrive meanwhile are kept in res.
+func (c *client) sendStdin(id uint64, data []byte, res *execResult) {
+	c.t.Helper()
+	inflight := 0
+	awaitAck := func() {
+		for {
+			f := c.next(id, 10*time.Second)
+			switch f.m.Kind {
+			case agentproto.KindStdinAck:
+				inflight--
+				return
+			case agentproto.KindOutput:
+				if f.m.Stream == "stdout" {
+					res.stdout = append(res.stdout, f.p...)
+				} else {
+					res.stderr = append(res.stderr, f.p...)
+				}
+			default:
+				c.t.Fatalf("while sending stdin: unexpected %s %+v", f.m.Kind, f.m)
+			}
+		}
+	}
+	for len(data) > 0 {
+		n := min(len(data), agentproto.ChunkSize)
+		for inflight >= agentproto.StdinWindow {
+			awaitAck()
+		}
+		c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, data[:n])
+		inflight++
+		data = data[n:]
+	}
+	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin, EOF: true}, nil)
+	inflight++
+	for inflight > 0 {
+		awaitAck()
+	}
+}
+
+func TestExecStdin(t *testing.T) {
+	c := startAgent(t, Options{})
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	id := c.startExec(agentproto.Exec{Argv: []string{"sha256sum"}, Stdin: true})
+	var r execResult
+	c.sendStdin(id, data, &r)
+	rest := c.wait(id, 10*time.Second)
+	out := string(append(r.stdout, rest.stdout...))
+	sum := sha256.Sum256(data)
+	if rest.code() != 0 || !strings.HasPrefix(out, hex.EncodeToString(sum[:])) {
+		t.Errorf("sha256sum said %q (code %d); want %x", out, rest.code(), sum)
+	}
+}
+
+func TestExecConcurrent(t *testing.T) {
+	c := startAgent(t, Options{})
+	slow := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "sleep 0.5; echo slow"}})
+	fast := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo fast"}})
+	rf := c.wait(fast, 10*time.Second)
+	rs := c.wait(slow, 10*time.Second)
+	if string(rf.stdout) != "fast\n" || string(rs.stdout) != "slow\n" {
+		t.Errorf("stdout: fast %q slow %q", rf.stdout, rs.stdout)
+	}
+	if rf.doneSeq > rs.doneSeq {
+		t.Errorf("the fast exec finished after the slow one: they did not run concurrently")
+	}
+}
+
+// An exec that never reads its stdin, with a full window of stdin frames
+// pending, must not stall anything else on the connection.
+func TestStdinBackpressureDoesNotBlock(t *testing.T) {
+	c := startAgent(t, Options{})
+	stuck := c.startExec(agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true})
+	chunk := make([]byte, agentproto.ChunkSize)
+	for i := 0; i < agentproto.StdinWindow; i++ {
+		c.send(&agentproto.Msg{ID: stuck, Kind: agentproto.KindStdin}, chunk)
+	}
+	start := time.Now()
+	r := c.exec(agentproto.Exec{Argv: []string{"echo", "other"}})
+	if string(r.stdout) != "other\n" {
+		t.Errorf("other exec: %q", r.stdout)
+	}
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil), agentproto.KindPong, "")
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("other requests took %s behind a stuck stdin", d)
+	}
+	c.send(&agentproto.Msg{ID: stuck, Kind: agentproto.KindSignal, Signal: int(unix.SIGKILL)}, nil)
+	rs := c.wait(stuck, 5*time.Second)
+	if rs.done == nil || rs.done.Signal == nil || *rs.done.Signal != int(unix.SIGKILL) {
+		t.Errorf("stuck exec ended with %+v; want SIGKILL", rs.done)
+	}
+}
+
+func TestStdinWindowOverrunEndsConnection(t *testing.T) {
+	c := startAgent(t, Options{})
+	id := c.startExec(agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true})
+	chunk := make([]byte, agentproto.ChunkSize)
+	for i := 0; i < 4*agentproto.StdinWindow; i++ {
+		c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, chunk)
+	}
+	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "unacknowledged stdin") {
+		t.Errorf("Serve = %v; want a window violation", err)
+	}
+	r := c.wait(id, 5*time.Second)
+	if r.done == nil || r.done.Signal == nil {
+		t.Errorf("exec at connection end: %+v; want killed", r.done)
+	}
+}
+
+func TestMergeEnv(t *testing.T) {
+	got, err := mergeEnv([]string{"A=1", "B=2"}, nil, []string{"B=3", "C=4", "A=5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "A=5 B=3 C=4"; strings.Join(got, " ") != want {
+		t.Errorf("mergeEnv = %v; want %s", got, want)
+	}
+	if _, err := mergeEnv([]string{"A=1"}, []string{"=bad"}); err == nil {
+		t.Error("mergeEnv accepted an entry without a name")
+	}
+}

@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
+)
+
+// errNoSystem refuses machine operations when the agent was given no System.
+var errNoSystem = fmt.Errorf("machine operations are available only when the agent runs as the guest's PID 1: %w", errdefs.ErrNotSupported)
+
+func (c *conn) system() (System, error) {
+	if c.srv.opts.System == nil {
+		return nil, errNoSystem
+	}
+	return c.srv.opts.System, nil
+}
+
+// validateNet checks a NetConfig before anything on the machine changes.
+func validateNet(n *agentproto.NetConfig) error {
+	if n == nil {
+		return errors.New("configure_net: no net config in the request")
+	}
+	p, err := netip.ParsePrefix(n.Address)
+	if err != nil {
+		return fmt.Errorf("configure_net: address %q: want an IPv4 CIDR such as 10.0.2.15/24: %w", n.Address, err)
+	}
+	if !p.Addr().Is4() {
+		return fmt.Errorf("configure_net: address %q: only IPv4 is supported", n.Address)
+	}
+	if n.Gateway != "" {
+		gw, err := netip.ParseAddr(n.Gateway)
+		if err != nil || !gw.Is4() {
+			return fmt.Errorf("configure_net: gateway %q: want an IPv4 address", n.Gateway)
+		}
+	}
+	for _, d := range n.DNS {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return fmt.Errorf("configure_net: dns server %q: want an IP address", d)
+		}
+	}
+	if n.MAC != "" {
+		if _, err := net.ParseMAC(n.MAC); err != nil {
+			return fmt.Errorf("configure_net: mac %q: %w", n.MAC, err)
+		}
+	}
+	if strings.ContainsAny(n.Interface, "/\x00") || len(n.Interface) >= 16 {
+		return fmt.Errorf("configure_net: interface %q: not a valid interface name", n.Interface)
+	}
+	for _, kv := range n.Env {
+		if err := agentproto.ValidEnv(kv); err != nil {
+			return fmt.Errorf("configure_net: %w", err)
+		}
+	}
+	return nil
+}
+
+func (c *conn) configureNet(m *agentproto.Msg) {
+	if err := validateNet(m.Net); err != nil {
+		c.replyErr(m.ID, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	sys, err := c.system()
+	if err != nil {
+		c.replyErr(m.ID, fmt.Errorf("configure_net: %w", err))
+		return
+	}
+	if err := sys.ConfigureNet(*m.Net); err != nil {
+		c.log.Error("configure_net failed", "err", err)
+		c.replyErr(m.ID, fmt.Errorf("configure_net: %w", err))
+		return
+	}
+	c.srv.mu.Lock()
+	c.srv.netEnv = append([]string(nil), m.Net.Env...)
+	c.srv.mu.Unlock()
+	c.log.Info("network configured", "address", m.Net.Address, "gateway", m.Net.Gateway)
+	c.replyOK(m.ID)
+}
+
+func (c *conn) syncClock(m *agentproto.Msg) {
+	if m.Clock == nil || m.Clock.UnixNano <= 0 {
+		c.replyErr(m.ID, fmt.Errorf("sync_clock: want clock.unix_nano > 0: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	sys, err := c.system()
+	if err == nil {
+		err = sys.SetClock(time.Unix(0, m.Clock.UnixNano))
+	}
+	if err != nil {
+		c.replyErr(m.ID, fmt.Errorf("sync_clock: %w", err))
+		return
+	}
+	c.replyOK(m.ID)
+}
+
+// validHostname checks a name for sethostname.
+func validHostname(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("hostname is empty: %w", errdefs.ErrInvalidArgument)
+	case len(name) > agentproto.MaxHostname:
+		return fmt.Errorf("hostname is %d bytes; the limit is %d: %w", len(name), agentproto.MaxHostname, errdefs.ErrInvalidArgument)
+	case strings.ContainsAny(name, "\x00/ \t\n"):
+		return fmt.Errorf("hostname %q contains NUL, '/' or white space: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (c *conn) setHostname(m *agentproto.Msg) {
+	err := validHostname(m.Hostname)
+	var sys System
+	if err == nil {
+		sys, err = c.system()
+	}
+	if err == nil {
+		err = sys.SetHostname(m.Hostname)
+	}
+	if err != nil {
+		c.replyErr(m.ID, fmt.Errorf("set_hostname: %w", err))
+		return
+	}
+	c.replyOK(m.ID)
+}
+
+func (c *conn) addEntropy(m *agentproto.Msg, seed []byte) {
+	if len(seed) == 0 {
+		c.replyErr(m.ID, fmt.Errorf("add_entropy: the payload is empty; send random bytes: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	sys, err := c.system()
+	if err == nil {
+		err = sys.AddEntropy(seed)
+	}
+	if err != nil {
+		c.replyErr(m.ID, fmt.Errorf("add_entropy: %w", err))
+		return
+	}
+	c.replyOK(m.ID)
+}

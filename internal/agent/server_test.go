@@ -1,0 +1,302 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/agentproto"
+)
+
+func TestHelloAndPing(t *testing.T) {
+	c := startAgent(t, Options{})
+	if c.hello.Version != agentproto.Version || c.hello.AgentVersion != Version {
+		t.Errorf("guest hello = %+v; want version %d, agent version %q", c.hello, agentproto.Version, Version)
+	}
+	if c.hello.Kernel == "" {
+		t.Errorf("guest hello has no kernel release: %+v", c.hello)
+	}
+	r := c.request(&agentproto.Msg{Kind: agentproto.KindHello, Hello: &agentproto.Hello{Version: agentproto.Version}}, nil)
+	if r.Kind != agentproto.KindHello || r.Hello == nil || r.Hello.Version != agentproto.Version {
+		t.Errorf("hello reply = %+v; want a hello", r)
+	}
+	r = c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil)
+	if r.Kind != agentproto.KindPong || r.Hello == nil || r.Hello.Version != agentproto.Version {
+		t.Errorf("ping reply = %+v; want a pong with a hello body", r)
+	}
+}
+
+func TestCustomHello(t *testing.T) {
+	c := startAgent(t, Options{Hello: func() agentproto.Hello {
+		return agentproto.Hello{BootError: "no base disk", ModulesMS: 1.5}
+	}})
+	h := c.hello
+	if h.BootError != "no base disk" || h.ModulesMS != 1.5 || h.Version != agentproto.Version || h.AgentVersion != Version {
+		t.Errorf("hello = %+v; want the custom fields plus the versions filled in", h)
+	}
+}
+
+func TestProtoVersionOverride(t *testing.T) {
+	tests := []struct {
+		override string
+		want     int
+	}{
+		{"", agentproto.Version},
+		{"999", 999},
+		{"not-a-number", agentproto.Version},
+	}
+	for _, tt := range tests {
+		t.Run(tt.override, func(t *testing.T) {
+			old := protoVersionOverride
+			protoVersionOverride = tt.override
+			t.Cleanup(func() { protoVersionOverride = old })
+			if got := ProtoVersion(); got != tt.want {
+				t.Errorf("ProtoVersion() = %d; want %d", got, tt.want)
+			}
+			c := startAgent(t, Options{})
+			if c.hello.Version != tt.want {
+				t.Errorf("hello version = %d; want %d", c.hello.Version, tt.want)
+			}
+		})
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	c := startAgent(t, Options{})
+	tests := []struct {
+		name string
+		msg  agentproto.Msg
+		want string
+	}{
+		{"unknown kind", agentproto.Msg{ID: 7, Kind: "bogus"}, `unknown message kind "bogus"`},
+		{"reserved id", agentproto.Msg{ID: 0, Kind: agentproto.KindPing}, "id 0 is reserved"},
+		{"empty argv", agentproto.Msg{ID: 8, Kind: agentproto.KindExec, Exec: &agentproto.Exec{}}, "argv is empty"},
+		{"no exec body", agentproto.Msg{ID: 9, Kind: agentproto.KindExec}, "argv is empty"},
+		{"bad env", agentproto.Msg{ID: 10, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"=x"}}}, "empty name"},
+		{"env without =", agentproto.Msg{ID: 11, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A"}}}, "want KEY=VALUE"},
+		{"env with NUL", agentproto.Msg{ID: 12, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A=b\x00"}}}, "contains NUL"},
+		{"negative timeout", agentproto.Msg{ID: 13, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, TimeoutMS: -1}}, "negative"},
+		{"copy out without path", agentproto.Msg{ID: 14, Kind: agentproto.KindCopyOut}, "no path"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c.send(&tt.msg, nil)
+			r := c.next(tt.msg.ID, 5*time.Second).m
+			if r.Kind != agentproto.KindError || !strings.Contains(r.Error, tt.want) {
+				t.Errorf("reply = %s %q; want an error containing %q", r.Kind, r.Error, tt.want)
+			}
+		})
+	}
+}
+
+// fakeSystem records machine operations instead of changing the host.
+type fakeSystem struct {
+	mu       sync.Mutex
+	hostname string
+	clock    time.Time
+	net      *agentproto.NetConfig
+	entropy  []byte
+	synced   int
+	fail     error
+}
+
+func (f *fakeSystem) SetHostname(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hostname = name
+	return f.fail
+}
+
+func (f *fakeSystem) SetClock(t time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.clock = t
+	return f.fail
+}
+
+func (f *fakeSystem) ConfigureNet(cfg agentproto.NetConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	f.net = &cfg
+	return nil
+}
+
+func (f *fakeSystem) AddEntropy(seed []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.entropy = append([]byte(nil), seed...)
+	return f.fail
+}
+
+func (f *fakeSystem) SyncDisks() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.synced++
+	return f.fail
+}
+
+func wantKind(t *testing.T, r *agentproto.Msg, kind agentproto.Kind, errPart string) {
+	t.Helper()
+	if r.Kind != kind {
+		t.Fatalf("reply = %s %q; want %s", r.Kind, r.Error, kind)
+	}
+	if errPart != "" && !strings.Contains(r.Error, errPart) {
+		t.Fatalf("error %q; want it to contain %q", r.Error, errPart)
+	}
+}
+
+func TestMachineOps(t *testing.T) {
+	sys := &fakeSystem{}
+	c := startAgent(t, Options{System: sys})
+
+	long := strings.Repeat("h", agentproto.MaxHostname+1)
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: long}, nil), agentproto.KindError, "the limit is 64")
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname}, nil), agentproto.KindError, "empty")
+	if sys.hostname != "" {
+		t.Fatalf("an invalid hostname reached the system: %q", sys.hostname)
+	}
+	max := strings.Repeat("h", agentproto.MaxHostname)
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: max}, nil), agentproto.KindOK, "")
+	if sys.hostname != max {
+		t.Errorf("hostname = %q; want %q", sys.hostname, max)
+	}
+
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSyncClock}, nil), agentproto.KindError, "unix_nano")
+	now := time.Now()
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: now.UnixNano()}}, nil), agentproto.KindOK, "")
+	if !sys.clock.Equal(now) {
+		t.Errorf("clock = %v; want %v", sys.clock, now)
+	}
+
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, nil), agentproto.KindError, "empty")
+	seed := []byte("0123456789abcdef")
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, seed), agentproto.KindOK, "")
+	if !bytes.Equal(sys.entropy, seed) {
+		t.Errorf("entropy = %q; want %q", sys.entropy, seed)
+	}
+}
+
+func TestConfigureNet(t *testing.T) {
+	sys := &fakeSystem{}
+	c := startAgent(t, Options{System: sys})
+	bad := []struct {
+		name string
+		net  *agentproto.NetConfig
+		want string
+	}{
+		{"missing", nil, "no net config"},
+		{"not cidr", &agentproto.NetConfig{Address: "10.0.2.15"}, "IPv4 CIDR"},
+		{"ipv6", &agentproto.NetConfig{Address: "fd00::2/64"}, "only IPv4"},
+		{"gateway", &agentproto.NetConfig{Address: "10.0.2.15/24", Gateway: "nope"}, "gateway"},
+		{"dns", &agentproto.NetConfig{Address: "10.0.2.15/24", DNS: []string{"dns.example"}}, "dns server"},
+		{"mac", &agentproto.NetConfig{Address: "10.0.2.15/24", MAC: "zz"}, "mac"},
+		{"env", &agentproto.NetConfig{Address: "10.0.2.15/24", Env: []string{"NOEQUALS"}}, "KEY=VALUE"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: tt.net}, nil), agentproto.KindError, tt.want)
+		})
+	}
+	if sys.net != nil {
+		t.Fatalf("an invalid config reached the system: %+v", sys.net)
+	}
+	cfg := &agentproto.NetConfig{Address: "10.0.2.15/24", Gateway: "10.0.2.2", DNS: []string{"10.0.2.3"},
+		Env: []string{"HTTP_PROXY=http://10.0.2.2:3128", "LANG=en_US.UTF-8"}}
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: cfg}, nil), agentproto.KindOK, "")
+	if sys.net == nil || sys.net.Address != cfg.Address {
+		t.Fatalf("system got %+v; want %+v", sys.net, cfg)
+	}
+	// The env of ConfigureNet applies to later execs, over the baseline and
+	// under the request's own env.
+	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", `echo "$HTTP_PROXY|$LANG|$TERM"`}, Env: []string{"TERM=dumb"}})
+	if got, want := string(r.stdout), "http://10.0.2.2:3128|en_US.UTF-8|dumb\n"; got != want {
+		t.Errorf("exec env: got %q; want %q", got, want)
+	}
+
+	// A failure of the system is reported and keeps the old env.
+	sys.mu.Lock()
+	sys.fail = errors.New("no such device")
+	sys.mu.Unlock()
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &agentproto.NetConfig{Address: "10.0.3.15/24", Env: []string{"HTTP_PROXY=x"}}}, nil), agentproto.KindError, "no such device")
+	r = c.exec(agentproto.Exec{Argv: []string{"sh", "-c", `echo "$HTTP_PROXY"`}})
+	if got := string(r.stdout); got != "http://10.0.2.2:3128\n" {
+		t.Errorf("env after a failed configure: got %q", got)
+	}
+}
+
+func TestNoSystemRefusesMachineOps(t *testing.T) {
+	c := startAgent(t, Options{})
+	for _, m := range []agentproto.Msg{
+		{Kind: agentproto.KindSetHostname, Hostname: "box"},
+		{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: 1}},
+		{Kind: agentproto.KindConfigureNet, Net: &agentproto.NetConfig{Address: "10.0.2.15/24"}},
+	} {
+		wantKind(t, c.request(&m, nil), agentproto.KindError, "PID 1")
+	}
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, []byte("x")), agentproto.KindError, "PID 1")
+}
+
+func TestHalt(t *testing.T) {
+	sys := &fakeSystem{}
+	c := startAgent(t, Options{System: sys})
+	id := c.startExec(agentproto.Exec{Argv: []string{"sleep", "30"}})
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), agentproto.KindOK, "")
+	if err := c.serveResult(5 * time.Second); err != nil {
+		t.Errorf("Serve after halt = %v; want nil", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("halt took %s with a running exec", d)
+	}
+	if sys.synced != 1 {
+		t.Errorf("SyncDisks called %d times; want 1", sys.synced)
+	}
+	r := c.wait(id, 5*time.Second)
+	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGKILL) {
+		t.Errorf("exec running at halt ended with %+v; want killed", r.done)
+	}
+}
+
+func TestHaltSyncFailure(t *testing.T) {
+	sys := &fakeSystem{fail: errors.New("disk gone")}
+	c := startAgent(t, Options{System: sys})
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), agentproto.KindError, "disk gone")
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil), agentproto.KindPong, "")
+}
+
+func TestOversizeFrameEndsConnection(t *testing.T) {
+	c := startAgent(t, Options{})
+	var hdr [8]byte
+	binary.LittleEndian.PutUint32(hdr[:4], agentproto.MaxFrame)
+	c.wmu.Lock()
+	c.w.Write(hdr[:])
+	c.wmu.Unlock()
+	err := c.serveResult(5 * time.Second)
+	if !errors.Is(err, agentproto.ErrFrameTooLarge) {
+		t.Errorf("Serve = %v; want ErrFrameTooLarge", err)
+	}
+}
+
+func TestGarbageHeaderEndsConnection(t *testing.T) {
+	c := startAgent(t, Options{})
+	var b []byte
+	b = binary.LittleEndian.AppendUint32(b, 4+3)
+	b = binary.LittleEndian.AppendUint32(b, 3)
+	b = append(b, "{{{"...)
+	c.wmu.Lock()
+	c.w.Write(b)
+	c.wmu.Unlock()
+	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "decoding header") {
+		t.Errorf("Serve = %v; want a decoding error", err)
+	}
+}

@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"isopod/internal/sandbox"
+)
+
+// call runs fn against the service and keeps its result for printing.
+func call[T any](e *env, fn func(*sandbox.Service) (T, error)) error {
+	svc, err := e.service()
+	if err != nil {
+		return err
+	}
+	res, err := fn(svc)
+	if err != nil {
+		return err
+	}
+	e.result = res
+	return nil
+}
+
+func newStageCmd(e *env) *cobra.Command {
+	list := &cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List stages, oldest first", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.StageListResult, error) { return s.StageList(cmd.Context()) })
+		},
+	}
+	info := &cobra.Command{
+		Use: "info REF", Short: "Describe a stage, its chain and layer paths", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.StageInfoResult, error) { return s.StageInfo(cmd.Context(), args[0]) })
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm REF", Short: "Remove a stage no other stage builds on", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.StageRemoveResult, error) { return s.StageRemove(cmd.Context(), args[0]) })
+		},
+	}
+	log := &cobra.Command{
+		Use: "log REF", Short: "The chain from base to REF: each layer, the command that made it, when, its size", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.StageLogResult, error) { return s.StageLog(cmd.Context(), args[0]) })
+		},
+	}
+	diff := &cobra.Command{
+		Use: "diff A B", Short: "Files added, changed and removed from stage A to stage B", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.StageDiffResult, error) {
+				return s.StageDiff(cmd.Context(), args[0], args[1])
+			})
+		},
+	}
+	return group("stage", "Inspect and prune stages", list, info, rm, log, diff)
+}
+
+func newVMCmd(e *env) *cobra.Command {
+	ls := &cobra.Command{
+		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.VMListResult, error) { return s.VMList(cmd.Context()) })
+		},
+	}
+	var keep int
+	gc := &cobra.Command{
+		Use: "gc", Short: "Kill orphaned VMM processes and prune old VM records", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.VMGCResult, error) { return s.VMGC(cmd.Context(), keep) })
+		},
+	}
+	gc.Flags().IntVar(&keep, "keep-last", 20, "keep this many newest records")
+	return group("vm", "List and clean up VM records", ls, gc)
+}
+
+func newImageCmd(e *env) *cobra.Command {
+	var fk sandbox.FetchKernelOptions
+	fetch := &cobra.Command{
+		Use: "fetch-kernel", Short: "Fetch the pinned Debian cloud kernel and verify its digest", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.FetchKernelResult, error) { return s.FetchKernel(cmd.Context(), fk) })
+		},
+	}
+	fetch.Flags().StringVar(&fk.FromDeb, "from-deb", "", "use this kernel .deb instead of downloading it with apt-get")
+	fetch.Flags().BoolVar(&fk.AllowUnpinned, "allow-unpinned", false, "take the newest cloud kernel apt verifies when the pinned one is no longer served")
+	fetch.Flags().BoolVar(&fk.Force, "force", false, "fetch again even if present")
+	buildAll := &cobra.Command{
+		Use: "build-all", Short: "Build the initramfs and every base image", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) { return s.BuildImages(cmd.Context(), nil) })
+		},
+	}
+	build := &cobra.Command{
+		Use: "build FLAVOR...", Short: "Build the initramfs and the named base images (base-min, base-debian)", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) { return s.BuildImages(cmd.Context(), args) })
+		},
+	}
+	ls := &cobra.Command{
+		Use: "ls", Aliases: []string{"list"}, Short: "List the bases a run accepts", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.ImageListResult, error) { return s.ImageList(cmd.Context()) })
+		},
+	}
+	return group("image", "Fetch the guest kernel and build guest images", fetch, buildAll, build, ls)
+}
+
+func newDevCmd(e *env) *cobra.Command {
+	boot := &cobra.Command{
+		Use: "boot", Short: "Boot a throwaway VM with no network and report its boot latency", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.DevBootResult, error) { return s.DevBoot(cmd.Context()) })
+		},
+	}
+	return group("dev", "Developer tools", boot)
+}

@@ -1,0 +1,125 @@
+// Package cli is the isopod command line. Every subcommand prints exactly one
+// JSON object on stdout (ok first), logs on stderr, and exits 1 with
+// {"ok":false,"error":"..."} when it fails.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+// Version is the isopod version, set at build time.
+var Version = "0.1.0-dev"
+
+// env holds what every subcommand shares.
+type env struct {
+	stdout, stderr io.Writer
+	log            *slog.Logger
+	paths          config.Paths
+	// result is the one JSON object to print on success.
+	result any
+}
+
+// service opens the core over the state root.
+func (e *env) service() (*sandbox.Service, error) {
+	return sandbox.New(sandbox.Options{
+		Paths:         e.paths,
+		Logger:        e.log,
+		Version:       Version,
+		AllowBaseSkew: os.Getenv(config.EnvAllowBaseSkew) == "1",
+	})
+}
+
+// Main runs the CLI and returns the process exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	e := &env{stdout: stdout, stderr: stderr, log: newLogger(stderr)}
+	root := newRoot(e)
+	root.SetArgs(args)
+	root.SetOut(stderr) // help and usage go to stderr; stdout is the JSON
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil && e.result == nil {
+		// --help or a bare group command: nothing was done.
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "isopod: error: %v\n", err)
+		writeJSON(stdout, map[string]any{"ok": false, "error": err.Error(), "class": errdefs.Class(err)})
+		return 1
+	}
+	writeJSON(stdout, e.result)
+	return 0
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+func newLogger(w io.Writer) *slog.Logger {
+	level := slog.LevelInfo
+	switch strings.ToLower(os.Getenv(config.EnvLogLevel)) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+func newRoot(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "isopod",
+		Short:         "Run commands in throwaway microVMs; keep state as stages",
+		Version:       Version,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			p, err := config.DefaultPaths()
+			if err != nil {
+				return err
+			}
+			e.paths = p
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%s: %w: %w", cmd.CommandPath(), err, errdefs.ErrInvalidArgument)
+	})
+	root.AddCommand(
+		newRunCmd(e),
+		newImageCmd(e),
+		newStageCmd(e),
+		newVMCmd(e),
+		newDevCmd(e),
+	)
+	return root
+}
+
+// group is a command that only holds subcommands.
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return fmt.Errorf("%s needs a subcommand (see --help): %w", cmd.CommandPath(), errdefs.ErrInvalidArgument)
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}

@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+func newRunCmd(e *env) *cobra.Command {
+	var (
+		req       sandbox.Request
+		stdinFile string
+		copyOut   []string
+	)
+	c := &cobra.Command{
+		Use:   "run [flags] -- ARGV...",
+		Short: "Boot a fresh microVM, run one command, report, destroy the VM",
+		Long: `Boot a fresh microVM, run ARGV in it (no shell: use sh -c for one),
+and print one JSON report. A non-zero exit of the command is reported, not an
+isopod failure. --commit-as keeps the run's filesystem changes as a stage when
+the command exits 0.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("no command: put it after --, e.g. isopod run -- echo hi: %w", errdefs.ErrInvalidArgument)
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req.Argv = args
+			for _, m := range copyOut {
+				g, h, ok := strings.Cut(m, ":")
+				if !ok || g == "" || h == "" {
+					return fmt.Errorf("--copy-out %q: want GUEST:HOST: %w", m, errdefs.ErrInvalidArgument)
+				}
+				req.CopyOut = append(req.CopyOut, sandbox.CopyOut{Guest: g, Host: h})
+			}
+			switch stdinFile {
+			case "":
+			case "-":
+				req.Stdin = os.Stdin
+			default:
+				req.StdinFile = stdinFile
+			}
+			svc, err := e.service()
+			if err != nil {
+				return err
+			}
+			rep, err := svc.Run(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			e.result = rep
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Stage, "stage", sandbox.BaseStage, "stage to fork: id, name, label or unique label prefix; base is the empty stage")
+	f.StringVar(&req.Base, "base", "", "base image: base-min (default) or base-debian; a fork keeps its chain's base")
+	f.BoolVar(&req.NoNetwork, "no-network", false, "attach no network interface at all")
+	f.BoolVar(&req.AllowLANEgress, "allow-lan-egress", false, "let the guest reach private (RFC1918, CGNAT, ULA) addresses; insecure")
+	f.StringArrayVar(&req.AllowHosts, "allow-host", nil, "filtered egress: allow this host name (exact, or *.one-label wildcard); repeatable")
+	f.StringArrayVar(&req.AllowCIDRs, "allow-cidr", nil, "filtered egress: allow this address range; repeatable")
+	f.BoolVar(&req.DenyEgress, "deny-egress", false, "filtered egress that allows nothing but records every attempt")
+	f.IntVar(&req.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs: 1 or even, at most min(host CPUs, 32)")
+	f.IntVar(&req.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB: 128 to min(MemTotal-512, 4096)")
+	f.IntVar(&req.ScratchMiB, "scratch-mib", 0, "size of the writable scratch disk in MiB (sparse): 128 to 65536; default 1024")
+	f.IntVar(&req.TimeoutS, "timeout-s", sandbox.DefaultTimeoutS, "seconds for boot and command together: 1 to 3600")
+	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE for the command; repeatable")
+	f.StringVar(&req.Cwd, "cwd", "", "working directory in the guest (default /root)")
+	f.StringVar(&stdinFile, "stdin-file", "", "feed the command's stdin from this host file; - for isopod's own stdin")
+	f.StringArrayVar(&copyOut, "copy-out", nil, "GUEST:HOST: after the command, copy a guest file to the host; repeatable")
+	f.StringVar(&req.CommitAs, "commit-as", "", "when the command exits 0, keep the run's changes as a stage with this label")
+	return c
+}

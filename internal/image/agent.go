@@ -1,0 +1,79 @@
+package image
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+)
+
+// AgentBinaryName is the guest agent's file name.
+const AgentBinaryName = "isopod-agent"
+
+const agentBuildHint = "build it with `CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent` and put it next to isopod or set " + config.EnvAgentBin
+
+// LocateAgent finds the guest agent binary: explicit if set, else
+// $ISOPOD_AGENT_BIN, else isopod-agent next to the running executable, else
+// on PATH. It checks that the file is a static x86-64 ELF executable.
+func LocateAgent(explicit string) (string, error) {
+	p, from := explicit, "agent binary"
+	if p == "" {
+		p, from = os.Getenv(config.EnvAgentBin), config.EnvAgentBin
+	}
+	if p == "" {
+		from = AgentBinaryName
+		if exe, err := os.Executable(); err == nil {
+			cand := filepath.Join(filepath.Dir(exe), AgentBinaryName)
+			if fi, err := os.Stat(cand); err == nil && fi.Mode().IsRegular() {
+				p = cand
+			}
+		}
+		if p == "" {
+			if lp, err := exec.LookPath(AgentBinaryName); err == nil {
+				p = lp
+			}
+		}
+		if p == "" {
+			return "", fmt.Errorf("guest agent %s not found (not in %s, next to the isopod binary, or on PATH); %s: %w",
+				AgentBinaryName, config.EnvAgentBin, agentBuildHint, errdefs.ErrFailedPrecondition)
+		}
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	if err := checkStaticELF(abs); err != nil {
+		return "", fmt.Errorf("%s %s: %w; %s: %w", from, abs, err, agentBuildHint, errdefs.ErrFailedPrecondition)
+	}
+	return abs, nil
+}
+
+// checkStaticELF accepts only a statically linked x86-64 ELF executable: the
+// initramfs has no dynamic loader.
+func checkStaticELF(path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return err
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("not an ELF executable (%v)", err)
+	}
+	defer f.Close()
+	if f.Machine != elf.EM_X86_64 {
+		return fmt.Errorf("built for %s, the guest is x86-64 (set GOARCH=amd64)", f.Machine)
+	}
+	if f.Type != elf.ET_EXEC && f.Type != elf.ET_DYN {
+		return fmt.Errorf("ELF type %s is not an executable", f.Type)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return errors.New("dynamically linked (it has a PT_INTERP program header); the initramfs needs a static binary")
+		}
+	}
+	return nil
+}

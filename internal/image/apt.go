@@ -1,0 +1,189 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"isopod/internal/errdefs"
+)
+
+// ErrNotServed is returned (wrapped, with errdefs.ErrFailedPrecondition)
+// when apt does not offer the requested version of a package.
+var ErrNotServed = errors.New("package version not served by apt")
+
+// Apt runs apt-get and apt-cache. The zero value finds both on PATH.
+type Apt struct {
+	GetBin   string // default: apt-get on PATH
+	CacheBin string // default: apt-cache on PATH
+}
+
+func (a *Apt) bin(explicit, name string) (string, error) {
+	if a != nil && explicit != "" {
+		return explicit, nil
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found on PATH: %w", name, errdefs.ErrNotSupported)
+	}
+	return p, nil
+}
+
+func (a *Apt) getBin() (string, error) {
+	var e string
+	if a != nil {
+		e = a.GetBin
+	}
+	return a.bin(e, "apt-get")
+}
+
+func (a *Apt) cacheBin() (string, error) {
+	var e string
+	if a != nil {
+		e = a.CacheBin
+	}
+	return a.bin(e, "apt-cache")
+}
+
+// rootOpts keeps apt-get from complaining that its sandbox user cannot write
+// the download directory when isopod runs as root.
+func rootOpts() []string {
+	if os.Geteuid() == 0 {
+		return []string{"-o", "APT::Sandbox::User=root"}
+	}
+	return nil
+}
+
+// Download fetches pkg at version into dir and returns the .deb's path.
+// The caller verifies its digest.
+func (a *Apt) Download(ctx context.Context, dir, pkg, version string) (string, error) {
+	bin, err := a.getBin()
+	if err != nil {
+		return "", err
+	}
+	args := append([]string{"download", "-q"}, rootOpts()...)
+	args = append(args, pkg+"="+version)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(out.String())
+		if notServed(msg) {
+			return "", fmt.Errorf("apt-get download %s=%s: %w: %s: %w", pkg, version, ErrNotServed, msg, errdefs.ErrFailedPrecondition)
+		}
+		return "", fmt.Errorf("apt-get download %s=%s: %w: %s", pkg, version, err, msg)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
+	if len(debs) != 1 {
+		return "", fmt.Errorf("apt-get download %s=%s: expected one .deb in %s, found %d", pkg, version, dir, len(debs))
+	}
+	return debs[0], nil
+}
+
+// notServed recognises apt's messages for a version or package it does not
+// offer.
+func notServed(msg string) bool {
+	for _, s := range []string{"was not found", "Can't select", "Unable to locate package", "has no installation candidate"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Show returns the first stanza of `apt-cache show pkg[=version]` as fields.
+func (a *Apt) Show(ctx context.Context, pkg, version string) (map[string]string, error) {
+	bin, err := a.cacheBin()
+	if err != nil {
+		return nil, err
+	}
+	spec := pkg
+	if version != "" {
+		spec += "=" + version
+	}
+	out, err := exec.CommandContext(ctx, bin, "show", spec).CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if notServed(msg) || strings.Contains(msg, "No packages found") {
+			return nil, fmt.Errorf("apt-cache show %s: %w: %s: %w", spec, ErrNotServed, msg, errdefs.ErrFailedPrecondition)
+		}
+		return nil, fmt.Errorf("apt-cache show %s: %w: %s", spec, err, msg)
+	}
+	fields := parseStanza(string(out))
+	if fields["Package"] == "" {
+		return nil, fmt.Errorf("apt-cache show %s: no package stanza: %w", spec, ErrNotServed)
+	}
+	return fields, nil
+}
+
+// Candidate returns the version apt would install for pkg.
+func (a *Apt) Candidate(ctx context.Context, pkg string) (string, error) {
+	bin, err := a.cacheBin()
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, bin, "policy", pkg).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("apt-cache policy %s: %w: %s", pkg, err, strings.TrimSpace(string(out)))
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Candidate:"); ok {
+			v = strings.TrimSpace(v)
+			if v == "" || v == "(none)" {
+				break
+			}
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("apt-cache policy %s: no candidate version (is the package list updated? run apt-get update): %w", pkg, ErrNotServed)
+}
+
+// parseStanza parses the first RFC 822 style stanza of apt output.
+func parseStanza(s string) map[string]string {
+	fields := map[string]string{}
+	last := ""
+	for _, line := range strings.Split(s, "\n") {
+		if line == "" {
+			if len(fields) > 0 {
+				break
+			}
+			continue
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			if last != "" {
+				fields[last] += "\n" + strings.TrimSpace(line)
+			}
+			continue
+		}
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		last = k
+		fields[k] = strings.TrimSpace(v)
+	}
+	return fields
+}
+
+// exactDep finds, in a Depends field, the first dependency whose name starts
+// with prefix and that is pinned with "(= version)".
+func exactDep(depends, prefix string) (name, version string, ok bool) {
+	for _, d := range strings.Split(depends, ",") {
+		d = strings.TrimSpace(strings.Split(d, "|")[0])
+		n, rest, _ := strings.Cut(d, " ")
+		if !strings.HasPrefix(n, prefix) {
+			continue
+		}
+		rest = strings.TrimSpace(rest)
+		if v, found := strings.CutPrefix(rest, "(="); found {
+			return n, strings.TrimSpace(strings.TrimSuffix(v, ")")), true
+		}
+	}
+	return "", "", false
+}

@@ -1,0 +1,22 @@
+// Package image produces everything a guest boots from: the pinned Debian
+// cloud kernel and the modules the guest needs (fetched with apt, verified
+// against a pinned digest), the initramfs holding the static agent at /init,
+// the read-only base root images (base-min from a pinned busybox, base-debian
+// from debootstrap), and the sparse ext4 scratch template.
+//
+// Layout under $ISOPOD_HOME:
+//
+//	kernels/<version>/vmlinuz          kernel
+//	kernels/<version>/modules/...      needed modules, paths relative to /lib/modules/<release>
+//	kernels/<version>/modules.order    one relative module path a line, dependencies first
+//	kernels/<version>/kernel.json      [KernelInfo]
+//	images/initramfs.cpio (+ .json)    for the fetched kernel
+//	images/initramfs-builtin.cpio      for a kernel with every driver built in
+//	images/base-<flavor>.sqfs (+ .json)
+//	images/scratch-<MiB>.ext4          scratch template
+//
+// Every artifact is built in a temporary name next to its destination and
+// published by rename while holding a lock under locks/, so a reader never
+// sees a half-written file. Builds are reproducible: the same inputs give
+// byte-identical images.
+package image

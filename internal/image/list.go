@@ -1,0 +1,135 @@
+package image
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"isopod/internal/agentproto"
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+)
+
+// BaseFlavors are the base images isopod knows how to build.
+var BaseFlavors = []string{FlavorBaseMin, FlavorBaseDebian}
+
+// ImageInfo describes one buildable image as `isopod image ls` shows it.
+type ImageInfo struct {
+	Flavor          string `json:"flavor"` // initramfs, base-min, base-debian
+	Built           bool   `json:"built"`
+	Path            string `json:"path"`
+	Size            int64  `json:"size,omitempty"`
+	ContentSHA256   string `json:"content_sha256,omitempty"`
+	ProtocolVersion int    `json:"protocol_version,omitempty"`
+	BuiltUnix       int64  `json:"built_unix,omitempty"`
+	// Stale: built for another protocol version, or (initramfs) holding
+	// another agent build or made for another kernel. Rebuild it.
+	Stale       bool   `json:"stale"`
+	StaleReason string `json:"stale_reason,omitempty"`
+}
+
+// ListImages reports the initramfs of the current kernel and every base
+// flavor, built or not.
+func ListImages(paths config.Paths) ([]ImageInfo, error) {
+	out := []ImageInfo{initramfsStatus(paths)}
+	for _, f := range BaseFlavors {
+		info, err := baseStatus(paths, f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func initramfsStatus(paths config.Paths) ImageInfo {
+	bk, kerr := ResolveKernel(paths, "")
+	builtIn := kerr == nil && bk.BuiltIn
+	p := InitramfsPath(paths, builtIn)
+	ii := ImageInfo{Flavor: FlavorInitramfs, Path: p}
+	var side InitramfsInfo
+	if err := readJSON(sidecarPath(p), &side); err != nil {
+		return ii
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return ii
+	}
+	ii.Built, ii.Size, ii.ContentSHA256 = true, fi.Size(), side.ContentSHA256
+	ii.ProtocolVersion, ii.BuiltUnix = side.ProtocolVersion, side.BuiltUnix
+	var reasons []string
+	if side.ProtocolVersion != agentproto.Version {
+		reasons = append(reasons, fmt.Sprintf("protocol %d, isopod speaks %d", side.ProtocolVersion, agentproto.Version))
+	}
+	if agent, err := LocateAgent(""); err == nil {
+		if sum, err := sha256File(agent); err == nil && sum != side.AgentSHA256 {
+			reasons = append(reasons, "agent binary "+agent+" changed since the build")
+		}
+	}
+	if kerr == nil && !bk.BuiltIn && bk.Info.SHA256 != side.KernelSHA256 {
+		reasons = append(reasons, "made for kernel "+side.KernelVersion+", current kernel is "+bk.Info.Version)
+	}
+	if len(reasons) > 0 {
+		ii.Stale, ii.StaleReason = true, strings.Join(reasons, "; ")
+	}
+	return ii
+}
+
+func knownBase(flavor string) bool {
+	for _, f := range BaseFlavors {
+		if f == flavor {
+			return true
+		}
+	}
+	return false
+}
+
+func baseStatus(paths config.Paths, flavor string) (ImageInfo, error) {
+	if !knownBase(flavor) {
+		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
+	}
+	p := BasePath(paths, flavor)
+	ii := ImageInfo{Flavor: flavor, Path: p}
+	var side BaseInfo
+	if err := readJSON(sidecarPath(p), &side); err != nil {
+		return ii, nil
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return ii, nil
+	}
+	ii.Built, ii.Size, ii.ContentSHA256 = true, fi.Size(), side.ContentSHA256
+	ii.ProtocolVersion, ii.BuiltUnix = side.ProtocolVersion, side.BuiltUnix
+	switch {
+	case side.ProtocolVersion != agentproto.Version:
+		ii.Stale, ii.StaleReason = true, fmt.Sprintf("protocol %d, isopod speaks %d", side.ProtocolVersion, agentproto.Version)
+	case fi.Size() != side.Size:
+		ii.Stale, ii.StaleReason = true, fmt.Sprintf("image is %d bytes, its record says %d", fi.Size(), side.Size)
+	}
+	return ii, nil
+}
+
+// LookupBase returns the built base image of flavor for a run. A base that
+// is not built or is stale is refused with errdefs.ErrFailedPrecondition and
+// the command that builds it.
+func LookupBase(paths config.Paths, flavor string) (ImageInfo, error) {
+	if !knownBase(flavor) {
+		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
+	}
+	unlock, err := rlock(paths, flavor)
+	if err != nil {
+		return ImageInfo{}, err
+	}
+	defer unlock()
+	ii, err := baseStatus(paths, flavor)
+	if err != nil {
+		return ImageInfo{}, err
+	}
+	if !ii.Built {
+		return ImageInfo{}, fmt.Errorf("base %s is not built: run `isopod image build %s` (or `isopod image build-all`): %w", flavor, flavor, errdefs.ErrFailedPrecondition)
+	}
+	if ii.Stale {
+		return ImageInfo{}, fmt.Errorf("base %s is stale (%s): run `isopod image build %s`: %w", flavor, ii.StaleReason, flavor, errdefs.ErrFailedPrecondition)
+	}
+	return ii, nil
+}

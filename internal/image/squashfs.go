@@ -1,0 +1,191 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"isopod/internal/agentproto"
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+)
+
+// BaseInfo is a base image sidecar (images/base-<flavor>.json).
+type BaseInfo struct {
+	Flavor          string `json:"flavor"`
+	ContentSHA256   string `json:"content_sha256"` // sha256 of the .sqfs
+	ProtocolVersion int    `json:"protocol_version"`
+	// Inputs are the packages the image is made of (every installed package
+	// for base-debian); SHA256 is the .deb digest where known.
+	Inputs    []Pin  `json:"inputs"`
+	Suite     string `json:"suite,omitempty"`
+	Mirror    string `json:"mirror,omitempty"`
+	BuiltUnix int64  `json:"built_unix"`
+	Size      int64  `json:"size"`
+
+	Path   string `json:"-"`
+	Cached bool   `json:"-"`
+}
+
+// BasePath is where a base flavor's squashfs lives.
+func BasePath(paths config.Paths, flavor string) string {
+	return filepath.Join(paths.Images(), flavor+".sqfs")
+}
+
+// squashfsArgs are the options that make mksquashfs reproducible: fixed
+// times, root ownership, fixed compression, no xattrs from the build host.
+// mksquashfs sorts directory entries itself.
+var squashfsArgs = []string{
+	"-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
+	"-comp", "zstd", "-Xcompression-level", "6", "-b", "131072",
+	"-no-xattrs", "-no-exports", "-reproducible", "-quiet", "-no-progress",
+}
+
+// mksquashfs packs dir into out.
+func mksquashfs(ctx context.Context, dir, out string) error {
+	bin, err := exec.LookPath("mksquashfs")
+	if err != nil {
+		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, squashfsArgs...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var o bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &o
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("mksquashfs: %w: %s", err, strings.TrimSpace(o.String()))
+	}
+	return nil
+}
+
+// makeRootSkeleton creates the directories every base needs (the agent's
+// mountpoints and a usable root) with fixed modes, and the /etc files isopod
+// owns.
+func makeRootSkeleton(root string) error {
+	dirs := []struct {
+		path string
+		mode os.FileMode
+	}{
+		{"bin", 0o755}, {"sbin", 0o755}, {"usr", 0o755}, {"usr/bin", 0o755}, {"usr/sbin", 0o755},
+		{"etc", 0o755}, {"root", 0o700}, {"tmp", 0o1777}, {"var", 0o755}, {"var/tmp", 0o1777},
+		{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"run", 0o755}, {"mnt", 0o755},
+	}
+	for _, d := range dirs {
+		p := filepath.Join(root, d.path)
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			continue // a merged-/usr link such as bin -> usr/bin
+		}
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, chmodBits(d.mode)); err != nil {
+			return err
+		}
+	}
+	files := []struct {
+		path, body string
+	}{
+		{"etc/hostname", "isopod\n"},
+		{"etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
+		{"etc/resolv.conf", "# The isopod agent writes the resolver here when the network is on.\n"},
+	}
+	for _, f := range files {
+		if err := writeFixed(filepath.Join(root, f.path), []byte(f.body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chmodBits converts Unix octal mode bits (0o1777) to os.FileMode.
+func chmodBits(m os.FileMode) os.FileMode {
+	out := m.Perm()
+	if m&0o1000 != 0 {
+		out |= os.ModeSticky
+	}
+	if m&0o2000 != 0 {
+		out |= os.ModeSetgid
+	}
+	if m&0o4000 != 0 {
+		out |= os.ModeSetuid
+	}
+	return out
+}
+
+// writeFixed replaces path (even a symlink) with a file of exactly perm.
+func writeFixed(path string, data []byte, perm os.FileMode) error {
+	os.Remove(path)
+	if err := os.WriteFile(path, data, perm); err != nil {
+		return err
+	}
+	return os.Chmod(path, perm)
+}
+
+// packAndPublish packs root into the flavor's squashfs and publishes it with
+// its sidecar under the flavor's lock.
+func packAndPublish(ctx context.Context, paths config.Paths, root string, info *BaseInfo) error {
+	dst := BasePath(paths, info.Flavor)
+	tmp := filepath.Join(filepath.Dir(root), "image.sqfs")
+	if err := mksquashfs(ctx, root, tmp); err != nil {
+		return err
+	}
+	sum, err := sha256File(tmp)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(tmp)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return err
+	}
+	info.ContentSHA256 = sum
+	info.Size = fi.Size()
+	info.ProtocolVersion = agentproto.Version
+	info.BuiltUnix = time.Now().Unix()
+	info.Path = dst
+	unlock, err := lock(paths, info.Flavor)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := publishFile(tmp, dst); err != nil {
+		return err
+	}
+	return writeJSONAtomic(sidecarPath(dst), info)
+}
+
+// currentBase returns the published sidecar of flavor when it is built for
+// this protocol and matches inputs (nil inputs: any).
+func currentBase(paths config.Paths, flavor string, inputs []Pin) (BaseInfo, bool) {
+	var info BaseInfo
+	p := BasePath(paths, flavor)
+	if err := readJSON(sidecarPath(p), &info); err != nil {
+		return BaseInfo{}, false
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.Size() != info.Size || info.ProtocolVersion != agentproto.Version {
+		return BaseInfo{}, false
+	}
+	if inputs != nil {
+		if len(inputs) != len(info.Inputs) {
+			return BaseInfo{}, false
+		}
+		for i := range inputs {
+			if inputs[i] != info.Inputs[i] {
+				return BaseInfo{}, false
+			}
+		}
+	}
+	info.Path, info.Cached = p, true
+	return info, true
+}

@@ -1,0 +1,164 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+// RunArgs is sandbox_run's input. Field descriptions are the schema a model
+// reads, so they carry the semantics.
+type RunArgs struct {
+	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && (or start with set -o pipefail) so a failing step makes the exit code non-zero"`
+	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list. The stage itself is never modified"`
+	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only). A forked stage always uses the base it was made on; see image_list"`
+
+	Network    *bool    `json:"network,omitempty" jsonschema:"give the VM a network card (default true, NAT to the internet); false for untrusted code that needs no network"`
+	AllowHosts []string `json:"allow_hosts,omitempty" jsonschema:"switch to filtered egress: only these host names are reachable (exact or *.suffix, e.g. [\"pypi.org\", \"*.pythonhosted.org\"]). An empty list [] denies everything but records every attempted connection and DNS lookup in the report's egress"`
+	AllowCIDRs []string `json:"allow_cidrs,omitempty" jsonschema:"switch to filtered egress and allow these destination networks (e.g. [\"203.0.113.0/24\"])"`
+
+	CommitAs string `json:"commit_as,omitempty" jsonschema:"save the VM's filesystem changes as a stage with this label, only when cmd exits 0. Use <project>/<purpose>, e.g. myproj/deps; fork it later with stage"`
+
+	TimeoutS   int `json:"timeout_s,omitempty" jsonschema:"wall-clock limit in seconds for boot plus command (default 120, at most 3600); on expiry the report has timed_out true"`
+	VCPUs      int `json:"vcpus,omitempty" jsonschema:"virtual CPUs (default 1)"`
+	MemMiB     int `json:"mem_mib,omitempty" jsonschema:"guest memory in MiB (default 512)"`
+	ScratchMiB int `json:"scratch_mib,omitempty" jsonschema:"size in MiB of the writable layer (default 1024); raise it for big installs"`
+
+	Env       map[string]string `json:"env,omitempty" jsonschema:"environment variables for cmd, as an object of NAME: value"`
+	Cwd       string            `json:"cwd,omitempty" jsonschema:"working directory inside the VM (default /root)"`
+	Stdin     string            `json:"stdin,omitempty" jsonschema:"text fed to cmd's standard input"`
+	StdinFile string            `json:"stdin_file,omitempty" jsonschema:"a HOST file fed to cmd's standard input instead of stdin: a regular file of at most 4 MiB under the server's host-I/O root (relative paths are taken from that root)"`
+	CopyOut   []CopyOutArg      `json:"copy_out,omitempty" jsonschema:"files to copy from the VM to the HOST after cmd (skipped if it timed out); each host path must lie under the server's host-I/O root and is replaced atomically"`
+}
+
+// CopyOutArg names one guest file and its host destination.
+type CopyOutArg struct {
+	Guest string `json:"guest" jsonschema:"absolute path of a regular file inside the VM"`
+	Host  string `json:"host" jsonschema:"destination on the HOST, under the server's host-I/O root (relative paths are taken from that root); an existing file there is replaced"`
+}
+
+const runDescription = `Run one shell command in a fresh, isolated microVM and destroy the VM afterwards. Returns one JSON report: exit_code (null if killed by a signal or timed out), signal, timed_out, stdout and stderr (first 64 KiB each, with *_truncated, exact *_bytes, and complete logs at *_log_path), timings in ms (total_ms, exec_ms, boot_ms...), vm_id, and stage_id/stage_name when commit_as committed. A non-zero exit_code is a normal result, not a tool error.
+
+Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. Fork a saved stage with stage. timeout_s covers boot and command together.
+
+Network: on by default (NAT). network=false for untrusted code; allow_hosts (even []) switches to default-deny filtering and the report's egress lists what was allowed and denied.`
+
+// sandboxRun is the sandbox_run handler.
+func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in RunArgs) (*mcp.CallToolResult, *sandbox.Report, error) {
+	s.countRun()
+	ctx, done := s.track(ctx)
+	defer done()
+
+	r, err := s.buildRequest(in)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox_run refused (%s): %v", errdefs.Class(err), err)
+	}
+	stop := s.keepalive(ctx, req)
+	rep, err := s.cfg.Core.Run(ctx, r)
+	stop()
+	if err == nil && rep == nil {
+		err = fmt.Errorf("the core returned no report")
+	}
+	if err != nil {
+		base := r.Base
+		if base == "" {
+			base = DefaultBase
+		}
+		return nil, nil, s.toolError(ctx, ToolSandboxRun, base, err)
+	}
+	return nil, rep, nil
+}
+
+// buildRequest maps sandbox_run's arguments to a core request. Host paths
+// are confined here, before anything starts.
+func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf(format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if strings.TrimSpace(in.Cmd) == "" {
+		return sandbox.Request{}, bad("cmd is empty; give the shell command to run, e.g. \"echo hi\"")
+	}
+	r := sandbox.Request{
+		Argv:       []string{"/bin/sh", "-c", in.Cmd},
+		Stage:      in.Stage,
+		Base:       in.Base,
+		AllowCIDRs: in.AllowCIDRs,
+		VCPUs:      in.VCPUs,
+		MemMiB:     in.MemMiB,
+		ScratchMiB: in.ScratchMiB,
+		TimeoutS:   in.TimeoutS,
+		Cwd:        in.Cwd,
+		CommitAs:   in.CommitAs,
+	}
+	if r.Stage == "" {
+		r.Stage = sandbox.BaseStage
+	}
+	// A fork boots the base its chain was made on; the default applies
+	// only to a run from the empty stage.
+	if r.Base == "" && r.Stage == sandbox.BaseStage {
+		r.Base = DefaultBase
+	}
+	if in.AllowHosts != nil {
+		r.AllowHosts = in.AllowHosts
+		r.DenyEgress = len(in.AllowHosts) == 0
+	}
+	if in.Network != nil && !*in.Network {
+		if in.AllowHosts != nil || in.AllowCIDRs != nil {
+			return sandbox.Request{}, bad("network=false removes the network card, so allow_hosts/allow_cidrs cannot apply; drop one of them")
+		}
+		r.NoNetwork = true
+	}
+
+	keys := make([]string, 0, len(in.Env))
+	for k := range in.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return sandbox.Request{}, bad("env name %q is invalid: names must be non-empty and contain no '=' or NUL", k)
+		}
+		r.Env = append(r.Env, k+"="+in.Env[k])
+	}
+
+	if in.StdinFile != "" {
+		if in.Stdin != "" {
+			return sandbox.Request{}, bad("stdin and stdin_file are both set; give one")
+		}
+		data, _, err := s.cfg.HostIO.ReadStdinFile(in.StdinFile)
+		if err != nil {
+			return sandbox.Request{}, err
+		}
+		r.Stdin = bytes.NewReader(data)
+	} else if in.Stdin != "" {
+		r.Stdin = strings.NewReader(in.Stdin)
+	}
+
+	for i, c := range in.CopyOut {
+		if c.Guest == "" {
+			return sandbox.Request{}, bad("copy_out[%d].guest is empty; give the file's absolute path inside the VM", i)
+		}
+		host, err := s.cfg.HostIO.ResolveCopyOut(c.Host)
+		if err != nil {
+			return sandbox.Request{}, fmt.Errorf("copy_out[%d]: %w", i, err)
+		}
+		r.CopyOut = append(r.CopyOut, sandbox.CopyOut{Guest: c.Guest, Host: host})
+	}
+	return r, nil
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

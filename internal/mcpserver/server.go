@@ -1,0 +1,242 @@
+// Package mcpserver is isopod's MCP front end: a stdio Model Context Protocol
+// server (the isopod-mcp binary) exposing the same core as the CLI as tools.
+// It adds only argument marshaling, JSON shaping, a progress keepalive,
+// periodic VM garbage collection, and the confinement of host paths named
+// by tool arguments (see [HostIO]).
+//
+// stdout carries only the protocol; every log line goes to stderr.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"isopod/internal/sandbox"
+)
+
+// Defaults of a Server.
+const (
+	// DefaultBase is the base a sandbox_run boots when the call names none.
+	DefaultBase = "base-debian"
+	// DefaultProgressInterval is how often a run with a progress token sends
+	// a keepalive notification.
+	DefaultProgressInterval = 5 * time.Second
+	// DefaultGCEvery is how many sandbox_run calls pass between VM GCs.
+	DefaultGCEvery = 20
+	// DefaultGCKeepLast is how many VM records a GC keeps.
+	DefaultGCKeepLast = 20
+)
+
+// Core is what the server needs from the sandbox; *sandbox.Service
+// implements it.
+type Core interface {
+	Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
+	StageList(ctx context.Context) (*sandbox.StageListResult, error)
+	StageInfo(ctx context.Context, ref string) (*sandbox.StageInfoResult, error)
+	StageRemove(ctx context.Context, ref string) (*sandbox.StageRemoveResult, error)
+	VMList(ctx context.Context) (*sandbox.VMListResult, error)
+	VMGC(ctx context.Context, keepLast int) (*sandbox.VMGCResult, error)
+	ImageList(ctx context.Context) (*sandbox.ImageListResult, error)
+}
+
+var _ Core = (*sandbox.Service)(nil)
+
+// Config configures a Server.
+type Config struct {
+	Core    Core // required
+	HostIO  HostIO
+	Logger  *slog.Logger // nil: discard
+	Version string       // reported to clients; "" means "dev"
+
+	ProgressInterval time.Duration // 0: DefaultProgressInterval
+	GCEvery          int           // 0: DefaultGCEvery; <0: never after runs
+	GCKeepLast       int           // 0: DefaultGCKeepLast
+	// NoStartupGC skips the VM GC a server runs when it starts.
+	NoStartupGC bool
+}
+
+// Validate checks what a Server cannot do without.
+func (c *Config) Validate() error {
+	if c.Core == nil {
+		return errors.New("mcpserver: config has no Core")
+	}
+	if c.ProgressInterval < 0 || c.GCKeepLast < 0 {
+		return errors.New("mcpserver: negative ProgressInterval or GCKeepLast")
+	}
+	return nil
+}
+
+// Server is one MCP server over a Core.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	mcp  *mcp.Server
+	runs atomic.Int64 // sandbox_run attempts, for periodic GC
+
+	// life bounds every VM the server starts: Close cancels it, so a run
+	// never outlives the server even if the session ends mid-call.
+	life   context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds a Server with every tool registered.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ProgressInterval == 0 {
+		cfg.ProgressInterval = DefaultProgressInterval
+	}
+	if cfg.GCEvery == 0 {
+		cfg.GCEvery = DefaultGCEvery
+	}
+	if cfg.GCKeepLast == 0 {
+		cfg.GCKeepLast = DefaultGCKeepLast
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: log}
+	s.life, s.cancel = context.WithCancel(context.Background())
+	s.mcp = mcp.NewServer(&mcp.Implementation{
+		Name:    "isopod",
+		Title:   "isopod microVM sandbox",
+		Version: cfg.Version,
+	}, &mcp.ServerOptions{
+		Instructions: instructions,
+		Logger:       log,
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+	})
+	if err := s.addTools(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// MCP returns the underlying SDK server (for in-process transports).
+func (s *Server) MCP() *mcp.Server { return s.mcp }
+
+// Run starts the start-up GC, serves one session over t until it ends or
+// ctx is cancelled, then tears down any run still in flight and waits for it.
+func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
+	defer s.Close()
+	if !s.cfg.NoStartupGC {
+		s.gcAsync("startup")
+	}
+	err := s.mcp.Run(ctx, t)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		err = nil
+	}
+	return err
+}
+
+// Close cancels every run in flight (their VMs are torn down by the core)
+// and waits for them and for any GC to return.
+func (s *Server) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+// track runs fn's context under the server's lifetime: the returned context
+// ends when either ctx or the server ends. done must be called when the work
+// returns.
+func (s *Server) track(ctx context.Context) (context.Context, func()) {
+	s.wg.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.life, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		s.wg.Done()
+	}
+}
+
+// gcAsync runs one VM GC in the background; failures are only logged.
+func (s *Server) gcAsync(why string) {
+	ctx, done := s.track(s.life)
+	go func() {
+		defer done()
+		res, err := s.cfg.Core.VMGC(ctx, s.cfg.GCKeepLast)
+		if err != nil {
+			s.log.Warn("vm gc failed", "why", why, "err", err)
+			return
+		}
+		s.log.Info("vm gc", "why", why, "removed", len(res.Removed), "kept", res.Kept,
+			"killed_vmms", len(res.KilledVMMs), "freed_bytes", res.FreedBytes)
+	}()
+}
+
+// countRun counts one sandbox_run attempt and starts a GC every GCEvery.
+func (s *Server) countRun() {
+	n := s.runs.Add(1)
+	if s.cfg.GCEvery > 0 && n%int64(s.cfg.GCEvery) == 0 {
+		s.gcAsync(fmt.Sprintf("after %d runs", n))
+	}
+}
+
+// keepalive sends a progress notification at once and then every
+// ProgressInterval until the returned stop is called, when the client sent
+// a progress token. Send errors are ignored: it is a keepalive only.
+func (s *Server) keepalive(ctx context.Context, req *mcp.CallToolRequest) (stop func()) {
+	if req == nil || req.Params == nil || req.Session == nil {
+		return func() {}
+	}
+	token := req.Params.GetProgressToken()
+	if token == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.cfg.ProgressInterval)
+		defer t.Stop()
+		for n := 1; ; n++ {
+			err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: token,
+				Progress:      float64(n),
+				Message:       fmt.Sprintf("sandbox_run in progress (%ds)", int(time.Since(start).Seconds())),
+			})
+			if err != nil && ctx.Err() == nil {
+				s.log.Debug("progress notification failed", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// instructions tell a client what the server is for (kept under 2 KiB).
+const instructions = `isopod runs shell commands in throwaway microVMs (a real Linux kernel per call), so untrusted code, package installs and experiments never touch this machine.
+
+Use sandbox_run for anything you would not run on the host: it boots a fresh VM, runs cmd with /bin/sh -c, returns exit code, stdout, stderr and timings as JSON, and destroys the VM. A non-zero exit_code is a normal result, not a tool error.
+
+Nothing persists unless you ask: commit_as="<project>/<purpose>" saves the filesystem changes as a stage (only when the command exits 0); later runs with stage="<project>/<purpose>" fork it. Stages are immutable; fork as often as you like. Chain setup steps with && or set -o pipefail so a failed step is not committed.
+
+Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["pypi.org","*.pythonhosted.org"] allows only those hosts; allow_hosts=[] denies everything and records what was attempted.
+
+stdin_file and copy_out name files on the host and are confined to the server's host-I/O root.
+
+Other tools: stage_list, stage_info, stage_rm, vm_list, vm_gc, image_list (which bases are built).
+
+Parallel sandbox_run calls batched in one message may run one after another; use separate agents for real concurrency.`

@@ -1,0 +1,131 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// MaxChainDepth caps a stage chain (each layer is one virtio disk).
+const MaxChainDepth = 10
+
+// baseImage is the base a run boots over.
+type baseImage struct {
+	Flavor string
+	Path   string
+	SHA256 string
+}
+
+// kernelFiles is the kernel and initramfs a run boots.
+type kernelFiles struct {
+	Kernel    string
+	Initramfs string
+}
+
+// plan is everything resolved before a VM starts.
+type plan struct {
+	base       baseImage
+	kernel     kernelFiles
+	stage      *stageRef  // nil for the base stage
+	layers     []string   // layer paths, root first
+	chain      []stageRef // root first
+	scratchMiB int
+	env        []string
+	warnings   []string
+}
+
+// stageRef is what a run needs to know of one stage.
+type stageRef struct {
+	ID         string
+	Name       string
+	Label      string
+	BaseFlavor string
+	BaseSHA256 string
+	Layer      string
+}
+
+// planRun resolves the stage chain, the base and the kernel, and checks them
+// against each other.
+func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
+	pl := &plan{scratchMiB: req.ScratchMiB}
+	if pl.scratchMiB == 0 {
+		pl.scratchMiB = DefaultScratchMiB
+	}
+	flavor := req.Base
+	if req.Stage != BaseStage {
+		chain, err := s.resolveChain(req.Stage)
+		if err != nil {
+			return nil, err
+		}
+		pl.chain = chain
+		tip := chain[len(chain)-1]
+		pl.stage = &tip
+		if flavor != "" && flavor != tip.BaseFlavor {
+			return nil, fmt.Errorf("--base %s disagrees with stage %s, which was built on %s; a chain keeps one base: drop --base or fork a stage built on %s: %w",
+				flavor, tip.Label, tip.BaseFlavor, flavor, errdefs.ErrInvalidArgument)
+		}
+		flavor = tip.BaseFlavor
+		for _, st := range chain {
+			pl.layers = append(pl.layers, st.Layer)
+		}
+		if req.CommitAs != "" && len(chain)+1 > MaxChainDepth {
+			return nil, fmt.Errorf("committing on %s would make a chain of %d layers; the limit is %d: flatten it by redoing the setup in one run from --stage base: %w",
+				tip.Label, len(chain)+1, MaxChainDepth, errdefs.ErrInvalidArgument)
+		}
+	}
+	if flavor == "" {
+		flavor = DefaultBase
+	}
+	base, err := s.lookupBase(flavor)
+	if err != nil {
+		return nil, err
+	}
+	pl.base = base
+	if len(pl.chain) > 0 {
+		warns, err := s.checkChainBase(pl.chain, base)
+		if err != nil {
+			return nil, err
+		}
+		pl.warnings = append(pl.warnings, warns...)
+	}
+	if req.CommitAs != "" {
+		if err := s.checkLabelFree(req.CommitAs); err != nil {
+			return nil, err
+		}
+	}
+	k, err := s.resolveKernel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pl.kernel = k
+	return pl, nil
+}
+
+// cmdline is the guest kernel command line.
+func (pl *plan) cmdline(hostname string) string {
+	args := []string{
+		"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
+		"i8042.noaux", "i8042.nomux", "i8042.nopnp", "i8042.dumbkbd",
+		"8250.nr_uarts=1", "random.trust_cpu=on",
+		"isopod.hostname=" + hostname,
+		"isopod.layers=" + strconv.Itoa(len(pl.layers)),
+	}
+	return strings.Join(args, " ")
+}
+
+// disks are the base, the layers (root first) and the scratch.
+func (pl *plan) disks(scratch string) []vmm.Disk {
+	d := []vmm.Disk{{Path: pl.base.Path, ReadOnly: true, Serial: "isopod-base"}}
+	for i, l := range pl.layers {
+		d = append(d, vmm.Disk{Path: l, ReadOnly: true, Serial: "isopod-l" + strconv.Itoa(i)})
+	}
+	return append(d, vmm.Disk{Path: scratch, Serial: "isopod-scratch"})
+}
+
+// errIsBase marks the reserved empty stage in lookups.
+var errIsBase = errors.New("the base stage")

@@ -1,0 +1,102 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"isopod/internal/store"
+)
+
+// vmRecord is vms/<id>/record.json: enough to list a run and to find its VMM
+// process again if isopod died.
+type vmRecord struct {
+	ID      string    `json:"vm_id"`
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Argv    []string  `json:"argv,omitempty"`
+	Base    string    `json:"base,omitempty"`
+	Stage   string    `json:"stage,omitempty"`
+
+	OwnerPID       int    `json:"owner_pid"`
+	OwnerStartTime uint64 `json:"owner_start_time"`
+	VMMPID         int    `json:"vmm_pid,omitempty"`
+	VMMStartTime   uint64 `json:"vmm_start_time,omitempty"`
+
+	Finished bool `json:"finished"`
+	ExitCode *int `json:"exit_code,omitempty"`
+}
+
+func newVMID() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "vm-" + hex.EncodeToString(b[:])
+}
+
+func writeRecord(dir string, r *vmRecord) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, ".record.json.tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("writing vm record: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, "record.json"))
+}
+
+func readRecord(dir string) (*vmRecord, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "record.json"))
+	if err != nil {
+		return nil, err
+	}
+	r := new(vmRecord)
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", dir, err)
+	}
+	return r, nil
+}
+
+// procStartTime returns field 22 of /proc/PID/stat (start time in clock ticks
+// since boot), or 0 when the process does not exist.
+func procStartTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	return parseStatStartTime(string(b))
+}
+
+// parseStatStartTime reads the start time out of a /proc/PID/stat line. The
+// command name (field 2) may contain spaces and parentheses, so fields are
+// counted from the last ')'.
+func parseStatStartTime(stat string) uint64 {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(stat[i+1:])
+	// fields[0] is field 3 (state); start time is field 22.
+	if len(fields) < 20 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(fields[19], 10, 64)
+	return v
+}
+
+// alive reports whether pid is still the process that started at startTime.
+func alive(pid int, startTime uint64) bool {
+	if pid <= 0 || startTime == 0 {
+		return false
+	}
+	return procStartTime(pid) == startTime
+}
+
+// vanityName is the VM's hostname and display name.
+func vanityName(id string) string { return store.VanityName(id) }

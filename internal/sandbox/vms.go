@@ -1,0 +1,121 @@
+package sandbox
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// gcMinAge keeps records this young even past keep-last: their runs may be
+// starting.
+const gcMinAge = 60 * time.Second
+
+// VMList lists VM records newest first.
+func (s *Service) VMList(ctx context.Context) (*VMListResult, error) {
+	recs := s.records()
+	res := &VMListResult{OK: true, VMs: []VMEntry{}}
+	for _, r := range recs {
+		res.VMs = append(res.VMs, VMEntry{
+			ID: r.ID, Name: r.Name, Created: r.Created.Format(time.RFC3339), Argv: r.Argv,
+			Live: recordLive(r), DirBytes: dirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
+		})
+	}
+	return res, nil
+}
+
+// records reads every VM record, newest first. Unreadable ones are skipped.
+func (s *Service) records() []*vmRecord {
+	ents, _ := os.ReadDir(s.opts.Paths.VMs())
+	var recs []*vmRecord
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		r, err := readRecord(filepath.Join(s.opts.Paths.VMs(), e.Name()))
+		if err != nil || r.ID != e.Name() {
+			continue
+		}
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Created.After(recs[j].Created) })
+	return recs
+}
+
+// recordLive reports whether the run that wrote r is still going.
+func recordLive(r *vmRecord) bool {
+	return alive(r.OwnerPID, r.OwnerStartTime) || alive(r.VMMPID, r.VMMStartTime)
+}
+
+// VMGC kills orphaned VMM processes and prunes all but the newest keepLast
+// records (never a live one, never one younger than a minute).
+func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
+	if keepLast < 0 {
+		keepLast = 0
+	}
+	res := &VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}
+	recs := s.records()
+	for _, r := range recs {
+		// An orphan: its owner is gone but its VMM (the same process, by
+		// pid and start time) still runs.
+		if !alive(r.OwnerPID, r.OwnerStartTime) && alive(r.VMMPID, r.VMMStartTime) {
+			if err := syscall.Kill(r.VMMPID, syscall.SIGKILL); err == nil {
+				res.KilledVMMs = append(res.KilledVMMs, r.VMMPID)
+				s.log.Info("killed orphaned VMM", "vm", r.ID, "pid", r.VMMPID)
+			}
+		}
+	}
+	for i, r := range recs {
+		if i < keepLast || time.Since(r.Created) < gcMinAge || recordLive(r) {
+			res.Kept++
+			continue
+		}
+		dir := s.opts.Paths.VM(r.ID)
+		if !strings.HasPrefix(r.ID, "vm-") || filepath.Base(dir) != r.ID {
+			res.Kept++
+			continue
+		}
+		freed := dirBytes(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			s.log.Warn("removing vm record", "vm", r.ID, "err", err)
+			res.Kept++
+			continue
+		}
+		res.Removed = append(res.Removed, r.ID)
+		res.FreedBytes += freed
+	}
+	if st, err := s.stages(); err == nil {
+		if left, err := st.GC(ctx); err == nil {
+			res.StageLeftovers = left
+		}
+	}
+	s.gcExtra(res)
+	return res, nil
+}
+
+// gcExtra is extended by other housekeeping (warm-pool snapshots).
+func (s *Service) gcExtra(res *VMGCResult) {}
+
+// dirBytes is the allocated size of everything under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+var _ = strconv.Itoa

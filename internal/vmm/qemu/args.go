@@ -1,0 +1,179 @@
+package qemu
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// Inherited descriptors: QEMU sees the ExtraFiles of its exec.Cmd from fd 3.
+const (
+	fdAgent = 3 // connected unix stream socket: the agent virtserialport
+	fdQMP   = 4 // connected unix stream socket: the QMP monitor
+)
+
+// AgentPortName is the virtio-serial port name the guest agent looks for.
+const AgentPortName = "isopod.agent"
+
+// machineOptions is the microvm configuration. ACPI on: the kernel finds the
+// virtio-mmio devices through ACPI (it is built without command-line
+// virtio-mmio devices). No option ROMs. PIT and PIC off: the guest uses the
+// local APIC and IOAPIC, and under TCG the TSC frequency is given on the
+// command line, so no PIT calibration is needed. RTC on: without it the
+// kernel spends about two seconds probing for a clock.
+const machineOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off"
+
+// launch is what buildArgs needs beyond the vmm.Config.
+type launch struct {
+	accel    vmm.Accel
+	tscKHz   uint64 // host TSC kHz, used under TCG; 0: unknown
+	memPath  string // when set, guest RAM is this file (memory-backend-file)
+	memShare bool   // map memPath shared (snapshot builder) or private
+	incoming string // when set, -incoming value (restore)
+}
+
+// escapeOpt doubles commas so a value can sit inside a QEMU option list.
+func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// onOff renders a bool as QEMU's on/off.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// kernelCmdline adds what the machine itself needs to the caller's command
+// line: the serial console, and under TCG the TSC frequency so that the guest
+// does not calibrate it against timers that run unevenly under emulation.
+func kernelCmdline(user string, accel vmm.Accel, tscKHz uint64) string {
+	var parts []string
+	if !hasParam(user, "console") {
+		parts = append(parts, "console=ttyS0")
+	}
+	if accel == vmm.AccelTCG && tscKHz > 0 {
+		if !hasParam(user, "tsc_early_khz") {
+			parts = append(parts, "tsc_early_khz="+strconv.FormatUint(tscKHz, 10))
+		}
+		if !hasParam(user, "tsc") {
+			parts = append(parts, "tsc=reliable")
+		}
+	}
+	if s := strings.TrimSpace(user); s != "" {
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " ")
+}
+
+// hasParam reports whether cmdline has key=... or a bare key before any "--".
+func hasParam(cmdline, key string) bool {
+	for _, f := range strings.Fields(cmdline) {
+		if f == "--" {
+			return false
+		}
+		k, _, _ := strings.Cut(f, "=")
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// checkConfig refuses what QEMU cannot express, beyond vmm.Config.Validate.
+func checkConfig(cfg *vmm.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if strings.ContainsAny(cfg.ID, " \t\n,=") {
+		return fmt.Errorf("qemu: id %q must not contain spaces, commas or '=': %w", cfg.ID, errdefs.ErrInvalidArgument)
+	}
+	for _, d := range cfg.Disks {
+		if strings.ContainsAny(d.Serial, " \t\n,=\"") {
+			return fmt.Errorf("qemu: disk serial %q must be plain characters: %w", d.Serial, errdefs.ErrInvalidArgument)
+		}
+	}
+	if cfg.Net != nil {
+		if cfg.Net.Socket == "" {
+			return fmt.Errorf("qemu: NIC needs a unix socket (tap %q is for firecracker): %w", cfg.Net.Tap, errdefs.ErrNotSupported)
+		}
+		if _, err := net.ParseMAC(cfg.Net.MAC); err != nil || len(cfg.Net.MAC) != 17 {
+			return fmt.Errorf("qemu: NIC MAC %q must look like 52:54:00:12:34:56: %w", cfg.Net.MAC, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// buildArgs returns QEMU's argv (without the binary) for cfg. It is pure:
+// everything it needs is in its arguments.
+func buildArgs(cfg *vmm.Config, l launch) []string {
+	a := []string{
+		"-name", "isopod-" + cfg.ID,
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-machine", machineOptions,
+		"-accel", string(l.accel),
+	}
+	if l.accel == vmm.AccelKVM {
+		a = append(a, "-cpu", "host")
+	} else {
+		a = append(a, "-cpu", "max")
+	}
+	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
+	if l.memPath != "" {
+		a = append(a,
+			"-m", strconv.Itoa(cfg.MemMiB)+"M",
+			"-object", fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",
+				cfg.MemMiB, escapeOpt(l.memPath), onOff(l.memShare)),
+			"-machine", "memory-backend=mem0")
+	} else {
+		a = append(a, "-m", strconv.Itoa(cfg.MemMiB)+"M")
+	}
+	a = append(a,
+		"-kernel", cfg.Kernel,
+		"-append", kernelCmdline(cfg.Cmdline, l.accel, l.tscKHz))
+	if cfg.Initrd != "" {
+		a = append(a, "-initrd", cfg.Initrd)
+	}
+	a = append(a,
+		// The console: QEMU's stdout, copied into cfg.SerialLog.
+		"-chardev", "stdio,id=con0,signal=off",
+		"-serial", "chardev:con0",
+		// QMP on an inherited, already connected socket.
+		"-chardev", "socket,id=qmp0,fd="+strconv.Itoa(fdQMP),
+		"-mon", "chardev=qmp0,mode=control",
+		// Modern virtio-mmio.
+		"-global", "virtio-mmio.force-legacy=false",
+		// The agent channel.
+		"-device", "virtio-serial-device,id=vser0,max_ports=2",
+		"-chardev", "socket,id=agent0,fd="+strconv.Itoa(fdAgent),
+		"-device", "virtserialport,chardev=agent0,name="+AgentPortName,
+	)
+	for i, d := range cfg.Disks {
+		id := "disk" + strconv.Itoa(i)
+		drive := "if=none,id=" + id + ",file=" + escapeOpt(d.Path) +
+			",format=raw,readonly=" + onOff(d.ReadOnly) +
+			// Guest writes reach the host file (page cache) when the guest
+			// sees them complete; guest flushes are not turned into host
+			// fsyncs. The host keeps the data when QEMU is killed; whoever
+			// needs it on stable storage fsyncs the file.
+			",cache=unsafe,aio=threads"
+		if !d.ReadOnly {
+			drive += ",discard=unmap"
+		}
+		a = append(a,
+			"-drive", drive,
+			"-device", "virtio-blk-device,drive="+id+",serial="+d.Serial)
+	}
+	if cfg.Net != nil {
+		a = append(a,
+			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+escapeOpt(cfg.Net.Socket),
+			"-device", "virtio-net-device,netdev=net0,mac="+cfg.Net.MAC)
+	}
+	if l.incoming != "" {
+		a = append(a, "-incoming", l.incoming)
+	}
+	return a
+}
