@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,6 +28,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := func() int {
+		flag.Parse()
 		if testing.Short() {
 			return m.Run()
 		}

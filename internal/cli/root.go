@@ -55,11 +55,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "isopod: error: %v\n", err)
-		writeJSON(stdout, map[string]any{"ok": false, "error": err.Error(), "class": errdefs.Class(err)})
+		writeJSON(stdout, failure{OK: false, Error: err.Error(), Class: errdefs.Class(err)})
 		return 1
 	}
 	writeJSON(stdout, e.result)
 	return 0
+}
+
+// failure is the one JSON object of a failed command.
+type failure struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error"`
+	Class string `json:"class"`
 }
 
 func writeJSON(w io.Writer, v any) {

@@ -32,6 +32,13 @@ the command exits 0.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Argv = args
+			// Zero means "default" to the core; on the command line it is
+			// out of range.
+			for _, name := range []string{"vcpus", "mem-mib", "scratch-mib", "timeout-s"} {
+				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
+					return fmt.Errorf("--%s 0: out of range (see isopod run --help for the limits): %w", name, errdefs.ErrInvalidArgument)
+				}
+			}
 			for _, m := range copyOut {
 				g, h, ok := strings.Cut(m, ":")
 				if !ok || g == "" || h == "" {

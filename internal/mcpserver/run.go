@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -152,7 +154,34 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		}
 		r.CopyOut = append(r.CopyOut, sandbox.CopyOut{Guest: c.Guest, Host: host})
 	}
+	if err := s.makeParents(r.CopyOut); err != nil {
+		return sandbox.Request{}, err
+	}
 	return r, nil
+}
+
+// makeParents creates the missing parent directories of copy_out
+// destinations (all under the root: they were resolved), since a model
+// cannot create host directories itself. Each destination is resolved again
+// afterwards and must not have moved.
+func (s *Server) makeParents(cos []sandbox.CopyOut) error {
+	for i, c := range cos {
+		dir := filepath.Dir(c.Host)
+		if _, err := os.Stat(dir); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("copy_out[%d]: creating %s: %v: %w", i, dir, err, errdefs.ErrInvalidArgument)
+		}
+		again, err := s.cfg.HostIO.ResolveCopyOut(c.Host)
+		if err != nil {
+			return fmt.Errorf("copy_out[%d]: %w", i, err)
+		}
+		if again != c.Host {
+			return fmt.Errorf("copy_out[%d]: %s changed while its directory was created (now %s): %w", i, c.Host, again, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 func mustJSON(v any) json.RawMessage {

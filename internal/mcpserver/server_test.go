@@ -290,6 +290,18 @@ func TestRunArgsMapping(t *testing.T) {
 				t.Errorf("copy_out %+v, want %+v", r.CopyOut, want)
 			}
 		}},
+		{"copy_out creates missing parents under the root", map[string]any{"cmd": "true", "copy_out": []map[string]string{{"guest": "/o", "host": "made/here/o.txt"}}}, func(t *testing.T, r sandbox.Request) {
+			want := filepath.Join(h.root, "made", "here", "o.txt")
+			if len(r.CopyOut) != 1 || r.CopyOut[0].Host != want {
+				t.Errorf("copy_out %+v", r.CopyOut)
+			}
+			if fi, err := os.Stat(filepath.Dir(want)); err != nil || !fi.IsDir() {
+				t.Errorf("parent not created: %v", err)
+			}
+			if _, err := os.Stat(want); err == nil {
+				t.Error("the destination itself was created before the run")
+			}
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

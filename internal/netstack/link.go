@@ -36,17 +36,59 @@ type link struct {
 	mu         sync.RWMutex
 	dispatcher stack.NetworkDispatcher
 
-	wmu  sync.Mutex
-	conn net.Conn
-	wbuf []byte
+	// Outbound frames are queued by the stack's goroutines and written by
+	// one flusher per connection, so that a burst of segments costs one
+	// write call, not one each.
+	wmu      sync.Mutex
+	wcond    *sync.Cond // signalled when pending grows, shrinks or conn changes
+	conn     net.Conn
+	pending  []byte
+	spare    []byte
+	flushing bool
 
 	framesIn, framesOut, dropped atomic.Uint64
 }
 
 var _ stack.LinkEndpoint = (*link)(nil)
 
+// maxPending bounds the queued outbound bytes; stack goroutines wait past
+// it (TCP then sees the link's pace).
+const maxPending = 4 << 20
+
 func newLink(mtu uint32, mac tcpip.LinkAddress, filter frameFilter) *link {
-	return &link{mtu: mtu, mac: mac, filter: filter}
+	l := &link{mtu: mtu, mac: mac, filter: filter}
+	l.wcond = sync.NewCond(&l.wmu)
+	return l
+}
+
+// flush writes queued frames to c until c is no longer the link's
+// connection.
+func (l *link) flush(c net.Conn) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	for {
+		for l.conn == c && len(l.pending) == 0 {
+			l.wcond.Wait()
+		}
+		if l.conn != c {
+			return
+		}
+		buf := l.pending
+		l.pending = l.spare[:0]
+		l.flushing = true
+		l.wcond.Broadcast() // room for waiting writers
+		l.wmu.Unlock()
+		_, err := c.Write(buf)
+		l.wmu.Lock()
+		l.flushing = false
+		if cap(buf) <= 2*maxPending {
+			l.spare = buf[:0]
+		}
+		if err != nil {
+			c.Close() // the reader sees it and detaches
+			return
+		}
+	}
 }
 
 // serve reads frames from c and delivers them until c fails or ends. c
@@ -54,13 +96,22 @@ func newLink(mtu uint32, mac tcpip.LinkAddress, filter frameFilter) *link {
 func (l *link) serve(c net.Conn) error {
 	l.wmu.Lock()
 	l.conn = c
+	l.pending = l.pending[:0]
 	l.wmu.Unlock()
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		l.flush(c)
+	}()
 	defer func() {
 		l.wmu.Lock()
 		if l.conn == c {
 			l.conn = nil
 		}
+		l.wcond.Broadcast()
 		l.wmu.Unlock()
+		c.Close()
+		<-flushed
 	}()
 
 	r := bufio.NewReaderSize(c, 256<<10)
@@ -118,38 +169,34 @@ func (l *link) deliver(frame []byte) {
 	d.DeliverNetworkPacket(eth.Type(), pkt)
 }
 
-// WritePackets implements stack.LinkWriter: the whole batch goes out in one
-// write.
+// WritePackets implements stack.LinkWriter: frames are queued for the
+// flusher.
 func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	for l.conn != nil && len(l.pending) >= maxPending {
+		l.wcond.Wait()
+	}
 	if l.conn == nil {
 		l.dropped.Add(uint64(pkts.Len()))
 		return pkts.Len(), nil
 	}
-	b := l.wbuf[:0]
-	n := 0
+	wasEmpty := len(l.pending) == 0
 	for _, pkt := range pkts.AsSlice() {
 		size := pkt.Size()
 		if size > maxFrame {
 			l.dropped.Add(1)
 			continue
 		}
-		b = binary.BigEndian.AppendUint32(b, uint32(size))
-		for _, s := range pkt.AsSlices() {
-			b = append(b, s...)
+		l.pending = binary.BigEndian.AppendUint32(l.pending, uint32(size))
+		for _, b := range pkt.AsSlices() {
+			l.pending = append(l.pending, b...)
 		}
-		n++
+		l.framesOut.Add(1)
 	}
-	if cap(b) <= 1<<20 {
-		l.wbuf = b
+	if wasEmpty {
+		l.wcond.Broadcast()
 	}
-	if _, err := l.conn.Write(b); err != nil {
-		// The reader sees the same failure and detaches the connection.
-		l.dropped.Add(uint64(n))
-		return pkts.Len(), nil
-	}
-	l.framesOut.Add(uint64(n))
 	return pkts.Len(), nil
 }
 

@@ -209,20 +209,22 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	}
 	qmp, err := NewQMPClient(ctx, qmpHost)
 	if err != nil {
-		// QEMU most likely refused its arguments and exited; give it a
-		// moment so that its own words make the error.
-		select {
-		case <-p.done:
-		case <-time.After(2 * time.Second):
+		if ctx.Err() == nil {
+			// QEMU most likely refused its arguments and is exiting;
+			// give it a moment so that its own words make the error.
+			select {
+			case <-p.done:
+			case <-time.After(2 * time.Second):
+			}
 		}
 		p.kill()
 		p.wait()
 		agentHost.Close()
-		if msg := p.stderr.String(); msg != "" {
-			return nil, fmt.Errorf("qemu: start-up failed: %s: %w", msg, errdefs.ErrFailedPrecondition)
-		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("qemu: start-up: %w: %w", errdefs.ErrUnavailable, err)
+		}
+		if msg := p.stderr.String(); msg != "" {
+			return nil, fmt.Errorf("qemu: start-up failed: %s: %w", msg, errdefs.ErrFailedPrecondition)
 		}
 		return nil, fmt.Errorf("qemu: start-up failed: %w", err)
 	}

@@ -9,6 +9,7 @@
 //	                     "OK" or "ERR message"
 //	POWEROFF          -> syncs and powers the machine off
 //
+// When the host closes the channel it says so on the console and idles.
 // Anything it cannot do it reports on the console and powers off.
 package main
 
@@ -89,7 +90,10 @@ func run() error {
 			return fmt.Errorf("write reply: %w", err)
 		}
 	}
-	return fmt.Errorf("port closed: %v", sc.Err())
+	// The host closed the channel; the machine keeps running until the
+	// host ends it.
+	fmt.Printf("guestinit: port closed (%v)\n", sc.Err())
+	select {}
 }
 
 func loadModules(list string) error {
