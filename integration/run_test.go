@@ -266,3 +266,32 @@ func vmOfOwner(pid int) string {
 	}
 	return ""
 }
+
+func TestProtocolMismatchNamesRebuild(t *testing.T) {
+	requireVM(t)
+	// An agent that announces another protocol version, in an initramfs of
+	// its own under a state root of its own.
+	home := t.TempDir()
+	agent := filepath.Join(t.TempDir(), "isopod-agent")
+	build := exec.Command("go", "build", "-o", agent, "-ldflags", "-X isopod/internal/agent.protoVersionOverride=999", "isopod/cmd/isopod-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the agent: %v\n%s", err, out)
+	}
+	os.MkdirAll(filepath.Join(home, "images"), 0o700)
+	if err := os.Symlink(filepath.Join(homeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"base-min.sqfs", "base-min.json"} {
+		b, err := os.ReadFile(filepath.Join(homeDir, "images", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(home, "images", f), b, 0o600)
+	}
+	env := []string{"ISOPOD_HOME=" + home, "ISOPOD_AGENT_BIN=" + agent}
+	if r := isopod(t, env, "image", "build", "initramfs"); r.Code != 0 {
+		t.Fatalf("building the initramfs:\n%s", r)
+	}
+	runFail(t, env, "isopod image build-all", "run", "--no-network", "--", "true")
+}

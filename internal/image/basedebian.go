@@ -67,13 +67,22 @@ func BuildBaseDebian(ctx context.Context, paths config.Paths, opts BuildOptions)
 	}
 
 	start := time.Now()
-	log.Info("bootstrapping base-debian (takes minutes)", "suite", DebianSuite, "mirror", mirror, "packages", strings.Join(DebianPackages, ","))
-	args := []string{"--variant=minbase", "--components=main", "--include=" + strings.Join(DebianPackages, ","), DebianSuite, root, mirror}
-	if err := runLogged(ctx, log, "debootstrap", bin, args, []string{"DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"}); err != nil {
+	log.Info("bootstrapping base-debian (takes minutes)", "suite", DebianSuite, "mirror", mirror)
+	args := []string{"--variant=minbase", "--components=main", DebianSuite, root, mirror}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
+	if err := runLogged(log, "debootstrap", cmd); err != nil {
+		if b, rerr := os.ReadFile(filepath.Join(root, "debootstrap", "debootstrap.log")); rerr == nil {
+			err = fmt.Errorf("%w\ndebootstrap.log ends:\n%s", err, lastLines(string(b), 30))
+		}
 		return BaseInfo{}, err
 	}
 	unmountUnder(root, log)
-	log.Info("debootstrap finished", "elapsed", time.Since(start).Round(time.Second))
+	log.Info("debootstrap finished; installing packages", "elapsed", time.Since(start).Round(time.Second), "packages", strings.Join(DebianPackages, ","))
+	if err := installInChroot(ctx, log, root, sourcesListFor("/etc/apt", mirror, DebianSuite)); err != nil {
+		return BaseInfo{}, err
+	}
+	log.Info("packages installed", "elapsed", time.Since(start).Round(time.Second))
 
 	inputs, err := installedPackages(ctx, root)
 	if err != nil {
@@ -91,11 +100,54 @@ func BuildBaseDebian(ctx context.Context, paths config.Paths, opts BuildOptions)
 	return info, nil
 }
 
+// installInChroot upgrades root from the host's sources for the suite
+// (updates and security included) and installs DebianPackages without
+// recommends, with /proc mounted for the maintainer scripts.
+func installInChroot(ctx context.Context, log *slog.Logger, root, sources string) error {
+	chroot, err := exec.LookPath("chroot")
+	if err != nil {
+		return fmt.Errorf("chroot not found: %w", errdefs.ErrNotSupported)
+	}
+	if err := writeFixed(filepath.Join(root, "etc/apt/sources.list"), []byte(sources), 0o644); err != nil {
+		return err
+	}
+	policy := filepath.Join(root, "usr/sbin/policy-rc.d")
+	if err := writeFixed(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
+		return err
+	}
+	defer os.Remove(policy)
+	proc := filepath.Join(root, "proc")
+	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc in the build root: %w", err)
+	}
+	defer unmountUnder(root, log)
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C", "HOME=/root"}
+	steps := [][]string{
+		{"apt-get", "-q", "update"},
+		{"apt-get", "-q", "-y", "dist-upgrade"},
+		append([]string{"apt-get", "-q", "-y", "install", "--no-install-recommends"}, DebianPackages...),
+	}
+	for _, st := range steps {
+		cmd := exec.CommandContext(ctx, chroot, append([]string{root}, st...)...)
+		cmd.Env = env
+		if err := runLogged(log, strings.Join(st[:2], " "), cmd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
 // runLogged runs a long command, logging its output at debug level and a
 // progress line at info level at most every 15 seconds.
-func runLogged(ctx context.Context, log *slog.Logger, what, bin string, args, env []string) error {
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), env...)
+func runLogged(log *slog.Logger, what string, cmd *exec.Cmd) error {
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	var tail []string

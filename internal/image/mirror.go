@@ -20,6 +20,43 @@ type aptSource struct {
 // hostMirror returns the URI of the first enabled "deb" source in the apt
 // configuration under etcApt (normally /etc/apt) that serves suite.
 func hostMirror(etcApt, suite string) (string, error) {
+	srcs, err := hostSources(etcApt)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range srcs {
+		for _, su := range s.Suites {
+			if su == suite {
+				return strings.TrimRight(s.URI, "/"), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no apt source for %s in %s (sources.list or sources.list.d); configure one or pass a mirror explicitly: %w",
+		suite, etcApt, errdefs.ErrFailedPrecondition)
+}
+
+// sourcesListFor writes a sources.list (main only) with the host's sources
+// for suite, suite-updates and suite-security, falling back to mirror for
+// suite itself.
+func sourcesListFor(etcApt, mirror, suite string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "deb %s %s main\n", mirror, suite)
+	srcs, _ := hostSources(etcApt)
+	seen := map[string]bool{}
+	for _, s := range srcs {
+		for _, su := range s.Suites {
+			line := fmt.Sprintf("deb %s %s main\n", strings.TrimRight(s.URI, "/"), su)
+			if (su == suite+"-updates" || su == suite+"-security") && !seen[line] {
+				seen[line] = true
+				b.WriteString(line)
+			}
+		}
+	}
+	return b.String()
+}
+
+// hostSources lists the enabled "deb" sources under etcApt.
+func hostSources(etcApt string) ([]aptSource, error) {
 	var files []string
 	if _, err := os.Stat(filepath.Join(etcApt, "sources.list")); err == nil {
 		files = append(files, filepath.Join(etcApt, "sources.list"))
@@ -29,6 +66,7 @@ func hostMirror(etcApt, suite string) (string, error) {
 		sort.Strings(m)
 		files = append(files, m...)
 	}
+	var all []aptSource
 	for _, f := range files {
 		var srcs []aptSource
 		var err error
@@ -38,18 +76,11 @@ func hostMirror(etcApt, suite string) (string, error) {
 			srcs, err = parseOneLineSources(f)
 		}
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		for _, s := range srcs {
-			for _, su := range s.Suites {
-				if su == suite {
-					return strings.TrimRight(s.URI, "/"), nil
-				}
-			}
-		}
+		all = append(all, srcs...)
 	}
-	return "", fmt.Errorf("no apt source for %s in %s (sources.list or sources.list.d); configure one or pass a mirror explicitly: %w",
-		suite, etcApt, errdefs.ErrFailedPrecondition)
+	return all, nil
 }
 
 // parseOneLineSources reads "deb [options] URI suite component..." lines.

@@ -39,12 +39,11 @@ type link struct {
 	// Outbound frames are queued by the stack's goroutines and written by
 	// one flusher per connection, so that a burst of segments costs one
 	// write call, not one each.
-	wmu      sync.Mutex
-	wcond    *sync.Cond // signalled when pending grows, shrinks or conn changes
-	conn     net.Conn
-	pending  []byte
-	spare    []byte
-	flushing bool
+	wmu     sync.Mutex
+	wcond   *sync.Cond // signalled when pending grows, shrinks or conn changes
+	conn    net.Conn
+	pending []byte
+	spare   []byte
 
 	framesIn, framesOut, dropped atomic.Uint64
 }
@@ -75,12 +74,10 @@ func (l *link) flush(c net.Conn) {
 		}
 		buf := l.pending
 		l.pending = l.spare[:0]
-		l.flushing = true
 		l.wcond.Broadcast() // room for waiting writers
 		l.wmu.Unlock()
 		_, err := c.Write(buf)
 		l.wmu.Lock()
-		l.flushing = false
 		if cap(buf) <= 2*maxPending {
 			l.spare = buf[:0]
 		}

@@ -7,9 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,8 +47,7 @@ func startInNS(t *testing.T, allowLAN bool) (*Stack, *egress.Log) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mtu, _ := strconv.Atoi(os.Getenv("NS_MTU"))
-	s, err := Start(Config{Socket: filepath.Join(dir, "net.sock"), Recorder: rec, MTU: mtu,
+	s, err := Start(Config{Socket: filepath.Join(dir, "net.sock"), Recorder: rec,
 		Policy: &egress.PublicOnly{AllowLAN: allowLAN, HostAddrs: hosts}})
 	if err != nil {
 		t.Fatal(err)

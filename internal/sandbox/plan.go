@@ -60,7 +60,7 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 	if req.Stage != BaseStage {
 		chain, err := s.resolveChain(req.Stage)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--stage %s: %w", req.Stage, err)
 		}
 		pl.chain = chain
 		tip := chain[len(chain)-1]
