@@ -167,3 +167,10 @@ func TestLocateAgentRejectsDynamic(t *testing.T) {
 		t.Errorf("missing agent: %v", err)
 	}
 }
+
+func TestBuildUnknownFlavor(t *testing.T) {
+	_, err := Build(t.Context(), testPaths(t), "base-nope", BuildOptions{})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "base-debian") {
+		t.Errorf("got %v", err)
+	}
+}

@@ -17,7 +17,9 @@ import (
 
 // BaseInfo is a base image sidecar (images/base-<flavor>.json).
 type BaseInfo struct {
-	Flavor          string `json:"flavor"`
+	Flavor string `json:"flavor"`
+	// Recipe is the build recipe's revision; see baseRecipe.
+	Recipe          int    `json:"recipe"`
 	ContentSHA256   string `json:"content_sha256"` // sha256 of the .sqfs
 	ProtocolVersion int    `json:"protocol_version"`
 	// Inputs are the packages the image is made of (every installed package
@@ -31,6 +33,10 @@ type BaseInfo struct {
 	Path   string `json:"-"`
 	Cached bool   `json:"-"`
 }
+
+// baseRecipe is bumped whenever the way bases are made changes (layout,
+// mksquashfs options), so that a current-looking base is rebuilt.
+const baseRecipe = 1
 
 // BasePath is where a base flavor's squashfs lives.
 func BasePath(paths config.Paths, flavor string) string {
@@ -151,6 +157,7 @@ func packAndPublish(ctx context.Context, paths config.Paths, root string, info *
 	info.ContentSHA256 = sum
 	info.Size = fi.Size()
 	info.ProtocolVersion = agentproto.Version
+	info.Recipe = baseRecipe
 	info.BuiltUnix = time.Now().Unix()
 	info.Path = dst
 	unlock, err := lock(paths, info.Flavor)
@@ -173,7 +180,7 @@ func currentBase(paths config.Paths, flavor string, inputs []Pin) (BaseInfo, boo
 		return BaseInfo{}, false
 	}
 	fi, err := os.Stat(p)
-	if err != nil || fi.Size() != info.Size || info.ProtocolVersion != agentproto.Version {
+	if err != nil || fi.Size() != info.Size || info.ProtocolVersion != agentproto.Version || info.Recipe != baseRecipe {
 		return BaseInfo{}, false
 	}
 	if inputs != nil {

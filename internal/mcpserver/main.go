@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -76,13 +77,17 @@ func mainWith(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer,
 // pathsFrom is config.DefaultPaths over an injectable environment.
 func pathsFrom(lookup func(string) (string, bool)) (config.Paths, error) {
 	if h, ok := lookup(config.EnvHome); ok && h != "" {
-		return config.Paths{Home: canonicalOrAbs(h)}, nil
+		abs, err := filepath.Abs(h)
+		if err != nil {
+			return config.Paths{}, fmt.Errorf("resolving %s: %w", config.EnvHome, err)
+		}
+		return config.Paths{Home: abs}, nil
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {
 		return config.Paths{}, fmt.Errorf("finding home directory (set %s): %w", config.EnvHome, err)
 	}
-	return config.Paths{Home: home + "/.isopod"}, nil
+	return config.Paths{Home: filepath.Join(home, ".isopod")}, nil
 }
 
 func logLevel(lookup func(string) (string, bool)) slog.Level {

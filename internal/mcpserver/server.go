@@ -84,6 +84,8 @@ type Server struct {
 	// never outlives the server even if the session ends mid-call.
 	life   context.Context
 	cancel context.CancelFunc
+	mu     sync.Mutex // guards closed and wg.Add against Close
+	closed bool
 	wg     sync.WaitGroup
 }
 
@@ -145,6 +147,9 @@ func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 // Close cancels every run in flight (their VMs are torn down by the core)
 // and waits for them and for any GC to return.
 func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 }
@@ -153,8 +158,14 @@ func (s *Server) Close() {
 // ends when either ctx or the server ends. done must be called when the work
 // returns.
 func (s *Server) track(ctx context.Context) (context.Context, func()) {
-	s.wg.Add(1)
 	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		cancel()
+		return ctx, func() {}
+	}
+	s.wg.Add(1)
 	stop := context.AfterFunc(s.life, cancel)
 	return ctx, func() {
 		stop()

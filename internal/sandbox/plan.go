@@ -58,24 +58,12 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 	}
 	flavor := req.Base
 	if req.Stage != BaseStage {
-		chain, err := s.resolveChain(req.Stage)
+		f, err := s.planChain(pl, req)
 		if err != nil {
-			return nil, fmt.Errorf("--stage %s: %w", req.Stage, err)
+			return nil, err
 		}
-		pl.chain = chain
-		tip := chain[len(chain)-1]
-		pl.stage = &tip
-		if flavor != "" && flavor != tip.BaseFlavor {
-			return nil, fmt.Errorf("--base %s disagrees with stage %s, which was built on %s; a chain keeps one base: drop --base or fork a stage built on %s: %w",
-				flavor, tip.Label, tip.BaseFlavor, flavor, errdefs.ErrInvalidArgument)
-		}
-		flavor = tip.BaseFlavor
-		for _, st := range chain {
-			pl.layers = append(pl.layers, st.Layer)
-		}
-		if req.CommitAs != "" && len(chain)+1 > MaxChainDepth {
-			return nil, fmt.Errorf("committing on %s would make a chain of %d layers; the limit is %d: flatten it by redoing the setup in one run from --stage base: %w",
-				tip.Label, len(chain)+1, MaxChainDepth, errdefs.ErrInvalidArgument)
+		if f != "" {
+			flavor = f
 		}
 	}
 	if flavor == "" {
@@ -104,6 +92,33 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 	}
 	pl.kernel = k
 	return pl, nil
+}
+
+// planChain resolves a forked stage's chain into pl and returns the chain's
+// base flavor ("" when ref names the empty base stage).
+func (s *Service) planChain(pl *plan, req Request) (string, error) {
+	chain, err := s.resolveChain(req.Stage)
+	if err != nil {
+		return "", fmt.Errorf("--stage %s: %w", req.Stage, err)
+	}
+	if len(chain) == 0 {
+		return "", nil
+	}
+	pl.chain = chain
+	tip := chain[len(chain)-1]
+	pl.stage = &tip
+	if req.Base != "" && req.Base != tip.BaseFlavor {
+		return "", fmt.Errorf("--base %s disagrees with stage %s, which was built on %s; a chain keeps one base: drop --base or fork a stage built on %s: %w",
+			req.Base, tip.Label, tip.BaseFlavor, req.Base, errdefs.ErrInvalidArgument)
+	}
+	for _, st := range chain {
+		pl.layers = append(pl.layers, st.Layer)
+	}
+	if req.CommitAs != "" && len(chain)+1 > MaxChainDepth {
+		return "", fmt.Errorf("committing on %s would make a chain of %d layers; the limit is %d: flatten it by redoing the setup in one run from --stage base: %w",
+			tip.Label, len(chain)+1, MaxChainDepth, errdefs.ErrInvalidArgument)
+	}
+	return tip.BaseFlavor, nil
 }
 
 // cmdline is the guest kernel command line.

@@ -29,10 +29,12 @@ const machineOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on
 
 // launch is what buildArgs needs beyond the vmm.Config.
 type launch struct {
-	accel    vmm.Accel
-	tscKHz   uint64 // host TSC kHz, used under TCG; 0: unknown
-	memPath  string // when set, guest RAM is this file (memory-backend-file)
-	memShare bool   // map memPath shared (snapshot builder) or private
+	accel  vmm.Accel
+	tscKHz uint64 // host TSC kHz, used under TCG; 0: unknown
+	// memPath, when set, is a snapshot's RAM file, mapped privately so
+	// that many machines share it copy-on-write. Otherwise RAM is a shared
+	// memfd that Snapshot can copy out.
+	memPath  string
 	incoming string // when set, -incoming value (restore)
 }
 
@@ -122,15 +124,17 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		a = append(a, "-cpu", "max")
 	}
 	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
+	mem := fmt.Sprintf("memory-backend-memfd,id=mem0,size=%dM,share=on", cfg.MemMiB)
 	if l.memPath != "" {
-		a = append(a,
-			"-m", strconv.Itoa(cfg.MemMiB)+"M",
-			"-object", fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",
-				cfg.MemMiB, escapeOpt(l.memPath), onOff(l.memShare)),
-			"-machine", "memory-backend=mem0")
-	} else {
-		a = append(a, "-m", strconv.Itoa(cfg.MemMiB)+"M")
+		mem = fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=off",
+			cfg.MemMiB, escapeOpt(l.memPath))
 	}
+	a = append(a,
+		"-m", strconv.Itoa(cfg.MemMiB)+"M",
+		"-object", mem,
+		"-machine", "memory-backend=mem0",
+		// Migration (snapshots) leaves shared RAM out of the stream.
+		"-global", "migration.x-ignore-shared=true")
 	a = append(a,
 		"-kernel", cfg.Kernel,
 		"-append", kernelCmdline(cfg.Cmdline, l.accel, l.tscKHz))

@@ -38,6 +38,9 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-cpu", "max",
 		"-smp", "2",
 		"-m", "512M",
+		"-object", "memory-backend-memfd,id=mem0,size=512M,share=on",
+		"-machine", "memory-backend=mem0",
+		"-global", "migration.x-ignore-shared=true",
 		"-kernel", "/k/vmlinuz",
 		"-append", "console=ttyS0 tsc_early_khz=2100000 tsc=reliable quiet isopod.hostname=box",
 		"-initrd", "/k/initrd.cpio",
@@ -100,18 +103,10 @@ func TestBuildArgsVariants(t *testing.T) {
 			hasNot: []string{"-initrd"},
 		},
 		{
-			name: "shared file-backed memory",
-			l:    launch{accel: vmm.AccelTCG, memPath: "/snap/mem", memShare: true},
-			has: [][]string{
-				{"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=on"},
-				{"-machine", "memory-backend=mem0"},
-			},
-		},
-		{
 			name: "restore maps memory privately and takes incoming state",
-			l:    launch{accel: vmm.AccelTCG, memPath: "/snap/mem", incoming: "defer"},
+			l:    launch{accel: vmm.AccelTCG, memPath: "/snap/m,em", incoming: "defer"},
 			has: [][]string{
-				{"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"},
+				{"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/snap/m,,em,share=off"},
 				{"-incoming", "defer"},
 			},
 		},

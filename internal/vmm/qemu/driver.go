@@ -174,13 +174,25 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		log = d.log
 	}
 	log = log.With("vm", cfg.ID)
-	choice, err := selectAccel(ctx, cfg.Accel, accelProbes{
-		env:     func() string { return os.Getenv(config.EnvAccel) },
-		openKVM: d.openKVM,
-		bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
-	})
-	if err != nil {
-		return nil, err
+	var choice accelChoice
+	if l.accel != "" {
+		// A restore: the snapshot decides.
+		choice = accelChoice{l.accel, "the snapshot's"}
+		if l.accel == vmm.AccelKVM {
+			if err := d.openKVM(); err != nil {
+				return nil, fmt.Errorf("qemu: snapshot needs kvm but /dev/kvm is unusable (%v): %w", err, errdefs.ErrFailedPrecondition)
+			}
+		}
+	} else {
+		var err error
+		choice, err = selectAccel(ctx, cfg.Accel, accelProbes{
+			env:     func() string { return os.Getenv(config.EnvAccel) },
+			openKVM: d.openKVM,
+			bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	log.Debug("qemu accel", "accel", choice.Accel, "reason", choice.Reason)
 	l.accel = choice.Accel
@@ -229,7 +241,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		return nil, fmt.Errorf("qemu: start-up failed: %w", err)
 	}
 	m := &Machine{
-		id:    cfg.ID,
+		cfg:   *cfg,
 		proc:  p,
 		agent: agentHost,
 		qmp:   qmp,
@@ -291,14 +303,14 @@ func socketpair() (net.Conn, *os.File, error) {
 }
 
 // Machine is one running QEMU process. It implements [vmm.Machine],
-// and [vmm.Timing].
+// [vmm.Timing] and [vmm.Snapshotter].
 type Machine struct {
-	id    string
+	cfg   vmm.Config
 	proc  *proc
 	agent net.Conn
 	qmp   *QMPClient
 	accel vmm.Accel
-	mem   string // guest RAM file, if file-backed
+	mem   string // the snapshot RAM file of a restored machine
 	log   *slog.Logger
 }
 

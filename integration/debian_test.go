@@ -1,0 +1,72 @@
+package integration
+
+import (
+	"archive/zip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDebianToolchain(t *testing.T) {
+	requireDebian(t)
+	base := []string{"--no-network", "--base", "base-debian", "--"}
+	r := run(t, append(base, "python3", "-c", "import sys; print(sys.version)")...)
+	if !strings.HasPrefix(str(r.JSON, "stdout"), "3.") {
+		t.Errorf("python3: %s", r.Stdout)
+	}
+	r = run(t, append(base, "node", "-e", "console.log(1)")...)
+	if str(r.JSON, "stdout") != "1\n" {
+		t.Errorf("node: %s", r.Stdout)
+	}
+	r = run(t, append(base, "sh", "-c", `printf '#include <stdio.h>\nint main(void){printf("c works %d\\n", 6*7);return 0;}\n' > /root/m.c && gcc -o /root/m /root/m.c && /root/m`)...)
+	if str(r.JSON, "stdout") != "c works 42\n" {
+		t.Errorf("gcc: %s", r.Stdout)
+	}
+}
+
+// writeWheel builds a minimal pure-Python wheel for package isopodprobe.
+func writeWheel(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z := zip.NewWriter(f)
+	files := []struct{ name, body string }{
+		{"isopodprobe/__init__.py", "ANSWER = 42\n"},
+		{"isopodprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: isopodprobe\nVersion: 1.0\n"},
+		{"isopodprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: isopod-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
+		{"isopodprobe-1.0.dist-info/RECORD", "isopodprobe/__init__.py,,\nisopodprobe-1.0.dist-info/METADATA,,\nisopodprobe-1.0.dist-info/WHEEL,,\nisopodprobe-1.0.dist-info/RECORD,,\n"},
+	}
+	for _, fl := range files {
+		w, err := z.Create(fl.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(fl.body))
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDebianPipInstallCommittedAndForked(t *testing.T) {
+	requireDebian(t)
+	whl := filepath.Join(t.TempDir(), "isopodprobe-1.0-py3-none-any.whl")
+	writeWheel(t, whl)
+	l := label(t, "pip")
+	rmStages(t, l)
+	r := run(t, "--no-network", "--base", "base-debian", "--stdin-file", whl, "--commit-as", l, "--",
+		"sh", "-c", "cat > /tmp/isopodprobe-1.0-py3-none-any.whl && pip install --no-index /tmp/isopodprobe-1.0-py3-none-any.whl")
+	if num(t, r.JSON, "exit_code") != 0 || str(r.JSON, "stage_id") == "" {
+		t.Fatalf("pip install: %s", r.Stdout)
+	}
+	r = run(t, "--no-network", "--stage", l, "--", "python3", "-c", "import isopodprobe; print(isopodprobe.ANSWER)")
+	if str(r.JSON, "stdout") != "42\n" {
+		t.Errorf("fork cannot import the installed package: %s", r.Stdout)
+	}
+	// A fork keeps its chain's base; --base that disagrees is refused.
+	runFail(t, nil, "base-min", "run", "--no-network", "--stage", l, "--base", "base-min", "--", "true")
+}

@@ -1,0 +1,238 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// Snapshot layout: three files in one directory.
+const (
+	snapMeta   = "snapshot.json" // snapshotMeta
+	snapState  = "state"         // QEMU migration stream without guest RAM
+	snapMemory = "memory"        // guest RAM, byte for byte, sparse
+)
+
+// snapshotMeta records what a restore must match.
+type snapshotMeta struct {
+	QEMU   string    `json:"qemu"`
+	Accel  vmm.Accel `json:"accel"`
+	VCPUs  int       `json:"vcpus"`
+	MemMiB int       `json:"mem_mib"`
+	Disks  int       `json:"disks"`
+	NIC    bool      `json:"nic"`
+}
+
+var (
+	_ vmm.Snapshotter = (*Machine)(nil)
+	_ vmm.Restorer    = (*Driver)(nil)
+)
+
+// Snapshot pauses the guest, writes its device state (a migration stream
+// that leaves RAM out) and copies its RAM into dir, which must exist and be
+// empty of a previous snapshot. The machine stays paused.
+func (m *Machine) Snapshot(ctx context.Context, dir string) error {
+	if m.mem != "" {
+		return fmt.Errorf("qemu snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
+	}
+	if strings.ContainsAny(dir, "'\n") || !filepath.IsAbs(dir) {
+		return fmt.Errorf("qemu snapshot: dir %q must be absolute and free of quotes: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	state := filepath.Join(dir, snapState)
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{
+		"uri": "exec:cat > '" + state + "'",
+	}); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	if err := waitMigration(ctx, m.qmp); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	meta := snapshotMeta{
+		QEMU:   m.qmp.Version,
+		Accel:  m.accel,
+		VCPUs:  m.cfg.VCPUs,
+		MemMiB: m.cfg.MemMiB,
+		Disks:  len(m.cfg.Disks),
+		NIC:    m.cfg.Net != nil,
+	}
+	b, _ := json.MarshalIndent(meta, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, snapMeta), b, 0o644); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	return nil
+}
+
+// waitMigration polls query-migrate until the migration completes or fails.
+func waitMigration(ctx context.Context, q *QMPClient) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ret, err := q.Execute(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(ret, &st); err != nil {
+			return fmt.Errorf("query-migrate: %w", err)
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s: %w", st.Status, st.ErrorDesc, errdefs.ErrFailedPrecondition)
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("migration: %w: %w", errdefs.ErrUnavailable, ctx.Err())
+		}
+	}
+}
+
+// copyMemory copies the guest RAM memfd out of QEMU (through /proc) into a
+// sparse file at dst.
+func (m *Machine) copyMemory(dst string) error {
+	fdDir := "/proc/" + strconv.Itoa(m.proc.pid) + "/fd"
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		return fmt.Errorf("finding guest memory: %w", err)
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if err != nil || !strings.HasPrefix(target, "/memfd:memory-backend-memfd") {
+			continue
+		}
+		src, err := os.Open(filepath.Join(fdDir, e.Name()))
+		if err != nil {
+			return fmt.Errorf("opening guest memory: %w", err)
+		}
+		defer src.Close()
+		return copySparse(dst, src, int64(m.cfg.MemMiB)<<20)
+	}
+	return errors.New("guest memory memfd not found in qemu's descriptors")
+}
+
+// copySparse copies size bytes of src to a new file dst, skipping holes.
+func copySparse(dst string, src *os.File, size int64) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			out.Close()
+			os.Remove(dst)
+		}
+	}()
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // only a hole remains
+		} else if err != nil {
+			return fmt.Errorf("seeking guest memory: %w", err)
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seeking guest memory: %w", err)
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(src, data, hole-data)); err != nil {
+			return fmt.Errorf("copying guest memory: %w", err)
+		}
+		off = hole
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	ok = true
+	return nil
+}
+
+// Restore starts a machine from the snapshot in dir: its RAM file mapped
+// privately (copy-on-write, so many machines share one snapshot) and its
+// device state loaded from the migration stream. cfg must have the
+// snapshot's sizes and the same number of disks and NICs, in the same
+// order; their backing files, the NIC socket and the agent channel are new.
+// The guest resumes where it was paused; its agent expects the host's Hello.
+func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.Machine, error) {
+	b, err := os.ReadFile(filepath.Join(dir, snapMeta))
+	if err != nil {
+		return nil, fmt.Errorf("qemu restore: %s is not a snapshot (%v): %w", dir, errors.Unwrap(err), errdefs.ErrNotFound)
+	}
+	var meta snapshotMeta
+	if err := json.Unmarshal(b, &meta); err != nil {
+		return nil, fmt.Errorf("qemu restore: %s: %w", snapMeta, err)
+	}
+	if cfg.VCPUs != meta.VCPUs || cfg.MemMiB != meta.MemMiB || len(cfg.Disks) != meta.Disks || (cfg.Net != nil) != meta.NIC {
+		return nil, fmt.Errorf("qemu restore: config (vcpus %d, %d MiB, %d disks, nic %v) differs from the snapshot's (vcpus %d, %d MiB, %d disks, nic %v): %w",
+			cfg.VCPUs, cfg.MemMiB, len(cfg.Disks), cfg.Net != nil, meta.VCPUs, meta.MemMiB, meta.Disks, meta.NIC, errdefs.ErrInvalidArgument)
+	}
+	if strings.ContainsAny(dir, "'\n") {
+		return nil, fmt.Errorf("qemu restore: dir %q must be free of quotes: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	// The CPU model follows the accelerator, so the snapshot's is the only
+	// one that fits.
+	if cfg.Accel != vmm.AccelAuto && cfg.Accel != meta.Accel {
+		return nil, fmt.Errorf("qemu restore: snapshot was taken under %s, not %s: %w", meta.Accel, cfg.Accel, errdefs.ErrFailedPrecondition)
+	}
+	if env := os.Getenv(config.EnvAccel); env != "" && vmm.Accel(env) != meta.Accel {
+		return nil, fmt.Errorf("qemu restore: %s=%s but the snapshot was taken under %s: %w", config.EnvAccel, env, meta.Accel, errdefs.ErrFailedPrecondition)
+	}
+	m, err := d.start(ctx, &cfg, launch{
+		accel:    meta.Accel,
+		memPath:  filepath.Join(dir, snapMemory),
+		incoming: "defer",
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.incoming(ctx, filepath.Join(dir, snapState)); err != nil {
+		m.Kill()
+		m.Wait()
+		m.agent.Close()
+		return nil, fmt.Errorf("qemu restore: %w", err)
+	}
+	return m, nil
+}
+
+// incoming loads the device state and waits for the guest to run.
+func (m *Machine) incoming(ctx context.Context, state string) error {
+	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{
+		"uri": "exec:cat '" + state + "'",
+	}); err != nil {
+		return err
+	}
+	if err := waitMigration(ctx, m.qmp); err != nil {
+		return err
+	}
+	if _, err := m.qmp.WaitEvent(ctx, "RESUME"); err != nil {
+		return err
+	}
+	return nil
+}

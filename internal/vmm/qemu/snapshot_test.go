@@ -1,0 +1,107 @@
+package qemu
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+	"isopod/internal/vmm/vmmtest"
+)
+
+func fileDigest(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
+
+func TestSnapshotRestore(t *testing.T) {
+	d := newTestDriver(t)
+	g := vmmtest.BuildGuest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	cfg := vmmtest.Config(t, g)
+	builder := vmmtest.Boot(t, d, cfg)
+	snap := t.TempDir()
+	start := time.Now()
+	if err := builder.M.(vmm.Snapshotter).Snapshot(ctx, snap); err != nil {
+		t.Fatalf("Snapshot: %v\n%s", err, builder.Serial.Tail(2000))
+	}
+	t.Logf("snapshot took %v", time.Since(start).Round(time.Millisecond))
+	builder.M.Kill()
+	builder.M.Wait()
+	for _, f := range []string{snapMeta, snapState, snapMemory} {
+		st, err := os.Stat(filepath.Join(snap, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d bytes", f, st.Size())
+	}
+	memSum := fileDigest(t, filepath.Join(snap, snapMemory))
+
+	for i, name := range []string{"first", "second"} {
+		rc := vmmtest.Config(t, g)
+		rc.ID += name
+		serial := &vmmtest.SyncBuffer{}
+		rc.SerialLog = serial
+		began := time.Now()
+		m, err := d.Restore(ctx, rc, snap)
+		if err != nil {
+			t.Fatalf("Restore %d: %v", i, err)
+		}
+		resumed := time.Since(m.(*Machine).Started())
+		t.Cleanup(func() { m.Kill(); m.Wait(); m.Agent().Close() })
+		// The guest was waiting on its port; it answers on the new channel.
+		io.WriteString(m.Agent(), "ECHO restored "+name+"\n")
+		line := make(chan string, 1)
+		go func() {
+			b := make([]byte, 0, 64)
+			one := make([]byte, 1)
+			for {
+				if _, err := m.Agent().Read(one); err != nil || one[0] == '\n' {
+					break
+				}
+				b = append(b, one[0])
+			}
+			line <- string(b)
+		}()
+		select {
+		case got := <-line:
+			if got != "ECHO restored "+name {
+				t.Errorf("restored guest answered %q", got)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("restored guest %s did not answer; console:\n%s", name, serial.Tail(2000))
+		}
+		t.Logf("restore %s: qemu start to running %v, Restore call %v, to first reply %v (accel %s)",
+			name, resumed.Round(time.Millisecond), time.Since(began).Round(time.Millisecond),
+			time.Since(m.(*Machine).Started()).Round(time.Millisecond), m.Accel())
+	}
+	if fileDigest(t, filepath.Join(snap, snapMemory)) != memSum {
+		t.Error("restored guests changed the shared snapshot memory file")
+	}
+
+	bad := vmmtest.Config(t, g)
+	bad.MemMiB = 512
+	if _, err := d.Restore(ctx, bad, snap); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Restore with another memory size: %v; want ErrInvalidArgument", err)
+	}
+	vmmtest.AssertNoProcess(t, bad.ID)
+}
