@@ -12,16 +12,33 @@ import (
 
 // flowState is one open TCP connection or UDP flow: what to close to end it.
 type flowState struct {
-	once    sync.Once
+	mu      sync.Mutex
+	aborted bool
 	closers []func()
 }
 
+// onAbort registers c to end the flow; it runs at once if the flow was
+// already aborted.
+func (f *flowState) onAbort(c func()) {
+	f.mu.Lock()
+	if !f.aborted {
+		f.closers = append(f.closers, c)
+		f.mu.Unlock()
+		return
+	}
+	f.mu.Unlock()
+	c()
+}
+
+// abort ends the flow. Idempotent.
 func (f *flowState) abort() {
-	f.once.Do(func() {
-		for _, c := range f.closers {
-			c()
-		}
-	})
+	f.mu.Lock()
+	cs := f.closers
+	f.closers, f.aborted = nil, true
+	f.mu.Unlock()
+	for _, c := range cs {
+		c()
+	}
 }
 
 // track registers f; false when the stack is closing or full.

@@ -64,6 +64,9 @@ type redirectPolicy struct {
 }
 
 func (p *redirectPolicy) Decide(f egress.Flow) egress.Verdict {
+	if f.Proto == egress.ProtoDNS && f.Host == "blocked.example" {
+		return egress.Verdict{Reason: "name_not_allowed"}
+	}
 	if f.Proto != egress.ProtoDNS && f.Dst.Port() == 8080 {
 		return egress.Verdict{Allow: true, Sniff: true}
 	}
@@ -153,6 +156,15 @@ func readLog(t *testing.T, path string) []egress.Event {
 func findEvent(evs []egress.Event, proto, dst string, port uint16) *egress.Event {
 	for i := range evs {
 		if evs[i].Proto == proto && evs[i].Dst.String() == dst && evs[i].Port == port {
+			return &evs[i]
+		}
+	}
+	return nil
+}
+
+func findEventHost(evs []egress.Event, host string) *egress.Event {
+	for i := range evs {
+		if evs[i].Host == host {
 			return &evs[i]
 		}
 	}
@@ -255,6 +267,10 @@ func TestStackLoopback(t *testing.T) {
 		m, err = g.query("udp", "nope.example", dns.TypeA)
 		if err != nil || m.Rcode != dns.RcodeNameError {
 			t.Errorf("missing name: %v, %v; want NXDOMAIN", m, err)
+		}
+		m, err = g.query("tcp", "blocked.example", dns.TypeA)
+		if err != nil || m.Rcode != dns.RcodeNameError {
+			t.Errorf("name the policy refuses: %v, %v; want NXDOMAIN", m, err)
 		}
 		m, err = g.query("udp", "test.example", dns.TypeTXT)
 		if err != nil || m.Rcode != dns.RcodeNotImplemented {
@@ -385,6 +401,9 @@ func TestStackLoopback(t *testing.T) {
 	}
 	if !dnsRefusedNX {
 		t.Error("NXDOMAIN query not recorded")
+	}
+	if ev := findEventHost(evs, "blocked.example"); ev == nil || ev.Allowed || ev.Reason != "name_not_allowed" || ev.Rcode != "NXDOMAIN" {
+		t.Errorf("refused DNS query: %+v", ev)
 	}
 	tot := rec.Totals()
 	if sum.Flows == 0 || sum.Denied == 0 || sum.BytesDown == 0 || sum.FramesIn == 0 || sum.FramesOut == 0 {

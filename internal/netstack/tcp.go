@@ -109,7 +109,7 @@ func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffe
 	}
 	r.Complete(false)
 	guest := gonet.NewTCPConn(&wq, ep)
-	f.closers = append(f.closers, func() { ep.Abort() })
+	f.onAbort(func() { ep.Abort() })
 	refuse := func(reason, errText string) {
 		ep.Abort() // RST
 		ev.Reason, ev.Error = reason, errText
@@ -180,10 +180,7 @@ func (s *Stack) splice(f *flowState, ev egress.Event, guest *gonet.TCPConn, ep t
 			host.Close()
 		})
 	}
-	f.closers = append(f.closers, abort)
-	if s.ctx.Err() != nil {
-		abort()
-	}
+	f.onAbort(abort)
 
 	var up, down atomic.Int64
 	var failed atomic.Bool

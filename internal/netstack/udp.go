@@ -77,10 +77,7 @@ func (s *Stack) relayUDP(f *flowState, ev egress.Event, guest *gonet.UDPConn, ta
 	}
 	var once sync.Once
 	stop := func() { once.Do(func() { guest.Close(); host.Close() }) }
-	f.closers = append(f.closers, stop)
-	if s.ctx.Err() != nil {
-		stop()
-	}
+	f.onAbort(stop)
 	idle := s.cfg.UDPIdleTimeout
 	pump := func(dst, src net.Conn, n *atomic.Int64, total *atomic.Int64) {
 		buf := make([]byte, maxDatagram)

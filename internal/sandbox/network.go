@@ -2,22 +2,102 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/errdefs"
+	"isopod/internal/egress"
+	"isopod/internal/netstack"
 	"isopod/internal/vmm"
 )
 
-// runNetwork is a run's network: its own userspace stack and recorder.
-type runNetwork struct{}
-
-func (s *Service) startNetwork(id, dir string, req Request) (*runNetwork, error) {
-	return nil, fmt.Errorf("networking is not available yet: pass --no-network: %w", errdefs.ErrNotSupported)
+// runNetwork is a run's network: its own userspace stack (so no guest can
+// reach another), the policy every flow passes, and the per-flow log.
+type runNetwork struct {
+	stack   *netstack.Stack
+	log     *egress.Log
+	sockDir string
+	mode    string
 }
 
-func (n *runNetwork) vmmNet() *vmm.Net                   { return nil }
-func (n *runNetwork) agentConfig() *agentproto.NetConfig { return nil }
-func (n *runNetwork) guestIP() string                    { return "" }
-func (n *runNetwork) report() *NetReport                 { return nil }
-func (n *runNetwork) egressReport() any                  { return nil }
-func (n *runNetwork) close()                             {}
+// socketDir is a short private directory for a run's unix sockets (a socket
+// path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
+func socketDir(id string) (string, error) {
+	base := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	os.Chmod(base, 0o700)
+	dir := filepath.Join(base, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	return dir, nil
+}
+
+// startNetwork starts the run's stack. Rolls back on failure.
+func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (n *runNetwork, retErr error) {
+	n = &runNetwork{mode: "nat"}
+	defer func() {
+		if retErr != nil {
+			n.close()
+		}
+	}()
+	var err error
+	if n.sockDir, err = socketDir(id); err != nil {
+		return nil, err
+	}
+	if n.log, err = egress.OpenLog(egress.LogConfig{Path: filepath.Join(dir, "net.jsonl"), Start: start, Logger: s.log}); err != nil {
+		return nil, err
+	}
+	hostAddrs, err := netstack.HostAddrs()
+	if err != nil {
+		return nil, err
+	}
+	policy := egress.Policy(&egress.PublicOnly{AllowLAN: req.AllowLANEgress, HostAddrs: hostAddrs})
+	n.stack, err = netstack.Start(netstack.Config{
+		Socket:   filepath.Join(n.sockDir, "net.sock"),
+		Policy:   policy,
+		Recorder: n.log,
+		Logger:   s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the network stack: %w", err)
+	}
+	return n, nil
+}
+
+func (n *runNetwork) vmmNet() *vmm.Net {
+	nc := n.stack.NetConfig()
+	return &vmm.Net{Socket: n.stack.Socket(), MAC: nc.MAC}
+}
+
+func (n *runNetwork) agentConfig() *agentproto.NetConfig {
+	nc := n.stack.NetConfig()
+	return &nc
+}
+
+func (n *runNetwork) guestIP() string { return n.stack.GuestIP().String() }
+
+func (n *runNetwork) report() *NetReport {
+	t := n.log.Totals()
+	return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.log.Path()}
+}
+
+func (n *runNetwork) egressReport() any { return nil }
+
+// close ends every flow and removes the sockets. Idempotent.
+func (n *runNetwork) close() {
+	if n.stack != nil {
+		n.stack.Close()
+		n.stack = nil
+	}
+	if n.log != nil {
+		n.log.Close()
+	}
+	if n.sockDir != "" {
+		os.RemoveAll(n.sockDir)
+		n.sockDir = ""
+	}
+}

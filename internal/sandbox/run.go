@@ -199,7 +199,7 @@ func (r *run) boot(ctx context.Context) error {
 		Logger:    r.s.log,
 	}
 	if !r.req.NoNetwork {
-		n, err := r.s.startNetwork(r.rec.ID, r.dir, r.req)
+		n, err := r.s.startNetwork(r.rec.ID, r.dir, r.req, r.t0)
 		if err != nil {
 			return err
 		}
@@ -410,13 +410,13 @@ func (r *run) cleanup() {
 		r.client.Close()
 	}
 	if r.network != nil {
+		r.network.close()
 		if r.rep != nil {
 			r.rep.Net = r.network.report()
 			if e := r.network.egressReport(); e != nil {
 				r.rep.Egress = e
 			}
 		}
-		r.network.close()
 	}
 	for _, c := range []io.Closer{r.stdout, r.stderr, r.serial} {
 		if c != nil && !isNilCloser(c) {

@@ -124,4 +124,3 @@ func BigSHA256() string {
 	})
 	return bigSum
 }
-

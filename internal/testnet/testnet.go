@@ -254,4 +254,3 @@ func runPattern(name string) string {
 	}
 	return strings.Join(parts, "/")
 }
-

@@ -132,9 +132,7 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	a = append(a,
 		"-m", strconv.Itoa(cfg.MemMiB)+"M",
 		"-object", mem,
-		"-machine", "memory-backend=mem0",
-		// Migration (snapshots) leaves shared RAM out of the stream.
-		"-global", "migration.x-ignore-shared=true")
+		"-machine", "memory-backend=mem0")
 	a = append(a,
 		"-kernel", cfg.Kernel,
 		"-append", kernelCmdline(cfg.Cmdline, l.accel, l.tscKHz))

@@ -40,7 +40,6 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-m", "512M",
 		"-object", "memory-backend-memfd,id=mem0,size=512M,share=on",
 		"-machine", "memory-backend=mem0",
-		"-global", "migration.x-ignore-shared=true",
 		"-kernel", "/k/vmlinuz",
 		"-append", "console=ttyS0 tsc_early_khz=2100000 tsc=reliable quiet isopod.hostname=box",
 		"-initrd", "/k/initrd.cpio",

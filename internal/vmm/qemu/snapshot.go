@@ -54,6 +54,9 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
+	if err := ignoreShared(ctx, m.qmp); err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
 	state := filepath.Join(dir, snapState)
 	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{
 		"uri": "exec:cat > '" + state + "'",
@@ -221,8 +224,20 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	return m, nil
 }
 
+// ignoreShared makes migration leave shared RAM (the memfd, the snapshot
+// file) out of the stream.
+func ignoreShared(ctx context.Context, q *QMPClient) error {
+	_, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}},
+	})
+	return err
+}
+
 // incoming loads the device state and waits for the guest to run.
 func (m *Machine) incoming(ctx context.Context, state string) error {
+	if err := ignoreShared(ctx, m.qmp); err != nil {
+		return err
+	}
 	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{
 		"uri": "exec:cat '" + state + "'",
 	}); err != nil {
