@@ -36,7 +36,9 @@ func newStageCmd(e *env) *cobra.Command {
 	rm := &cobra.Command{
 		Use: "rm REF", Short: "Remove a stage no other stage builds on", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.StageRemoveResult, error) { return s.StageRemove(cmd.Context(), args[0]) })
+			return call(e, func(s *sandbox.Service) (*sandbox.StageRemoveResult, error) {
+				return s.StageRemove(cmd.Context(), args[0])
+			})
 		},
 	}
 	log := &cobra.Command{
@@ -94,7 +96,9 @@ func newImageCmd(e *env) *cobra.Command {
 	build := &cobra.Command{
 		Use: "build FLAVOR...", Short: "Build the initramfs and the named base images (base-min, base-debian)", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) { return s.BuildImages(cmd.Context(), args) })
+			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) {
+				return s.BuildImages(cmd.Context(), args)
+			})
 		},
 	}
 	ls := &cobra.Command{

@@ -218,6 +218,11 @@ func (h HostIO) absolute(what, arg string) (string, error) {
 	if h.rootErr != nil {
 		return "", fmt.Errorf("%s refused: %v: %w", what, h.rootErr, errdefs.ErrFailedPrecondition)
 	}
+	if h.Root == "" {
+		// The zero policy fails closed.
+		return "", fmt.Errorf("%s refused: this server has no host-I/O root (set %s to an existing directory): %w",
+			what, config.EnvMCPHostIORoot, errdefs.ErrFailedPrecondition)
+	}
 	switch {
 	case arg == "":
 		return "", fmt.Errorf("%s is empty; give a path under %s: %w", what, h.Root, errdefs.ErrInvalidArgument)

@@ -340,6 +340,18 @@ func TestHostIOFromEnv(t *testing.T) {
 	}
 }
 
+func TestZeroHostIOFailsClosed(t *testing.T) {
+	h := newHostTree(t)
+	var p HostIO
+	p.StdinFile, p.CopyOut = true, true
+	if _, _, err := p.ReadStdinFile(h.secret); err == nil {
+		t.Error("a policy without a root allowed a read")
+	}
+	if _, err := p.ResolveCopyOut(filepath.Join(h.outside, "x")); err == nil {
+		t.Error("a policy without a root allowed a write")
+	}
+}
+
 func TestHostIOUnconfinedStillGuardsState(t *testing.T) {
 	h := newHostTree(t)
 	lookup := func(k string) (string, bool) {

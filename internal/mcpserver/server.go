@@ -112,13 +112,18 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: log}
 	s.life, s.cancel = context.WithCancel(context.Background())
+	// The SDK narrates every session event; keep that for debug logging.
+	var sdkLog *slog.Logger
+	if log.Enabled(context.Background(), slog.LevelDebug) {
+		sdkLog = log.With("component", "mcp-sdk")
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{
 		Name:    "isopod",
 		Title:   "isopod microVM sandbox",
 		Version: cfg.Version,
 	}, &mcp.ServerOptions{
 		Instructions: instructions,
-		Logger:       log,
+		Logger:       sdkLog,
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
 	if err := s.addTools(); err != nil {

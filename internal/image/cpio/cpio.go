@@ -46,7 +46,6 @@ type Writer struct {
 	off     int64
 	ino     uint32
 	remain  int64
-	pad     int64
 	closed  bool
 	lastErr error
 }

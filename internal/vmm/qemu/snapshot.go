@@ -246,7 +246,8 @@ func (m *Machine) incoming(ctx context.Context, state string) error {
 	if err := waitMigration(ctx, m.qmp); err != nil {
 		return err
 	}
-	if _, err := m.qmp.WaitEvent(ctx, "RESUME"); err != nil {
+	// The stream carries the source's run state, paused: resume here.
+	if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
 		return err
 	}
 	return nil

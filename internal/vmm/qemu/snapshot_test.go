@@ -66,6 +66,7 @@ func TestSnapshotRestore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Restore %d: %v", i, err)
 		}
+		restoreTook := time.Since(began)
 		resumed := time.Since(m.(*Machine).Started())
 		t.Cleanup(func() { m.Kill(); m.Wait(); m.Agent().Close() })
 		// The guest was waiting on its port; it answers on the new channel.
@@ -90,8 +91,8 @@ func TestSnapshotRestore(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("restored guest %s did not answer; console:\n%s", name, serial.Tail(2000))
 		}
-		t.Logf("restore %s: qemu start to running %v, Restore call %v, to first reply %v (accel %s)",
-			name, resumed.Round(time.Millisecond), time.Since(began).Round(time.Millisecond),
+		t.Logf("restore %s: Restore call %v, qemu start to running %v, qemu start to first agent reply %v (accel %s)",
+			name, restoreTook.Round(time.Millisecond), resumed.Round(time.Millisecond),
 			time.Since(m.(*Machine).Started()).Round(time.Millisecond), m.Accel())
 	}
 	if fileDigest(t, filepath.Join(snap, snapMemory)) != memSum {

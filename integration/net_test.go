@@ -1,0 +1,174 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"isopod/internal/testnet"
+)
+
+// nsIsopod runs the CLI inside the test network's host namespace, whose
+// resolver is the fixture's DNS server.
+func nsIsopod(t testing.TB, n *testnet.Net, args ...string) *result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := n.Command(n.Host, filepath.Join(binDir, "isopod"), args...)
+	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := &result{Stdout: out.Bytes(), Stderr: errb.Bytes()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.Code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("isopod %v: %v", args, err)
+	}
+	if err := json.Unmarshal(r.Stdout, &r.JSON); err != nil {
+		t.Fatalf("isopod %v: stdout is not one JSON object: %v\n%s", args, err, r)
+	}
+	return r
+}
+
+func nsRun(t testing.TB, n *testnet.Net, args ...string) *result {
+	t.Helper()
+	r := nsIsopod(t, n, append([]string{"run"}, args...)...)
+	if r.Code != 0 {
+		t.Fatalf("isopod run %v:\n%s", args, r)
+	}
+	return r
+}
+
+// netEvents reads a run's per-flow log.
+func netEvents(t testing.TB, r *result) []map[string]any {
+	t.Helper()
+	netb, _ := r.JSON["net"].(map[string]any)
+	path, _ := netb["log_path"].(string)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("net log: %v (report %s)", err, r.Stdout)
+	}
+	var evs []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var ev map[string]any
+		if json.Unmarshal(line, &ev) == nil {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+func hasEvent(evs []map[string]any, dst string, allowed bool) map[string]any {
+	for _, ev := range evs {
+		if ev["dst"] == dst && ev["allowed"] == allowed {
+			return ev
+		}
+	}
+	return nil
+}
+
+func TestNetworkPublicOnly(t *testing.T) {
+	requireVM(t)
+	n := testnet.New(t)
+	n.ServeHTTP(t, n.Public, testnet.PublicIP+":80", nil)
+	n.ServeHTTP(t, n.LAN, testnet.LANIP+":80", nil)
+
+	t.Run("wget by name through the gateway's DNS", func(t *testing.T) {
+		r := nsRun(t, n, "--", "sh", "-c", "cat /etc/resolv.conf; nslookup test.example; wget -q -O- http://test.example"+testnet.HelloPath)
+		out := str(r.JSON, "stdout")
+		if !strings.Contains(out, testnet.HelloBody) || !strings.Contains(out, testnet.PublicIP) || !strings.Contains(out, "nameserver "+"10.0.2.1") {
+			t.Errorf("guest saw:\n%s\nstderr: %s", out, str(r.JSON, "stderr"))
+		}
+		if str(r.JSON, "guest_ip") == "" {
+			t.Errorf("no guest_ip in %s", r.Stdout)
+		}
+		netb, _ := r.JSON["net"].(map[string]any)
+		if netb["flows"].(float64) < 2 || netb["bytes_down"].(float64) < float64(len(testnet.HelloBody)) {
+			t.Errorf("net block: %v", netb)
+		}
+		if hasEvent(netEvents(t, r), testnet.PublicIP, true) == nil {
+			t.Errorf("no allowed flow to %s recorded", testnet.PublicIP)
+		}
+	})
+
+	t.Run("metadata and LAN refused and recorded", func(t *testing.T) {
+		start := time.Now()
+		r := nsRun(t, n, "--", "sh", "-c",
+			"wget -q -O- http://"+testnet.MetadataIP+"/ ; echo meta=$?; wget -q -O- http://"+testnet.LANIP+"/hello ; echo lan=$?")
+		out := str(r.JSON, "stdout")
+		if !strings.Contains(out, "meta=1") || !strings.Contains(out, "lan=1") {
+			t.Errorf("refused connections did not fail: %q %q", out, str(r.JSON, "stderr"))
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Errorf("refusals took %v: they must fail fast", time.Since(start))
+		}
+		evs := netEvents(t, r)
+		for _, dst := range []string{testnet.MetadataIP, testnet.LANIP} {
+			if ev := hasEvent(evs, dst, false); ev == nil || ev["reason"] == "" {
+				t.Errorf("no refusal of %s recorded: %v", dst, evs)
+			}
+		}
+	})
+
+	t.Run("allow-lan-egress reaches the LAN host", func(t *testing.T) {
+		r := nsRun(t, n, "--allow-lan-egress", "--", "wget", "-q", "-O-", "http://"+testnet.LANIP+testnet.HelloPath)
+		if str(r.JSON, "stdout") != testnet.HelloBody {
+			t.Errorf("LAN fetch: %s", r.Stdout)
+		}
+	})
+
+	t.Run("no-network has only lo", func(t *testing.T) {
+		r := nsRun(t, n, "--no-network", "--", "ls", "/sys/class/net")
+		if str(r.JSON, "stdout") != "lo\n" {
+			t.Errorf("interfaces: %q", str(r.JSON, "stdout"))
+		}
+		if r.JSON["net"] != nil || r.JSON["guest_ip"] != nil {
+			t.Errorf("a --no-network run reports a network: %s", r.Stdout)
+		}
+	})
+
+	t.Run("four networked runs in parallel", func(t *testing.T) {
+		var wg sync.WaitGroup
+		rs := make([]*result, 4)
+		for i := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rs[i] = nsIsopod(t, n, "run", "--", "wget", "-q", "-O-", "http://test.example"+testnet.HelloPath)
+			}()
+		}
+		wg.Wait()
+		for i, r := range rs {
+			if r.Code != 0 || str(r.JSON, "stdout") != testnet.HelloBody {
+				t.Errorf("run %d:\n%s", i, r)
+			}
+		}
+	})
+
+	t.Run("100 MiB download hashes right", func(t *testing.T) {
+		r := nsRun(t, n, "--timeout-s", "600", "--", "sh", "-c", "wget -q -O- http://test.example"+testnet.BigPath+" | sha256sum")
+		if !strings.HasPrefix(str(r.JSON, "stdout"), testnet.BigSHA256()) {
+			t.Errorf("guest sha256 %q; want %s", str(r.JSON, "stdout"), testnet.BigSHA256())
+		}
+		netb, _ := r.JSON["net"].(map[string]any)
+		if netb["bytes_down"].(float64) < testnet.BigSize {
+			t.Errorf("bytes_down %v < %d", netb["bytes_down"], testnet.BigSize)
+		}
+	})
+
+	t.Run("curl on base-debian", func(t *testing.T) {
+		requireDebian(t)
+		r := nsRun(t, n, "--base", "base-debian", "--", "curl", "-sS", "http://test.example"+testnet.HelloPath)
+		if str(r.JSON, "stdout") != testnet.HelloBody {
+			t.Errorf("curl: %s", r.Stdout)
+		}
+	})
+}
