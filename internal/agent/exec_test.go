@@ -314,9 +314,18 @@ func TestStdinWindowOverrunEndsConnection(t *testing.T) {
 	c := startAgent(t, Options{})
 	id := c.startExec(agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true})
 	chunk := make([]byte, agentproto.ChunkSize)
-	for i := 0; i < 4*agentproto.StdinWindow; i++ {
-		c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, chunk)
-	}
+	// The agent stops reading at the violation, so the client may block:
+	// send from a goroutine that the cleanup's close releases.
+	go func() {
+		for i := 0; i < 4*agentproto.StdinWindow; i++ {
+			c.wmu.Lock()
+			err := agentproto.WriteFrame(c.w, &agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, chunk)
+			c.wmu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
 	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "unacknowledged stdin") {
 		t.Errorf("Serve = %v; want a window violation", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -229,6 +230,9 @@ func (c *conn) readLoop(r io.Reader) error {
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return fmt.Errorf("host closed the connection: %w", err)
+			}
+			if errors.Is(err, os.ErrClosed) {
+				return fmt.Errorf("connection closed: %w", err)
 			}
 			c.log.Error("reading frame failed; dropping the connection", "err", err)
 			return fmt.Errorf("reading frame: %w", err)

@@ -113,6 +113,8 @@ func newRoot(e *env) *cobra.Command {
 		newStageCmd(e),
 		newVMCmd(e),
 		newDevCmd(e),
+		newEgressCmd(e),
+		newWarmpoolCmd(e),
 	)
 	return root
 }

@@ -27,7 +27,7 @@ type testGuest struct {
 	gw netip.Addr
 }
 
-func newTestGuest(t *testing.T, s *Stack) *testGuest {
+func newTestGuest(t testing.TB, s *Stack) *testGuest {
 	t.Helper()
 	c, err := net.Dial("unix", s.Socket())
 	if err != nil {

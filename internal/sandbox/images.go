@@ -123,6 +123,13 @@ func (s *Service) ImageList(ctx context.Context) (*ImageListResult, error) {
 	}
 	res := &ImageListResult{OK: true, Images: []ImageEntry{}}
 	for _, ii := range all {
+		if ii.Flavor == image.FlavorInitramfs {
+			// Not a base; but a stale one makes every base unusable.
+			if ii.Stale {
+				res.Warnings = append(res.Warnings, "the initramfs is stale ("+ii.StaleReason+"): run `isopod image build-all`")
+			}
+			continue
+		}
 		e := ImageEntry{
 			Flavor: ii.Flavor, Built: ii.Built, Stale: ii.Stale, StaleReason: ii.StaleReason,
 			SizeBytes: ii.Size, ContentSHA256: ii.ContentSHA256, Protocol: ii.ProtocolVersion,

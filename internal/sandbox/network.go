@@ -19,6 +19,12 @@ type runNetwork struct {
 	log     *egress.Log
 	sockDir string
 	mode    string
+
+	// Filtered mode only.
+	filter *egress.Filter
+	ledger *egress.Ledger
+	proxy  *egress.Proxy
+	env    []string
 }
 
 // socketDir is a short private directory for a run's unix sockets (a socket
@@ -37,10 +43,14 @@ func socketDir(id string) (string, error) {
 }
 
 // startNetwork starts the run's stack. Rolls back on failure.
-func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (n *runNetwork, retErr error) {
-	n = &runNetwork{mode: "nat"}
+func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*runNetwork, error) {
+	if filteredRequest(req) {
+		return s.startFilteredNetwork(id, dir, req, start)
+	}
+	n := &runNetwork{mode: egress.ModeNAT}
+	ok := false
 	defer func() {
-		if retErr != nil {
+		if !ok {
 			n.close()
 		}
 	}()
@@ -65,6 +75,7 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (n 
 	if err != nil {
 		return nil, fmt.Errorf("starting the network stack: %w", err)
 	}
+	ok = true
 	return n, nil
 }
 
@@ -75,26 +86,45 @@ func (n *runNetwork) vmmNet() *vmm.Net {
 
 func (n *runNetwork) agentConfig() *agentproto.NetConfig {
 	nc := n.stack.NetConfig()
+	nc.Env = append(nc.Env, n.env...)
 	return &nc
 }
 
 func (n *runNetwork) guestIP() string { return n.stack.GuestIP().String() }
 
 func (n *runNetwork) report() *NetReport {
+	if n.ledger != nil {
+		t := n.ledger.Totals()
+		return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.ledger.Path()}
+	}
 	t := n.log.Totals()
 	return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.log.Path()}
 }
 
-func (n *runNetwork) egressReport() any { return nil }
+// egressReport is the report's egress block: filtered runs only.
+func (n *runNetwork) egressReport() any {
+	if n.ledger == nil {
+		return nil
+	}
+	rep := n.ledger.Report()
+	return &rep
+}
 
 // close ends every flow and removes the sockets. Idempotent.
 func (n *runNetwork) close() {
+	if n.proxy != nil {
+		n.proxy.Close()
+		n.proxy = nil
+	}
 	if n.stack != nil {
 		n.stack.Close()
 		n.stack = nil
 	}
 	if n.log != nil {
 		n.log.Close()
+	}
+	if n.ledger != nil {
+		n.ledger.Close()
 	}
 	if n.sockDir != "" {
 		os.RemoveAll(n.sockDir)

@@ -79,6 +79,7 @@ type ImageEntry struct {
 }
 
 type ImageListResult struct {
-	OK     bool         `json:"ok"`
-	Images []ImageEntry `json:"images"`
+	OK       bool         `json:"ok"`
+	Images   []ImageEntry `json:"images"`
+	Warnings []string     `json:"warnings,omitempty"`
 }

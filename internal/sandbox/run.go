@@ -43,6 +43,12 @@ type run struct {
 	client  *agentclient.Client
 	network *runNetwork
 	scratch string
+
+	// Warm pool (warmpool_run.go): warm is set for an eligible run;
+	// resumed once its VM came from a snapshot.
+	warm      *warmState
+	resumed   bool
+	netClosed bool
 }
 
 // Run boots a fresh microVM, runs req.Argv in it, optionally copies files out
@@ -74,11 +80,15 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	}
 
 	r := &run{s: s, req: req, t0: t0, plan: pl}
+	r.warm = s.warmFor(ctx, req, pl)
 	defer func() {
-		r.cleanup()
+		// The report is complete once the VMM is killed and the network
+		// totals are in; the rest of the teardown does not delay it.
+		r.stopCritical()
 		if rep != nil {
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
+		s.teardown(r.cleanup)
 	}()
 	if err := r.prepare(); err != nil {
 		return nil, err
@@ -177,15 +187,63 @@ func (r *run) prepare() error {
 		return fmt.Errorf("creating console log: %w", err)
 	}
 	r.serial = &cappedWriter{w: con, cap: SerialLogCap}
-	r.scratch = filepath.Join(r.dir, "scratch.ext4")
-	if err := r.s.prepareScratch(r.scratch, r.plan.scratchMiB); err != nil {
-		return err
+	if r.warm == nil {
+		// A warm-eligible run needs a scratch disk only if it falls back
+		// to a plain cold boot.
+		return r.ensureScratch()
 	}
 	return nil
 }
 
-// boot starts the VMM and waits for the agent's hello.
+// ensureScratch prepares the run's scratch disk once.
+func (r *run) ensureScratch() error {
+	if r.scratch != "" {
+		return nil
+	}
+	scratch := filepath.Join(r.dir, "scratch.ext4")
+	if err := r.s.prepareScratch(scratch, r.plan.scratchMiB); err != nil {
+		return err
+	}
+	r.scratch = scratch
+	return nil
+}
+
+// boot starts the VMM and waits for the agent's hello: resumed from the warm
+// pool when the run is eligible (warmpool_run.go), else a cold boot.
 func (r *run) boot(ctx context.Context) error {
+	if !r.req.NoNetwork {
+		n, err := r.s.startNetwork(r.rec.ID, r.dir, r.req, r.t0)
+		if err != nil {
+			return err
+		}
+		r.network = n
+	}
+	drv, err := r.s.driver(ctx)
+	if err != nil {
+		return err
+	}
+	// The VMM's version is asked in parallel with the start (a resume
+	// takes it from the snapshot's record instead).
+	if r.warm == nil || r.warm.meta == nil || r.warm.meta.VMM.Name == "" {
+		infoDone := make(chan struct{})
+		go func() {
+			defer close(infoDone)
+			if info, err := drv.Info(ctx); err == nil {
+				r.rep.VMM = info
+			}
+		}()
+		defer func() { <-infoDone }()
+	} else {
+		r.rep.VMM = r.warm.meta.VMM
+	}
+	if r.warm != nil {
+		if done, err := r.bootWarm(ctx, drv); done || err != nil {
+			return err
+		}
+		if err := r.ensureScratch(); err != nil {
+			return err
+		}
+	}
 	cfg := vmm.Config{
 		ID:        r.rec.ID,
 		Dir:       r.dir,
@@ -198,21 +256,14 @@ func (r *run) boot(ctx context.Context) error {
 		SerialLog: r.serial,
 		Logger:    r.s.log,
 	}
-	if !r.req.NoNetwork {
-		n, err := r.s.startNetwork(r.rec.ID, r.dir, r.req, r.t0)
-		if err != nil {
-			return err
-		}
-		r.network = n
-		cfg.Net = n.vmmNet()
+	if r.network != nil {
+		cfg.Net = r.network.vmmNet()
 	}
-	drv, err := r.s.driver(ctx)
-	if err != nil {
-		return err
-	}
-	if info, err := drv.Info(ctx); err == nil {
-		r.rep.VMM = info
-	}
+	return r.bootCold(ctx, drv, cfg)
+}
+
+// bootCold starts the VMM with cfg and waits for the agent's hello.
+func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) error {
 	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	tBoot := time.Now()
@@ -271,6 +322,9 @@ func (r *run) waitHello(ctx context.Context) (agentproto.Hello, error) {
 
 // configure sends the clock, the network and fresh entropy.
 func (r *run) configure(ctx context.Context) error {
+	if r.resumed {
+		return r.configureResumed(ctx)
+	}
 	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
@@ -359,8 +413,15 @@ func (r *run) copyOut(ctx context.Context) error {
 }
 
 // halt asks the guest to sync and power off, then makes sure the VMM is gone.
+// Without a commit nothing in the guest is needed any more: the VMM is
+// killed at once.
 func (r *run) halt(ctx context.Context) {
 	t := time.Now()
+	if r.req.CommitAs == "" {
+		r.stopCritical()
+		r.rep.TeardownMS = time.Since(t).Milliseconds()
+		return
+	}
 	if r.client != nil {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 		if err := r.client.Call(hctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil); err != nil {
@@ -398,8 +459,28 @@ func (r *run) finishTimedOut() *Report {
 	return r.rep
 }
 
-// cleanup runs on every exit path: the VMM is killed, the network stack
-// closed, the scratch disk removed, the record finished.
+// stopCritical is the part of the teardown a report waits for: the VMM is
+// killed (not waited for) and the network stack closed, its totals put in
+// the report. Idempotent.
+func (r *run) stopCritical() {
+	if r.machine != nil {
+		r.machine.Kill()
+	}
+	if r.network != nil && !r.netClosed {
+		r.netClosed = true
+		r.network.close()
+		if r.rep != nil {
+			r.rep.Net = r.network.report()
+			if e := r.network.egressReport(); e != nil {
+				r.rep.Egress = e
+			}
+		}
+	}
+}
+
+// cleanup runs on every exit path, after stopCritical and possibly after
+// the report was returned (Service.Wait waits for it): the VMM is reaped,
+// the scratch disk removed, the logs closed, the record finished.
 func (r *run) cleanup() {
 	if r.machine != nil {
 		r.machine.Kill()
@@ -409,14 +490,9 @@ func (r *run) cleanup() {
 	if r.client != nil {
 		r.client.Close()
 	}
-	if r.network != nil {
+	if r.network != nil && !r.netClosed {
+		r.netClosed = true
 		r.network.close()
-		if r.rep != nil {
-			r.rep.Net = r.network.report()
-			if e := r.network.egressReport(); e != nil {
-				r.rep.Egress = e
-			}
-		}
 	}
 	for _, c := range []io.Closer{r.stdout, r.stderr, r.serial} {
 		if c != nil && !isNilCloser(c) {

@@ -99,7 +99,13 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 }
 
 // gcExtra is extended by other housekeeping (warm-pool snapshots).
-func (s *Service) gcExtra(res *VMGCResult) {}
+func (s *Service) gcExtra(res *VMGCResult) {
+	// Warm pool: temporary and replaced snapshot directories, incomplete
+	// ones, and snapshots whose base build is gone (warmpool.go).
+	for _, name := range s.gcWarm() {
+		s.log.Info("warm pool: removed leftover snapshot", "name", name)
+	}
+}
 
 // dirBytes is the allocated size of everything under dir.
 func dirBytes(dir string) int64 {

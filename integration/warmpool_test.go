@@ -1,0 +1,224 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// warmHome is a state root of its own (the warm pool's cache state matters
+// here) sharing the kernels and base-min of the real one.
+func warmHome(t *testing.T) []string {
+	t.Helper()
+	home := t.TempDir()
+	os.MkdirAll(filepath.Join(home, "images"), 0o700)
+	if err := os.Symlink(filepath.Join(homeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"base-min.sqfs", "base-min.json", "initramfs.cpio", "initramfs.json"} {
+		b, err := os.ReadFile(filepath.Join(homeDir, "images", f))
+		if err != nil {
+			t.Skipf("%s not built under %s: run ./scripts/install.sh", f, homeDir)
+		}
+		os.WriteFile(filepath.Join(home, "images", f), b, 0o600)
+	}
+	// The accelerator probe's outcome, so the first run does not redo it.
+	if b, err := os.ReadFile(filepath.Join(homeDir, "accel-probe.json")); err == nil {
+		os.WriteFile(filepath.Join(home, "accel-probe.json"), b, 0o600)
+	}
+	return []string{"ISOPOD_HOME=" + home}
+}
+
+// warmRun is `isopod run` in env that must succeed.
+func warmRun(t *testing.T, env []string, args ...string) *result {
+	t.Helper()
+	r := isopod(t, env, append([]string{"run"}, args...)...)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod run %v failed:\n%s", args, r)
+	}
+	if c := num(t, r.JSON, "exit_code"); c != 0 {
+		t.Fatalf("isopod run %v: exit %d:\n%s", args, c, r)
+	}
+	return r
+}
+
+// wantPath checks the report's path and whether it built a snapshot.
+func wantPath(t *testing.T, r *result, path string, built bool) {
+	t.Helper()
+	if got := str(r.JSON, "path"); got != path {
+		t.Errorf("path: got %q; want %q\n%s", got, path, r.Stdout)
+	}
+	if got := r.JSON["snapshot_built"] == true; got != built {
+		t.Errorf("snapshot_built: got %v; want %v\n%s", got, built, r.Stdout)
+	}
+	if built {
+		num(t, r.JSON, "snapshot_build_ms")
+	}
+	if path == "warm" {
+		num(t, r.JSON, "resume_ms")
+	}
+}
+
+func snapshotDirs(t *testing.T, env []string) []string {
+	t.Helper()
+	home := strings.TrimPrefix(env[0], "ISOPOD_HOME=")
+	ents, _ := os.ReadDir(filepath.Join(home, "snapshots"))
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestWarmPool(t *testing.T) {
+	requireVM(t)
+	env := warmHome(t)
+
+	t.Run("first run builds, second resumes", func(t *testing.T) {
+		r := warmRun(t, env, "--", "echo", "one")
+		wantPath(t, r, "cold", true)
+		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname")
+		wantPath(t, r, "warm", false)
+		if got := str(r.JSON, "stdout"); got != "two\n"+str(r.JSON, "name")+"\n" {
+			t.Errorf("warm run stdout %q; want its own hostname %s", got, str(r.JSON, "name"))
+		}
+		if str(r.JSON, "guest_ip") == "" {
+			t.Errorf("warm run has no guest_ip: %s", r.Stdout)
+		}
+		// A resumed VM never sees an earlier run's writes.
+		r = warmRun(t, env, "--", "sh", "-c", "test ! -e /root/f && echo clean")
+		wantPath(t, r, "warm", false)
+		if str(r.JSON, "stdout") != "clean\n" {
+			t.Errorf("a warm run saw an earlier run's file: %q", str(r.JSON, "stdout"))
+		}
+	})
+
+	t.Run("ineligible runs boot cold", func(t *testing.T) {
+		label := "warm-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		for _, args := range [][]string{
+			{"--no-network"},
+			{"--scratch-mib", "256"},
+			{"--commit-as", label},
+			{"--stage", label},
+		} {
+			r := warmRun(t, env, append(args, "--", "true")...)
+			wantPath(t, r, "cold", false)
+		}
+	})
+
+	t.Run("clone safety across parallel resumes", func(t *testing.T) {
+		const n = 3
+		results := make([]*result, n)
+		before := time.Now()
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = isopod(t, env, "run", "--", "sh", "-c",
+					"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; touch /tmp/now; stat -c %Y.%y /tmp/now")
+			}()
+		}
+		wg.Wait()
+		after := time.Now()
+		seen := map[string]int{}
+		for i, r := range results {
+			if r.Code != 0 || str(r.JSON, "path") != "warm" {
+				t.Fatalf("parallel resume %d:\n%s", i, r)
+			}
+			lines := strings.Split(strings.TrimSpace(str(r.JSON, "stdout")), "\n")
+			if len(lines) != 3 || len(lines[0]) != 36 || len(lines[1]) != 64 {
+				t.Fatalf("run %d output: %q", i, lines)
+			}
+			for _, v := range lines[:2] {
+				if j, dup := seen[v]; dup {
+					t.Errorf("runs %d and %d resumed from one snapshot share %q", j, i, v)
+				}
+				seen[v] = i
+			}
+			// %Y is whole seconds; the fraction comes from %y's nanoseconds.
+			secs, _, _ := strings.Cut(lines[2], ".")
+			s, err := strconv.ParseInt(secs, 10, 64)
+			frac := ""
+			if f := strings.Fields(lines[2]); len(f) >= 2 {
+				_, frac, _ = strings.Cut(f[1], ".")
+			}
+			ns, _ := strconv.ParseInt(frac, 10, 64)
+			if err != nil {
+				t.Fatalf("guest clock %q: %v", lines[2], err)
+			}
+			guest := time.Unix(s, ns)
+			if guest.Before(before.Add(-time.Second)) || guest.After(after.Add(time.Second)) {
+				t.Errorf("run %d: guest clock %v outside the run's window [%v, %v] by more than a second", i, guest, before, after)
+			}
+		}
+	})
+
+	t.Run("another memory size rebuilds once", func(t *testing.T) {
+		r := warmRun(t, env, "--mem-mib", "256", "--", "true")
+		wantPath(t, r, "cold", true)
+		r = warmRun(t, env, "--mem-mib", "256", "--", "true")
+		wantPath(t, r, "warm", false)
+		b := isopod(t, env, "warmpool", "build", "--mem-mib", "256")
+		if b.Code != 0 || b.JSON["built"] != false {
+			t.Errorf("warmpool build of a current snapshot:\n%s", b)
+		}
+		l := isopod(t, env, "warmpool", "list")
+		snaps, _ := l.JSON["snapshots"].([]any)
+		if l.Code != 0 || len(snaps) != 2 {
+			t.Errorf("warmpool list: want 2 snapshots:\n%s", l)
+		}
+	})
+
+	t.Run("rm --all then a run rebuilds", func(t *testing.T) {
+		rm := isopod(t, env, "warmpool", "rm", "--all")
+		if removed, _ := rm.JSON["removed"].([]any); rm.Code != 0 || len(removed) != 2 {
+			t.Fatalf("warmpool rm --all:\n%s", rm)
+		}
+		if d := snapshotDirs(t, env); len(d) != 0 {
+			t.Errorf("left after rm --all: %v", d)
+		}
+		wantPath(t, warmRun(t, env, "--", "true"), "cold", true)
+	})
+
+	t.Run("corrupt snapshot cold-boots and rebuilds", func(t *testing.T) {
+		dirs := snapshotDirs(t, env)
+		if len(dirs) != 1 {
+			t.Fatalf("snapshots: %v", dirs)
+		}
+		home := strings.TrimPrefix(env[0], "ISOPOD_HOME=")
+		state := filepath.Join(home, "snapshots", dirs[0], "state")
+		if err := os.WriteFile(state, []byte("this is not a migration stream\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := warmRun(t, env, "--", "echo", "still fine")
+		wantPath(t, r, "cold", true)
+		warns, _ := r.JSON["warnings"].([]any)
+		if len(warns) == 0 || !strings.Contains(warns[0].(string), "could not be resumed") {
+			t.Errorf("no warning about the unusable snapshot: %v", r.JSON["warnings"])
+		}
+		if str(r.JSON, "stdout") != "still fine\n" {
+			t.Errorf("stdout %q", str(r.JSON, "stdout"))
+		}
+		wantPath(t, warmRun(t, env, "--", "true"), "warm", false)
+	})
+
+	t.Run("vm gc removes leftovers", func(t *testing.T) {
+		home := strings.TrimPrefix(env[0], "ISOPOD_HOME=")
+		for _, name := range []string{".tmp-wk-0000000000000000-abcd1234", ".old-wk-0000000000000000-abcd1234"} {
+			os.MkdirAll(filepath.Join(home, "snapshots", name), 0o700)
+			os.WriteFile(filepath.Join(home, "snapshots", name, "memory"), []byte("x"), 0o600)
+		}
+		if r := isopod(t, env, "vm", "gc"); r.Code != 0 {
+			t.Fatalf("vm gc:\n%s", r)
+		}
+		d := snapshotDirs(t, env)
+		if len(d) != 1 || !strings.HasPrefix(d[0], "wk-") {
+			t.Errorf("after gc: %v; want only the current snapshot", d)
+		}
+	})
+}

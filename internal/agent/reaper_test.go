@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/agentproto"
+)
+
+const pid1ModeEnv = "ISOPOD_AGENT_TEST_REAP_ALL"
+
+// TestMain doubles as a stand-in for PID 1: with pid1ModeEnv set, the test
+// binary becomes a child subreaper and serves the protocol on stdin and
+// stdout with ReapAll, so the process-wide reaper is exercised without
+// stealing the wait statuses of the other tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(pid1ModeEnv) == "1" {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)
+			os.Exit(3)
+		}
+		err := Serve(context.Background(), stdio{os.Stdin, os.Stdout}, Options{ReapAll: true, Logger: NewConsoleLogger(os.Stderr, false)})
+		if err != nil && !strings.Contains(err.Error(), "EOF") {
+			fmt.Fprintln(os.Stderr, "serve:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if os.Getenv(nsModeEnv) == "1" {
+		os.Exit(runInNamespaces())
+	}
+	os.Exit(m.Run())
+}
+
+// zombieChildren lists children of pid that are zombies.
+func zombieChildren(pid int) []string {
+	ents, _ := os.ReadDir("/proc")
+	var z []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(pid) {
+			z = append(z, e.Name())
+		}
+	}
+	return z
+}
+
+func TestReapAll(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a subreaper copy of the test binary; skipped in -short")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), pid1ModeEnv+"=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent process: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Error("agent process did not exit after its stdin closed")
+		}
+	})
+	c := newClient(t, out, in)
+	c.awaitHello()
+
+	// Many short processes at once: a status that arrives before its pid is
+	// registered must still reach its exec.
+	var ids []uint64
+	for i := 0; i < 30; i++ {
+		ids = append(ids, c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%3)}}))
+	}
+	for i, id := range ids {
+		if r := c.wait(id, 20*time.Second); r.code() != i%3 {
+			t.Errorf("exec %d: code %d; want %d", i, r.code(), i%3)
+		}
+	}
+
+	// Orphans: a background child killed with the group and one that left
+	// the group and exits later are both re-parented to the agent, which
+	// must reap them.
+	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", "sleep 5 & setsid sleep 0.2 & echo $$"}})
+	if r.code() != 0 {
+		t.Fatalf("orphan maker: code %d stderr %q", r.code(), r.stderr)
+	}
+	var z []string
+	for i := 0; i < 40; i++ {
+		time.Sleep(50 * time.Millisecond)
+		if z = zombieChildren(cmd.Process.Pid); len(z) == 0 && i >= 6 {
+			break
+		}
+	}
+	if len(z) > 0 {
+		t.Errorf("zombie children of the agent not reaped: %v", z)
+	}
+}

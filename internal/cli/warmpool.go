@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+func newWarmpoolCmd(e *env) *cobra.Command {
+	var o sandbox.WarmBuildOptions
+	build := &cobra.Command{
+		Use:   "build",
+		Short: "Build the snapshot eligible runs with these sizes resume from (skipped when current)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, name := range []string{"vcpus", "mem-mib"} {
+				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
+					return fmt.Errorf("--%s 0: out of range (see isopod warmpool build --help): %w", name, errdefs.ErrInvalidArgument)
+				}
+			}
+			return call(e, func(s *sandbox.Service) (*sandbox.WarmBuildResult, error) { return s.WarmBuild(cmd.Context(), o) })
+		},
+	}
+	f := build.Flags()
+	f.StringVar(&o.Base, "base", "", "base image: base-min (default) or base-debian")
+	f.IntVar(&o.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs, as the runs will ask")
+	f.IntVar(&o.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB, as the runs will ask")
+	list := &cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List warm-pool snapshots, newest first", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.WarmListResult, error) { return s.WarmList(cmd.Context()) })
+		},
+	}
+	var all bool
+	rm := &cobra.Command{
+		Use: "rm KEY | --all", Short: "Remove a warm-pool snapshot, or all of them", Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := ""
+			if len(args) == 1 {
+				key = args[0]
+			}
+			return call(e, func(s *sandbox.Service) (*sandbox.WarmRemoveResult, error) {
+				return s.WarmRemove(cmd.Context(), key, all)
+			})
+		},
+	}
+	rm.Flags().BoolVar(&all, "all", false, "remove every snapshot")
+	return group("warmpool", "Manage the snapshots that eligible runs resume from", build, list, rm)
+}

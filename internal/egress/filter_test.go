@@ -1,0 +1,421 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"isopod/internal/errdefs"
+)
+
+func TestParsePattern(t *testing.T) {
+	tests := []struct {
+		in, want string // want "" means an error
+	}{
+		{"example.org", "example.org"},
+		{"Example.ORG.", "example.org"},
+		{"*.example.org", "*.example.org"},
+		{"*.EXAMPLE.org.", "*.example.org"},
+		{"bücher.example", "xn--bcher-kva.example"},
+		{"*.bücher.example", "*.xn--bcher-kva.example"},
+		{"_dmarc.example.org", "_dmarc.example.org"},
+		{"*.org", ""},           // too broad
+		{"*", ""},               // nothing but a wildcard
+		{"a.*.example.org", ""}, // wildcard not first
+		{"**.example.org", ""},
+		{"*example.org", ""},
+		{"example.org:443", ""},
+		{"https://example.org", ""},
+		{"203.0.113.10", ""}, // addresses go to --allow-cidr
+		{"2001:db8::1", ""},
+		{"", ""},
+		{" example.org", ""},
+		{"exa mple.org", ""},
+		{"-bad.example", ""},
+		{"a..example", ""},
+		{strings.Repeat("a", 64) + ".example", ""},
+		{strings.Repeat("abcdefghi.", 26) + "example", ""}, // over 253 bytes
+	}
+	for _, tt := range tests {
+		p, err := ParsePattern(tt.in)
+		if tt.want == "" {
+			if err == nil {
+				t.Errorf("ParsePattern(%q) = %v; want an error", tt.in, p)
+			} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("ParsePattern(%q): %v is not ErrInvalidArgument", tt.in, err)
+			}
+			continue
+		}
+		if err != nil || p.String() != tt.want {
+			t.Errorf("ParsePattern(%q) = %v, %v; want %s", tt.in, p, err, tt.want)
+		}
+	}
+}
+
+func TestPatternMatch(t *testing.T) {
+	tests := []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"example.org", "example.org", true},
+		{"example.org", "a.example.org", false},
+		{"*.example.org", "a.example.org", true},
+		{"*.example.org", "example.org", false},        // the apex is not covered
+		{"*.example.org", "a.b.example.org", false},    // exactly one label
+		{"*.example.org", "aexample.org", false},       // a label boundary, not a suffix
+		{"*.example.org", "a.example.org.evil", false}, // suffix, not infix
+		{"*.bücher.example", "www.xn--bcher-kva.example", true},
+	}
+	for _, tt := range tests {
+		p, err := ParsePattern(tt.pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, err := NormalizeHost(tt.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Match(name); got != tt.want {
+			t.Errorf("%s matches %s = %v; want %v", tt.pattern, tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestNormalizeAndRecordHost(t *testing.T) {
+	tests := []struct{ in, norm, record string }{
+		{"WWW.Example.ORG.", "www.example.org", "www.example.org"},
+		{"Bücher.Example", "xn--bcher-kva.example", "xn--bcher-kva.example"},
+		{"xn--bcher-kva.example", "xn--bcher-kva.example", "xn--bcher-kva.example"},
+		{"203.0.113.10", "", "203.0.113.10"},
+		{"::ffff:203.0.113.10", "", "203.0.113.10"},
+		{"[2001:db8::1]", "", "2001:db8::1"},
+		{"evil\x01\x1b[31m.example", "", "<invalid:18>"},
+		{`a\001b.example`, "", "<invalid:14>"}, // how a DNS library escapes a control byte
+		{"a b.example", "", "<invalid:11>"},
+		{strings.Repeat("x", 300), "", "<invalid:300>"},
+	}
+	for _, tt := range tests {
+		n, err := NormalizeHost(tt.in)
+		if (err == nil) != (tt.norm != "") || n != tt.norm {
+			t.Errorf("NormalizeHost(%q) = %q, %v; want %q", tt.in, n, err, tt.norm)
+		}
+		if got := RecordHost(tt.in); got != tt.record {
+			t.Errorf("RecordHost(%q) = %q; want %q", tt.in, got, tt.record)
+		}
+	}
+}
+
+// fixedLookup resolves from a table; other names do not exist.
+func fixedLookup(table map[string][]string) func(context.Context, string) ([]netip.Addr, error) {
+	return func(_ context.Context, name string) ([]netip.Addr, error) {
+		addrs, ok := table[name]
+		if !ok {
+			return nil, ErrNoSuchHost
+		}
+		var out []netip.Addr
+		for _, a := range addrs {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out, nil
+	}
+}
+
+var testTable = map[string][]string{
+	"allowed.example":   {"203.0.113.10", "2001:db8::10"},
+	"a.wild.example":    {"203.0.113.11"},
+	"other.example":     {"203.0.113.10"}, // same address, not allowed
+	"lan.example":       {"192.168.77.10"},
+	"meta.wild.example": {"169.254.169.254"},
+}
+
+func newTestFilter(t *testing.T, cfg FilterConfig) *Filter {
+	t.Helper()
+	if cfg.Lookup == nil {
+		cfg.Lookup = fixedLookup(testTable)
+	}
+	f, err := NewFilter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// ask sends one DNS question through Decide and ServeDNS as the stack does.
+func ask(f *Filter, name string, qtype uint16) (Verdict, *dns.Msg) {
+	q := new(dns.Msg).SetQuestion(dns.Fqdn(name), qtype)
+	v := f.Decide(Flow{Proto: ProtoDNS, Host: strings.TrimSuffix(strings.ToLower(q.Question[0].Name), "."), QType: dns.TypeToString[qtype]})
+	if !v.Allow {
+		return v, nil
+	}
+	return v, f.ServeDNS(context.Background(), netip.AddrPort{}, q)
+}
+
+func tcpFlow(addr string, port uint16) Flow {
+	return Flow{Proto: ProtoTCP, Dst: netip.AddrPortFrom(netip.MustParseAddr(addr), port)}
+}
+
+func TestFilterDNSAndPinning(t *testing.T) {
+	f := newTestFilter(t, FilterConfig{
+		AllowHosts: []string{"allowed.example", "*.wild.example", "lan.example"},
+		AllowCIDRs: []string{"198.51.100.0/24"},
+		HostAddrs:  []netip.Addr{netip.MustParseAddr("198.51.100.2")},
+	})
+	if got := f.Rules(); !slices.Equal(got, []string{"host:allowed.example", "host:*.wild.example", "host:lan.example", "cidr:198.51.100.0/24"}) {
+		t.Errorf("rules %v", got)
+	}
+
+	// Before any DNS answer, the allowed name's address is a literal.
+	if v := f.Decide(tcpFlow("203.0.113.10", 443)); v.Allow || v.Reason != ReasonLiteral {
+		t.Errorf("unresolved address: %+v; want literal_address", v)
+	}
+	for _, tt := range []struct {
+		name   string
+		qtype  uint16
+		reason string
+		rcode  int // -1: refused by Decide
+		answer string
+	}{
+		{"Allowed.Example.", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "203.0.113.10"},
+		{"allowed.example", dns.TypeAAAA, ReasonAllowedHost, dns.RcodeSuccess, ""},
+		{"allowed.example", dns.TypeTXT, ReasonDNSType, -1, ""},
+		{"other.example", dns.TypeA, ReasonNotAllowed, -1, ""},
+		{"wild.example", dns.TypeA, ReasonNotAllowed, -1, ""},
+		{"a.b.wild.example", dns.TypeA, ReasonNotAllowed, -1, ""},
+		{"a.wild.example", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "203.0.113.11"},
+		{"nx.wild.example", dns.TypeA, ReasonAllowedHost, dns.RcodeNameError, ""},
+		{"lan.example", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "192.168.77.10"},
+		{"aGVsbG8gd29ybGQgdGhpcyBpcyBleGZpbHRyYXRpb24.evil.example", dns.TypeA, ReasonNotAllowed, -1, ""},
+	} {
+		v, m := ask(f, tt.name, tt.qtype)
+		if v.Reason != tt.reason || (m == nil) != (tt.rcode == -1) {
+			t.Errorf("%s %s: verdict %+v, reply %v; want reason %s rcode %d", tt.name, dns.TypeToString[tt.qtype], v, m, tt.reason, tt.rcode)
+			continue
+		}
+		if m == nil {
+			continue
+		}
+		var got []string
+		for _, rr := range m.Answer {
+			got = append(got, rr.(*dns.A).A.String())
+		}
+		if m.Rcode != tt.rcode || strings.Join(got, ",") != tt.answer {
+			t.Errorf("%s %s: rcode %d answers %v; want %d %q", tt.name, dns.TypeToString[tt.qtype], m.Rcode, got, tt.rcode, tt.answer)
+		}
+	}
+	if got := f.PinnedNames(netip.MustParseAddr("203.0.113.10")); !slices.Equal(got, []string{"allowed.example"}) {
+		t.Errorf("pinned names of 203.0.113.10: %v", got)
+	}
+	if got := f.PinnedAddrs("allowed.example"); len(got) != 1 || got[0].String() != "203.0.113.10" {
+		t.Errorf("pinned addresses of allowed.example: %v (IPv6 answers are never handed out)", got)
+	}
+
+	for _, tt := range []struct {
+		addr   string
+		port   uint16
+		allow  bool
+		sniff  bool
+		reason string
+		host   string
+	}{
+		{"203.0.113.10", 443, true, true, ReasonAllowedHost, "allowed.example"},
+		{"203.0.113.10", 80, true, true, ReasonAllowedHost, "allowed.example"},
+		{"203.0.113.10", 22, true, false, ReasonAllowedHost, "allowed.example"},
+		{"203.0.113.11", 5432, true, false, ReasonAllowedHost, "a.wild.example"},
+		{"203.0.113.99", 443, false, false, ReasonLiteral, ""},
+		{"8.8.8.8", 53, false, false, ReasonLiteral, ""},
+		{"192.168.77.10", 80, false, false, ReasonPrivate, "lan.example"}, // rebinding: name allowed, address private
+		{"192.168.77.11", 80, false, false, ReasonPrivate, ""},
+		{"169.254.169.254", 80, false, false, ReasonLinkLocal, ""},
+		{"198.51.100.10", 443, true, false, ReasonAllowedCIDR, ""},
+		{"198.51.100.2", 443, false, false, ReasonHost, ""}, // the host's own address, inside the CIDR
+	} {
+		v := f.Decide(tcpFlow(tt.addr, tt.port))
+		if v.Allow != tt.allow || v.Sniff != tt.sniff || v.Reason != tt.reason || v.Host != tt.host {
+			t.Errorf("tcp %s:%d: %+v; want allow=%v sniff=%v reason=%s host=%q", tt.addr, tt.port, v, tt.allow, tt.sniff, tt.reason, tt.host)
+		}
+	}
+	for _, addr := range []string{"203.0.113.10", "8.8.8.8", "198.51.100.10"} {
+		v := f.Decide(Flow{Proto: ProtoUDP, Dst: netip.MustParseAddrPort(addr + ":53")})
+		if v.Allow || v.Reason != ReasonNonTCP {
+			t.Errorf("udp %s: %+v; want non_tcp", addr, v)
+		}
+	}
+	if v := f.Decide(Flow{Proto: ProtoTCP, Dst: netip.MustParseAddrPort("[2001:db8::10]:443")}); v.Allow || v.Reason != ReasonIPv6 {
+		t.Errorf("tcp over IPv6: %+v; want ipv6", v)
+	}
+	if v := f.Decide(Flow{Proto: ProtoDNS, Host: `evil\001\027.example`, QType: "A"}); v.Allow || v.Reason != ReasonInvalidName || v.Host != "<invalid:20>" {
+		t.Errorf("hostile DNS name: %+v", v)
+	}
+}
+
+func TestFilterDenyAllAndPrivate(t *testing.T) {
+	deny := newTestFilter(t, FilterConfig{DenyAll: true})
+	if v, _ := ask(deny, "allowed.example", dns.TypeA); v.Allow || v.Reason != ReasonNotAllowed {
+		t.Errorf("deny-all DNS: %+v", v)
+	}
+	if v := deny.Decide(tcpFlow("203.0.113.10", 443)); v.Allow {
+		t.Errorf("deny-all TCP: %+v", v)
+	}
+	if _, err := NewFilter(FilterConfig{DenyAll: true, AllowHosts: []string{"a.example"}, Lookup: fixedLookup(nil)}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("deny-all with rules: %v", err)
+	}
+	lan := newTestFilter(t, FilterConfig{AllowHosts: []string{"lan.example"}, AllowPrivate: true})
+	ask(lan, "lan.example", dns.TypeA)
+	if v := lan.Decide(tcpFlow("192.168.77.10", 5432)); !v.Allow {
+		t.Errorf("allowed name on a private address with AllowPrivate: %+v", v)
+	}
+	cidr := newTestFilter(t, FilterConfig{AllowCIDRs: []string{"192.168.77.0/24", "169.254.0.0/16"}})
+	if v := cidr.Decide(tcpFlow("192.168.77.10", 80)); !v.Allow || v.Reason != ReasonAllowedCIDR {
+		t.Errorf("private address in an allowed CIDR: %+v", v)
+	}
+	if v := cidr.Decide(tcpFlow("169.254.169.254", 80)); v.Allow {
+		t.Errorf("link-local stays refused even inside a CIDR: %+v", v)
+	}
+	for _, bad := range []string{"10.0.0.0/33", "nope", "10.0.0.1/8/2"} {
+		if _, err := NewFilter(FilterConfig{AllowCIDRs: []string{bad}, Lookup: fixedLookup(nil)}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("CIDR %q: %v", bad, err)
+		}
+	}
+}
+
+// clientHello returns the first flight crypto/tls sends for serverName.
+func clientHello(t testing.TB, serverName string) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() {
+		c := tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true})
+		c.Handshake()
+		a.Close()
+	}()
+	var head []byte
+	buf := make([]byte, 4096)
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		n, err := b.Read(buf)
+		head = append(head, buf[:n]...)
+		if _, perr := ParseClientHelloSNI(head); !NeedMore(perr) || err != nil {
+			return head
+		}
+	}
+}
+
+func TestParseClientHelloSNI(t *testing.T) {
+	for _, name := range []string{"allowed.example", "xn--bcher-kva.example"} {
+		hello := clientHello(t, name)
+		got, err := ParseClientHelloSNI(hello)
+		if err != nil || got != name {
+			t.Errorf("SNI of a crypto/tls hello for %s: %q, %v", name, got, err)
+		}
+		// Every strict prefix asks for more; never a wrong answer.
+		for i := 0; i < len(hello); i += max(1, len(hello)/40) {
+			if n, err := ParseClientHelloSNI(hello[:i]); !NeedMore(err) {
+				t.Fatalf("prefix of %d/%d bytes: %q, %v; want need-more", i, len(hello), n, err)
+			}
+		}
+		// The same hello split over two TLS records.
+		body := hello[5:]
+		split := append([]byte{0x16, 0x03, 0x01, 0, 10}, body[:10]...)
+		rest := body[10:]
+		split = append(split, 0x16, 0x03, 0x01, byte(len(rest)>>8), byte(len(rest)))
+		split = append(split, rest...)
+		if got, err := ParseClientHelloSNI(split); err != nil || got != name {
+			t.Errorf("hello over two records: %q, %v", got, err)
+		}
+	}
+	// An IP-address server name is never sent as SNI.
+	if got, err := ParseClientHelloSNI(clientHello(t, "203.0.113.10")); err == nil {
+		t.Errorf("hello to an address: SNI %q; want none", got)
+	}
+	for _, junk := range [][]byte{[]byte("GET / HTTP/1.1\r\n"), {0x16, 0x02, 0, 0, 1, 0}, {0x16, 0x03, 0x01, 0, 4, 2, 0, 0, 0}} {
+		if _, err := ParseClientHelloSNI(junk); err == nil || NeedMore(err) {
+			t.Errorf("junk %q: %v; want not TLS", junk, err)
+		}
+	}
+}
+
+func TestParseHTTPHost(t *testing.T) {
+	tests := []struct {
+		in, host  string
+		more, bad bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: Allowed.Example\r\n\r\n", "Allowed.Example", false, false},
+		{"GET / HTTP/1.1\r\nHost: allowed.example:8080\r\nUser-Agent: x\r\n\r\n", "allowed.example", false, false},
+		{"GET http://other.example/ HTTP/1.1\r\nHost: allowed.example\r\n\r\n", "other.example", false, false},
+		{"POST /x HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n", "2001:db8::1", false, false},
+		{"GET / HTTP/1.0\r\n\r\n", "", false, false},
+		{"GET / HTTP/1.1\r\nHost: allowed.example\r\n", "", true, false},
+		{"GE", "", true, false},
+		{"SSH-2.0-OpenSSH_9.2\r\n", "", false, true},
+		{"\x00\x01binary", "", false, true},
+	}
+	for _, tt := range tests {
+		h, err := ParseHTTPHost([]byte(tt.in))
+		switch {
+		case tt.more && !NeedMore(err), tt.bad && (err == nil || NeedMore(err)), !tt.more && !tt.bad && (err != nil || h != tt.host):
+			t.Errorf("ParseHTTPHost(%q) = %q, %v; want %q more=%v bad=%v", tt.in, h, err, tt.host, tt.more, tt.bad)
+		}
+	}
+}
+
+func TestFilterSniff(t *testing.T) {
+	f := newTestFilter(t, FilterConfig{AllowHosts: []string{"allowed.example"}})
+	ask(f, "allowed.example", dns.TypeA)
+	fl := tcpFlow("203.0.113.10", 443)
+	for _, tt := range []struct {
+		head   []byte
+		allow  bool
+		reason string
+		host   string
+	}{
+		{clientHello(t, "allowed.example"), true, ReasonAllowedHost, "allowed.example"},
+		{clientHello(t, "ALLOWED.example"), true, ReasonAllowedHost, "allowed.example"},
+		{clientHello(t, "other.example"), false, ReasonSNIMismatch, "other.example"},
+		{clientHello(t, "203.0.113.10"), false, ReasonSNIMismatch, ""}, // no SNI at all
+		{[]byte("GET / HTTP/1.1\r\nHost: allowed.example\r\n\r\n"), true, ReasonAllowedHost, "allowed.example"},
+		{[]byte("GET / HTTP/1.1\r\nHost: other.example\r\n\r\n"), false, ReasonHostMismatch, "other.example"},
+		{[]byte("GET / HTTP/1.1\r\nHost: evil\x1b.example\r\n\r\n"), false, ReasonHostMismatch, ""}, // rejected as HTTP,
+		{[]byte("SSH-2.0-x\r\n"), false, ReasonHostMismatch, ""},
+	} {
+		v, more := f.Sniff(fl, tt.head)
+		if more || v.Allow != tt.allow || v.Reason != tt.reason || v.Host != tt.host {
+			t.Errorf("sniff %.30q: %+v more=%v; want allow=%v %s host %q", tt.head, v, more, tt.allow, tt.reason, tt.host)
+		}
+		if v.Allow && v.Dial != fl.Dst {
+			t.Errorf("sniff allowed but dials %v, not %v", v.Dial, fl.Dst)
+		}
+	}
+	if _, more := f.Sniff(fl, clientHello(t, "allowed.example")[:20]); !more {
+		t.Error("a partial hello did not ask for more")
+	}
+}
+
+func BenchmarkFilterDecide(b *testing.B) {
+	f, _ := NewFilter(FilterConfig{AllowHosts: []string{"allowed.example", "*.wild.example"}, AllowCIDRs: []string{"198.51.100.0/24"},
+		Lookup: fixedLookup(testTable)})
+	ask(f, "allowed.example", dns.TypeA)
+	flows := []Flow{tcpFlow("203.0.113.10", 443), tcpFlow("203.0.113.99", 443), tcpFlow("198.51.100.10", 22)}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		f.Decide(flows[i%len(flows)])
+	}
+}
+
+func BenchmarkSniffClientHello(b *testing.B) {
+	f, _ := NewFilter(FilterConfig{AllowHosts: []string{"allowed.example"}, Lookup: fixedLookup(testTable)})
+	ask(f, "allowed.example", dns.TypeA)
+	hello := clientHello(b, "allowed.example")
+	fl := tcpFlow("203.0.113.10", 443)
+	b.ReportAllocs()
+	for b.Loop() {
+		f.Sniff(fl, hello)
+	}
+}

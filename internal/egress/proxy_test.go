@@ -1,0 +1,357 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// memRecorder keeps events for a test.
+type memRecorder struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (m *memRecorder) Record(ev Event) {
+	m.mu.Lock()
+	m.evs = append(m.evs, ev)
+	m.mu.Unlock()
+}
+
+func (m *memRecorder) find(host string) *Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.evs {
+		if m.evs[i].Host == host {
+			ev := m.evs[i]
+			return &ev
+		}
+	}
+	return nil
+}
+
+// proxyFixture runs both proxies on loopback. The filter's names resolve
+// to documentation addresses; the injected dialer sends those to local
+// servers (port 80: an HTTP server echoing Host, 443: a TLS server).
+func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
+	t.Helper()
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "host=%s path=%s", r.Host, r.URL.Path)
+	}))
+	t.Cleanup(web.Close)
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls host=%s", r.Host)
+	}))
+	t.Cleanup(tlsSrv.Close)
+	routes := map[string]string{
+		"203.0.113.10:80":  web.Listener.Addr().String(),
+		"203.0.113.10:443": tlsSrv.Listener.Addr().String(),
+		"198.51.100.10:80": web.Listener.Addr().String(),
+	}
+	f := newTestFilter(t, FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
+	rec = &memRecorder{}
+	var d net.Dialer
+	p, err := NewProxy(ProxyConfig{Filter: f, Recorder: rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		to, ok := routes[addr]
+		if !ok {
+			return nil, fmt.Errorf("test dialer: no route to %s", addr)
+		}
+		return d.DialContext(ctx, network, to)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, serve := range []func(net.Listener) error{p.ServeHTTP, p.ServeSOCKS} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go serve(l)
+		addrs = append(addrs, l.Addr().String())
+	}
+	t.Cleanup(p.Close)
+	return addrs[0], addrs[1], rec
+}
+
+func TestHTTPProxy(t *testing.T) {
+	httpAddr, _, rec := proxyFixture(t)
+	pu, _ := url.Parse("http://" + httpAddr)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy:           http.ProxyURL(pu),
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+	}}
+	get := func(u string) (int, string, error) {
+		resp, err := client.Get(u)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+
+	if code, body, err := get("http://allowed.example/x"); err != nil || code != 200 || body != "host=allowed.example path=/x" {
+		t.Errorf("absolute-form GET of an allowed name: %d %q %v", code, body, err)
+	}
+	if code, body, err := get("https://allowed.example/y"); err != nil || code != 200 || body != "tls host=allowed.example" {
+		t.Errorf("CONNECT to an allowed name: %d %q %v", code, body, err)
+	}
+	if code, body, err := get("http://other.example/"); err != nil || code != 403 || !strings.Contains(body, "not_allowed") || !strings.Contains(body, "--allow-host other.example") {
+		t.Errorf("name not allowed: %d %q %v", code, body, err)
+	}
+	if _, _, err := get("https://other.example/"); err == nil {
+		t.Error("CONNECT to a name not allowed succeeded")
+	}
+	if code, body, err := get("http://203.0.113.10/"); err != nil || code != 403 || !strings.Contains(body, ReasonLiteral) {
+		t.Errorf("literal address (an allowed name's): %d %q %v", code, body, err)
+	}
+	if code, _, err := get("http://198.51.100.10/"); err != nil || code != 200 {
+		t.Errorf("literal address in an allowed CIDR: %d %v", code, err)
+	}
+	if code, body, err := get("http://lan.example/"); err != nil || code != 403 || !strings.Contains(body, ReasonPrivate) {
+		t.Errorf("allowed name on a private address: %d %q %v", code, body, err)
+	}
+
+	// Raw requests: https:// absolute form, and a CONNECT tunnel that
+	// fronts another name in its SNI.
+	raw := func(req string) string {
+		c, err := net.Dial("tcp", httpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, req)
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	if got := raw("GET https://allowed.example/ HTTP/1.1\r\nHost: allowed.example\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 501") || !strings.Contains(got, "use CONNECT") {
+		t.Errorf("https:// absolute form: %q", got)
+	}
+	if got := raw("GARBAGE\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 400") {
+		t.Errorf("malformed request: %q", got)
+	}
+	fronted := raw("CONNECT allowed.example:443 HTTP/1.1\r\nHost: allowed.example:443\r\n\r\n" + string(clientHello(t, "other.example")))
+	if !strings.HasPrefix(fronted, "HTTP/1.1 200") || strings.Contains(fronted[len("HTTP/1.1 200 Connection established\r\n\r\n"):], "\x16\x03") {
+		t.Errorf("fronted CONNECT got a server answer: %q", fronted)
+	}
+	time.Sleep(50 * time.Millisecond) // the tunnel's record follows its close
+	if ev := rec.find("other.example"); ev == nil || ev.Allowed {
+		t.Errorf("records: other.example %+v", ev)
+	}
+	var mismatch bool
+	rec.mu.Lock()
+	for _, ev := range rec.evs {
+		mismatch = mismatch || (ev.Reason == ReasonSNIMismatch && ev.Host == "other.example" && ev.Proto == ProtoHTTPProxy)
+	}
+	rec.mu.Unlock()
+	if !mismatch {
+		t.Error("no sni_mismatch record for the fronted tunnel")
+	}
+	if ev := rec.find("allowed.example"); ev == nil || !ev.Allowed || ev.BytesDown == 0 || ev.Dst.String() != "203.0.113.10" {
+		t.Errorf("allowed record: %+v", ev)
+	}
+}
+
+// socksDial performs a SOCKS5 CONNECT by name and returns the reply code.
+func socksDial(t *testing.T, addr, host string, port uint16) (net.Conn, byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	req := []byte{5, 1, 0, 5, 1, 0}
+	if a, err := netip.ParseAddr(host); err == nil {
+		req = append(req, 1)
+		req = append(req, a.AsSlice()...)
+	} else {
+		req = append(req, 3, byte(len(host)))
+		req = append(req, host...)
+	}
+	req = append(req, byte(port>>8), byte(port))
+	c.Write(req)
+	var resp [12]byte
+	if _, err := io.ReadFull(c, resp[:12]); err != nil {
+		t.Fatalf("socks %s: %v", host, err)
+	}
+	if resp[0] != 5 || resp[1] != 0 || resp[2] != 5 {
+		t.Fatalf("socks %s: reply % x", host, resp)
+	}
+	return c, resp[3]
+}
+
+func TestSOCKSProxy(t *testing.T) {
+	_, socksAddr, rec := proxyFixture(t)
+	c, code := socksDial(t, socksAddr, "allowed.example", 80)
+	if code != 0 {
+		t.Fatalf("CONNECT allowed.example:80: code %d", code)
+	}
+	io.WriteString(c, "GET /s HTTP/1.1\r\nHost: allowed.example\r\nConnection: close\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	c.Close()
+	if !bytes.Contains(b, []byte("host=allowed.example path=/s")) {
+		t.Errorf("through SOCKS: %q", b)
+	}
+	for _, tt := range []struct {
+		host string
+		port uint16
+		code byte
+	}{
+		{"other.example", 443, 2},
+		{"203.0.113.10", 443, 2},
+		{"lan.example", 80, 2},
+		{"198.51.100.10", 80, 0},
+	} {
+		c, code := socksDial(t, socksAddr, tt.host, tt.port)
+		c.Close()
+		if code != tt.code {
+			t.Errorf("CONNECT %s:%d: code %d; want %d", tt.host, tt.port, code, tt.code)
+		}
+	}
+	// Host header fronting inside an allowed tunnel.
+	c, _ = socksDial(t, socksAddr, "allowed.example", 80)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: other.example\r\n\r\n")
+	b, _ = io.ReadAll(c)
+	c.Close()
+	if len(b) != 0 {
+		t.Errorf("fronted SOCKS tunnel got %q", b)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if ev := rec.find("other.example"); ev == nil || ev.Allowed || ev.Proto != ProtoSOCKS {
+		t.Errorf("record for other.example: %+v", ev)
+	}
+}
+
+func TestReadSOCKSRequest(t *testing.T) {
+	tests := []struct {
+		in   []byte
+		want SOCKSRequest
+		ok   bool
+	}{
+		{[]byte{5, 1, 0, 5, 1, 0, 3, 3, 'a', '.', 'b', 0, 80}, SOCKSRequest{Cmd: 1, Host: "a.b", Port: 80}, true},
+		{[]byte{5, 2, 2, 0, 5, 1, 0, 1, 203, 0, 113, 10, 1, 187}, SOCKSRequest{Cmd: 1, Host: "203.0.113.10", Port: 443}, true},
+		{[]byte{5, 1, 0, 5, 3, 0, 1, 0, 0, 0, 0, 0, 0}, SOCKSRequest{Cmd: 3, Host: "0.0.0.0", Port: 0}, true},
+		{[]byte{4, 1, 0, 80}, SOCKSRequest{}, false},            // SOCKS4
+		{[]byte{5, 1, 2}, SOCKSRequest{}, false},                // username/password only
+		{[]byte{5, 1, 0, 5, 1, 0, 9, 1}, SOCKSRequest{}, false}, // unknown address type
+		{[]byte{5, 1, 0, 5, 1, 0, 3, 10, 'a'}, SOCKSRequest{}, false},
+	}
+	for _, tt := range tests {
+		var out bytes.Buffer
+		got, err := ReadSOCKSRequest(bufio.NewReader(bytes.NewReader(tt.in)), &out)
+		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
+			t.Errorf("% x: %+v, %v; want %+v ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestLedger(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	start := time.Now()
+	l, err := OpenLedger(LedgerConfig{Path: path, Start: start, Rules: []string{"host:a.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Record(Event{Time: start.Add(5 * time.Millisecond), Proto: ProtoDNS, Dst: netip.MustParseAddr("10.0.2.1"), Port: 53,
+		Host: "a.example", QType: "A", Allowed: true, Reason: ReasonAllowedHost, Rcode: "NOERROR", Answers: []string{"203.0.113.10"}})
+	l.Record(Event{Proto: ProtoDNS, Host: "evil\x1b]0;pwned\x07.example", QType: "A", Reason: ReasonInvalidName, Rcode: "NXDOMAIN"})
+	l.Record(Event{Proto: ProtoTCP, Dst: netip.MustParseAddr("203.0.113.10"), Port: 443, Host: "a.example", Allowed: true,
+		Reason: ReasonAllowedHost, BytesUp: 10, BytesDown: 20})
+	l.Record(Event{Proto: ProtoICMP, Dst: netip.MustParseAddr("8.8.8.8"), Reason: ReasonNotForwarded})
+	for i := range 100 {
+		l.Record(Event{Proto: ProtoTCP, Dst: netip.MustParseAddr("203.0.113.99"), Port: uint16(1000 + i), Reason: ReasonLiteral})
+	}
+	rep := l.Report()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Mode != ModeFiltered || rep.TotalEvents != 104 || !rep.Truncated || len(rep.Denied) != InlineCap ||
+		len(rep.Allowed) != 1 || len(rep.DNSQueries) != 2 || rep.EgressLogPath != path {
+		t.Errorf("report: mode %s total %d truncated %v denied %d allowed %d dns %d", rep.Mode, rep.TotalEvents, rep.Truncated,
+			len(rep.Denied), len(rep.Allowed), len(rep.DNSQueries))
+	}
+	if d := rep.DNSQueries[0]; d.TS != 5 || d.Port != 0 || d.Host != "a.example" || d.Answers[0] != "203.0.113.10" {
+		t.Errorf("dns entry %+v", d)
+	}
+	if d := rep.Denied[0]; d.Host != "<invalid:22>" || d.Reason != ReasonInvalidName || d.Port != 0 {
+		t.Errorf("hostile name entry %+v", d)
+	}
+	if d := rep.Denied[1]; d.Proto != ProtoICMP || d.Reason != ReasonNonTCP || d.Host != "8.8.8.8" {
+		t.Errorf("icmp entry %+v", d)
+	}
+	b, _ := os.ReadFile(path)
+	if bytes.ContainsAny(b, "\x1b\x07") {
+		t.Error("raw control bytes reached the record file")
+	}
+	f, _ := os.Open(path)
+	defer f.Close()
+	entries, err := ReadEntries(f)
+	if err != nil || len(entries) != 104 {
+		t.Fatalf("file has %d entries, %v; want all 104", len(entries), err)
+	}
+	js, _ := json.Marshal(rep)
+	for _, key := range []string{`"allowed_rules":["host:a.example"]`, `"bytes_up":10`, `"ts_ms":`, `"egress_log_path"`} {
+		if !bytes.Contains(js, []byte(key)) {
+			t.Errorf("report JSON lacks %s", key)
+		}
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	entries := []Entry{
+		{Proto: ProtoDNS, Host: "pypi.org", QType: "A", Reason: ReasonNotAllowed},
+		{Proto: ProtoDNS, Host: "pypi.org", QType: "AAAA", Reason: ReasonNotAllowed},
+		{Proto: ProtoDNS, Host: "txt.example", QType: "TXT", Reason: ReasonDNSType},
+		{Proto: ProtoDNS, Host: "<invalid:12>", QType: "A", Reason: ReasonInvalidName},
+		{Proto: ProtoHTTPProxy, Host: "files.pythonhosted.org", Port: 443, Reason: ReasonNotAllowed},
+		{Proto: ProtoSOCKS, Host: "github.com", Port: 22, Reason: ReasonNotAllowed},
+		{Proto: ProtoTCP, Host: "203.0.113.7", Addr: "203.0.113.7", Port: 443, Reason: ReasonLiteral},
+		{Proto: ProtoTCP, Host: "192.168.1.1", Addr: "192.168.1.1", Port: 80, Reason: ReasonPrivate},
+		{Proto: ProtoUDP, Host: "8.8.8.8", Addr: "8.8.8.8", Port: 53, Reason: ReasonNonTCP},
+	}
+	s := Suggest(entries)
+	wantHosts := []string{"files.pythonhosted.org", "github.com", "pypi.org"}
+	if fmt.Sprint(s.AllowHosts) != fmt.Sprint(wantHosts) || fmt.Sprint(s.AllowCIDRs) != "[203.0.113.7/32]" {
+		t.Errorf("suggestion hosts %v cidrs %v", s.AllowHosts, s.AllowCIDRs)
+	}
+	wantFlags := "[--allow-host files.pythonhosted.org --allow-host github.com --allow-host pypi.org --allow-cidr 203.0.113.7/32]"
+	if fmt.Sprint(s.Flags) != wantFlags {
+		t.Errorf("flags %v", s.Flags)
+	}
+	if len(s.Unallowable) != 3 || s.Events != len(entries) {
+		t.Errorf("unallowable %v events %d", s.Unallowable, s.Events)
+	}
+	// The suggestion, fed back, allows what was asked.
+	f, err := NewFilter(FilterConfig{AllowHosts: s.AllowHosts, AllowCIDRs: s.AllowCIDRs, Lookup: fixedLookup(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range wantHosts {
+		if !f.AllowsName(h) {
+			t.Errorf("suggested filter refuses %s", h)
+		}
+	}
+	if v := f.Decide(tcpFlow("203.0.113.7", 443)); !v.Allow {
+		t.Errorf("suggested filter refuses the literal: %+v", v)
+	}
+	if empty := Suggest(nil); empty.Flags == nil || len(empty.Flags) != 0 {
+		t.Errorf("empty suggestion %+v", empty)
+	}
+}

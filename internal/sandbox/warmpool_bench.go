@@ -1,0 +1,164 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// WarmBenchResult compares cold and warm runs of `true` side by side.
+type WarmBenchResult struct {
+	OK    bool      `json:"ok"`
+	N     int       `json:"n"`
+	Accel vmm.Accel `json:"accel"`
+	// SnapshotBuildMS is set when the bench had to build the snapshot.
+	SnapshotBuildMS int64 `json:"snapshot_build_ms,omitempty"`
+
+	ColdTotalMS []int64 `json:"cold_total_ms"`
+	WarmTotalMS []int64 `json:"warm_total_ms"`
+	ResumeMS    []int64 `json:"resume_ms"`
+	// QEMUFloorMS is the VMM alone: process start to guest running, device
+	// state loaded, no agent and no run around it.
+	QEMUFloorMS []int64 `json:"qemu_floor_ms"`
+
+	ColdTotalP50 int64 `json:"cold_total_p50_ms"`
+	WarmTotalP50 int64 `json:"warm_total_p50_ms"`
+	ResumeP50    int64 `json:"resume_p50_ms"`
+	QEMUFloorP50 int64 `json:"qemu_floor_p50_ms"`
+	// WarmOverCold is warm total p50 / cold total p50 (target <= 0.2);
+	// ResumeOverFloor is resume p50 / QEMU floor p50 (target <= 1.5).
+	WarmOverCold    float64 `json:"warm_over_cold"`
+	ResumeOverFloor float64 `json:"resume_over_floor"`
+	// WarmVMsPerMinute is how many warm runs finish per minute one after
+	// another (wall clock of the whole Run calls).
+	WarmVMsPerMinute float64 `json:"warm_vms_per_minute"`
+}
+
+// benchWarm measures n cold runs, n warm runs and n bare restores of the
+// default key (base-min, default sizes, networking on). The cold runs ask
+// for the default scratch size explicitly, which makes them ineligible but
+// otherwise identical.
+func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error) {
+	if n < 1 {
+		return nil, invalid("bench: n %d < 1", n)
+	}
+	res := &WarmBenchResult{OK: true, N: n}
+	b, err := s.WarmBuild(ctx, WarmBuildOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if b.Built {
+		res.SnapshotBuildMS = b.BuildMS
+	}
+	res.Accel = b.Accel
+	one := func(req Request) (*Report, error) {
+		rep, err := s.Run(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if rep.ExitCode == nil || *rep.ExitCode != 0 {
+			return nil, fmt.Errorf("bench: `true` did not exit 0 (see %s)", rep.SerialLogPath)
+		}
+		return rep, nil
+	}
+	for i := 0; i < n; i++ {
+		rep, err := one(Request{Argv: []string{"true"}, ScratchMiB: DefaultScratchMiB})
+		if err != nil {
+			return nil, err
+		}
+		res.ColdTotalMS = append(res.ColdTotalMS, rep.TotalMS)
+	}
+	t := time.Now()
+	for i := 0; i < n; i++ {
+		rep, err := one(Request{Argv: []string{"true"}})
+		if err != nil {
+			return nil, err
+		}
+		if rep.Path != "warm" || rep.ResumeMS == nil {
+			return nil, fmt.Errorf("bench: run %s did not resume (warnings: %v): %w", rep.VMID, rep.Warnings, errdefs.ErrFailedPrecondition)
+		}
+		res.WarmTotalMS = append(res.WarmTotalMS, rep.TotalMS)
+		res.ResumeMS = append(res.ResumeMS, *rep.ResumeMS)
+	}
+	s.Wait()
+	res.WarmVMsPerMinute = float64(n) / time.Since(t).Minutes()
+	for i := 0; i < n; i++ {
+		ms, err := s.restoreFloor(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res.QEMUFloorMS = append(res.QEMUFloorMS, ms)
+	}
+	res.ColdTotalP50, res.WarmTotalP50 = p50(res.ColdTotalMS), p50(res.WarmTotalMS)
+	res.ResumeP50, res.QEMUFloorP50 = p50(res.ResumeMS), p50(res.QEMUFloorMS)
+	if res.ColdTotalP50 > 0 {
+		res.WarmOverCold = float64(res.WarmTotalP50) / float64(res.ColdTotalP50)
+	}
+	if res.QEMUFloorP50 > 0 {
+		res.ResumeOverFloor = float64(res.ResumeP50) / float64(res.QEMUFloorP50)
+	}
+	return res, nil
+}
+
+// restoreFloor times the VMM alone restoring the default snapshot: from the
+// Restore call to the guest running (Restore returns after the device state
+// is loaded and the guest continued).
+func (s *Service) restoreFloor(ctx context.Context) (int64, error) {
+	req, err := normalize(Request{Argv: []string{"true"}}, readHostLimits())
+	if err != nil {
+		return 0, err
+	}
+	pl, err := s.planRun(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	if err != nil {
+		return 0, err
+	}
+	drv, err := s.driver(ctx)
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp("", "isopod-floor-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	id := "floor-" + randomHex(4)
+	n, err := s.startNetwork(id, dir, req, time.Now())
+	if err != nil {
+		return 0, err
+	}
+	defer n.close()
+	snap := s.warmDir(in.key.ID())
+	if _, err := readWarm(snap); err != nil {
+		return 0, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
+	}
+	cfg := warmConfig(in, id, dir, nil, n.vmmNet())
+	cfg.Logger = s.log
+	t := time.Now()
+	m, err := drv.(vmm.Restorer).Restore(ctx, cfg, snap)
+	ms := time.Since(t).Milliseconds()
+	if err != nil {
+		return 0, fmt.Errorf("bench: restore: %w", err)
+	}
+	m.Kill()
+	m.Wait()
+	m.Agent().Close()
+	return ms, nil
+}
+
+func p50(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]int64(nil), v...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
