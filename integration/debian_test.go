@@ -19,7 +19,11 @@ func TestDebianToolchain(t *testing.T) {
 	if str(r.JSON, "stdout") != "1\n" {
 		t.Errorf("node: %s", r.Stdout)
 	}
-	r = run(t, append(base, "sh", "-c", `printf '#include <stdio.h>\nint main(void){printf("c works %d\\n", 6*7);return 0;}\n' > /root/m.c && gcc -o /root/m /root/m.c && /root/m`)...)
+	prog := "#include <stdio.h>\nint main(void) { printf(\"c works %d\\n\", 6 * 7); return 0; }\n"
+	cfile := filepath.Join(t.TempDir(), "m.c")
+	os.WriteFile(cfile, []byte(prog), 0o600)
+	r = run(t, "--no-network", "--base", "base-debian", "--stdin-file", cfile, "--",
+		"sh", "-c", "cat > /root/m.c && gcc -o /root/m /root/m.c && /root/m")
 	if str(r.JSON, "stdout") != "c works 42\n" {
 		t.Errorf("gcc: %s", r.Stdout)
 	}

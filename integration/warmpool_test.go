@@ -81,10 +81,12 @@ func TestWarmPool(t *testing.T) {
 	t.Run("first run builds, second resumes", func(t *testing.T) {
 		r := warmRun(t, env, "--", "echo", "one")
 		wantPath(t, r, "cold", true)
-		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname")
+		// Its own hostname, a writable root, and a NIC that reaches its
+		// own network's gateway.
+		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname; ping -c 1 -W 5 10.0.2.1 >/dev/null && echo gateway")
 		wantPath(t, r, "warm", false)
-		if got := str(r.JSON, "stdout"); got != "two\n"+str(r.JSON, "name")+"\n" {
-			t.Errorf("warm run stdout %q; want its own hostname %s", got, str(r.JSON, "name"))
+		if got := str(r.JSON, "stdout"); got != "two\n"+str(r.JSON, "name")+"\ngateway\n" {
+			t.Errorf("warm run stdout %q; want two, its own hostname %s, gateway", got, str(r.JSON, "name"))
 		}
 		if str(r.JSON, "guest_ip") == "" {
 			t.Errorf("warm run has no guest_ip: %s", r.Stdout)
@@ -182,7 +184,30 @@ func TestWarmPool(t *testing.T) {
 		if d := snapshotDirs(t, env); len(d) != 0 {
 			t.Errorf("left after rm --all: %v", d)
 		}
-		wantPath(t, warmRun(t, env, "--", "true"), "cold", true)
+		// Two eligible runs at once: one builds, the other does not race
+		// it (it boots cold, or resumes if the build was already done).
+		var wg sync.WaitGroup
+		results := make([]*result, 2)
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = isopod(t, env, "run", "--", "true")
+			}()
+		}
+		wg.Wait()
+		built := 0
+		for i, r := range results {
+			if r.Code != 0 || r.JSON["ok"] != true {
+				t.Fatalf("run %d:\n%s", i, r)
+			}
+			if r.JSON["snapshot_built"] == true {
+				built++
+			}
+		}
+		if built != 1 {
+			t.Errorf("%d of 2 concurrent runs built the snapshot; want 1:\n%s\n%s", built, results[0].Stdout, results[1].Stdout)
+		}
 	})
 
 	t.Run("corrupt snapshot cold-boots and rebuilds", func(t *testing.T) {

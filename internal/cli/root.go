@@ -113,6 +113,7 @@ func newRoot(e *env) *cobra.Command {
 		newStageCmd(e),
 		newVMCmd(e),
 		newDevCmd(e),
+		newBenchCmd(e),
 		newEgressCmd(e),
 		newWarmpoolCmd(e),
 	)

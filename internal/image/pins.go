@@ -29,7 +29,7 @@ var BusyboxPin = Pin{
 // as modules; their dependencies are added. A name the kernel has built in
 // is skipped.
 var GuestModules = []string{
-	"virtio", "virtio_ring", "virtio_pci", "virtio_mmio",
+	"virtio", "virtio_ring", "virtio_mmio",
 	"virtio_blk", "virtio_console", "virtio_net",
 	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
 	"squashfs", "overlay",

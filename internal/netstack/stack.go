@@ -233,6 +233,10 @@ func (s *Stack) acceptLoop() {
 // guest would believe it reached hosts it did not.
 func (s *Stack) filterFrame(frame []byte) bool {
 	eth := header.Ethernet(frame)
+	if eth.Type() == header.IPv6ProtocolNumber {
+		s.noteIPv6(frame[header.EthernetMinimumSize:])
+		return false
+	}
 	if eth.Type() != header.IPv4ProtocolNumber {
 		return eth.Type() == header.ARPProtocolNumber
 	}

@@ -3,17 +3,22 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gofrs/flock"
 
+	"isopod/internal/agent"
+	"isopod/internal/agentclient"
+	"isopod/internal/agentproto"
 	"isopod/internal/config"
 	"isopod/internal/errdefs"
 )
@@ -285,4 +290,101 @@ func TestWarmBench(t *testing.T) {
 	t.Logf("warm total ms %v (p50 %d) = %.3f x cold", res.WarmTotalMS, res.WarmTotalP50, res.WarmOverCold)
 	t.Logf("resume ms %v (p50 %d) = %.2f x QEMU floor %v (p50 %d)", res.ResumeMS, res.ResumeP50, res.ResumeOverFloor, res.QEMUFloorMS, res.QEMUFloorP50)
 	t.Logf("warm VMs per minute, sequential: %.1f", res.WarmVMsPerMinute)
+}
+
+// recordingSystem is the guest agent's machine side, recording what a
+// resumed run asks of it.
+type recordingSystem struct {
+	mu       sync.Mutex
+	hostname string
+	clock    time.Time
+	net      *agentproto.NetConfig
+	seed     []byte
+}
+
+func (r *recordingSystem) SetHostname(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hostname = name
+	return nil
+}
+
+func (r *recordingSystem) SetClock(t time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.clock = t
+	return nil
+}
+
+func (r *recordingSystem) ConfigureNet(cfg agentproto.NetConfig) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.net = &cfg
+	return nil
+}
+
+func (r *recordingSystem) AddEntropy(seed []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seed = append([]byte(nil), seed...)
+	return nil
+}
+
+func (r *recordingSystem) SyncDisks() error { return nil }
+
+// TestConfigureResumed drives the real agent protocol server (without a
+// VM) with what a resumed run sends before its command.
+func TestConfigureResumed(t *testing.T) {
+	s := newTestService(t)
+	hostEnd, guestEnd := net.Pipe()
+	sys := &recordingSystem{}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- agent.Serve(ctx, guestEnd, agent.Options{System: sys}) }()
+	t.Cleanup(func() {
+		cancel()
+		hostEnd.Close()
+		guestEnd.Close()
+		<-served
+	})
+	n, err := s.startNetwork("vm-test", t.TempDir(), Request{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.close)
+	r := &run{s: s, rec: &vmRecord{Name: "brave-otter"}, rep: &Report{}, network: n,
+		client: agentclient.New(hostEnd, nil)}
+	t.Cleanup(func() { r.client.Close() })
+	if _, err := r.client.Hello(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	if err := r.configureResumed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if len(sys.seed) < 64 {
+		t.Errorf("entropy: %d bytes; want at least 64", len(sys.seed))
+	}
+	if d := sys.clock.Sub(before); d < -time.Second || d > time.Second {
+		t.Errorf("clock sent %v, %v off the host's", sys.clock, d)
+	}
+	if sys.hostname != "brave-otter" {
+		t.Errorf("hostname %q", sys.hostname)
+	}
+	if sys.net == nil || sys.net.Address != n.agentConfig().Address || r.rep.GuestIP == "" {
+		t.Errorf("network: %+v, guest ip %q", sys.net, r.rep.GuestIP)
+	}
+	// Two resumes never get the same seed.
+	first := append([]byte(nil), sys.seed...)
+	sys.mu.Unlock()
+	err = r.configureResumed(ctx)
+	sys.mu.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(first) == string(sys.seed) {
+		t.Error("two resumes sent the same entropy")
+	}
 }

@@ -1,0 +1,26 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"isopod/internal/sandbox"
+)
+
+func newBenchCmd(e *env) *cobra.Command {
+	var o sandbox.BenchOptions
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure isopod against its floor, side by side in one run",
+		Long: `Measure total_ms of sequential runs side by side with the floor (the same
+QEMU, kernel and initramfs booting an init that powers off at once), a
+networked run, a fork of a 3-layer stage, a 100 MiB commit and, where the
+warm pool applies, warm runs. Prints p50/p90 per series and their ratios.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(e, func(s *sandbox.Service) (*sandbox.BenchResult, error) { return s.Bench(cmd.Context(), o) })
+		},
+	}
+	c.Flags().IntVarP(&o.N, "n", "n", 10, "samples per series")
+	c.Flags().StringSliceVar(&o.Series, "series", nil, "series to run (cold, floor, network, fork, commit, warm); default all")
+	return c
+}

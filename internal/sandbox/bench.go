@@ -1,0 +1,258 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// BenchOptions selects what `isopod bench` measures.
+type BenchOptions struct {
+	N int // samples per series
+	// Series to run; empty means all that apply: cold, floor, network,
+	// fork, commit.
+	Series []string
+}
+
+// Stats summarises one series of samples in milliseconds.
+type Stats struct {
+	N   int     `json:"n"`
+	Min float64 `json:"min_ms"`
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+func stats(samples []float64) Stats {
+	if len(samples) == 0 {
+		return Stats{}
+	}
+	s := append([]float64(nil), samples...)
+	sort.Float64s(s)
+	pick := func(q float64) float64 {
+		i := int(q*float64(len(s)-1) + 0.5)
+		return s[i]
+	}
+	return Stats{N: len(s), Min: s[0], P50: pick(0.5), P90: pick(0.9), Max: s[len(s)-1]}
+}
+
+// BenchResult is what `isopod bench` prints.
+type BenchResult struct {
+	OK      bool               `json:"ok"`
+	Machine string             `json:"machine"`
+	Accel   string             `json:"accel"`
+	Series  map[string]Stats   `json:"series"`
+	Ratios  map[string]float64 `json:"ratios"`
+	Extra   map[string]any     `json:"extra,omitempty"`
+}
+
+// Bench measures isopod side by side with its floor in one process.
+func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, error) {
+	if o.N < 1 {
+		o.N = 10
+	}
+	want := map[string]bool{}
+	for _, x := range o.Series {
+		want[x] = true
+	}
+	all := len(want) == 0
+	res := &BenchResult{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
+	series := func(name string, fn func() (float64, error)) error {
+		if !all && !want[name] {
+			return nil
+		}
+		var xs []float64
+		for i := 0; i < o.N; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			x, err := fn()
+			if err != nil {
+				return fmt.Errorf("bench %s: %w", name, err)
+			}
+			xs = append(xs, x)
+			s.log.Info("bench sample", "series", name, "i", i, "ms", x)
+		}
+		res.Series[name] = stats(xs)
+		return nil
+	}
+	total := func(req Request) func() (float64, error) {
+		return func() (float64, error) {
+			rep, err := s.Run(ctx, req)
+			if err != nil {
+				return 0, err
+			}
+			if rep.ExitCode == nil || *rep.ExitCode != 0 {
+				return 0, fmt.Errorf("the benchmark command failed: %s", rep.Stderr)
+			}
+			res.Accel = string(rep.Accel)
+			return float64(rep.TotalMS), nil
+		}
+	}
+	// Alternate cold and floor so that load drift hits both alike.
+	if all || want["cold"] || want["floor"] {
+		var cold, floor []float64
+		for i := 0; i < o.N; i++ {
+			c, err := total(Request{Argv: []string{"true"}, NoNetwork: true})()
+			if err != nil {
+				return nil, fmt.Errorf("bench cold: %w", err)
+			}
+			f, err := s.floor(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("bench floor: %w", err)
+			}
+			s.log.Info("bench sample", "i", i, "cold_ms", c, "floor_ms", f)
+			cold, floor = append(cold, c), append(floor, f)
+		}
+		res.Series["cold"], res.Series["floor"] = stats(cold), stats(floor)
+		res.Ratios["cold_p50_over_floor_p50"] = ratio(res.Series["cold"].P50, res.Series["floor"].P50)
+	}
+	if err := series("network", total(Request{Argv: []string{"true"}, ScratchMiB: DefaultScratchMiB})); err != nil {
+		return nil, err
+	}
+	if c, ok := res.Series["cold"]; ok {
+		if n, ok := res.Series["network"]; ok {
+			res.Ratios["network_p50_over_no_network_p50"] = ratio(n.P50, c.P50)
+		}
+	}
+	if all || want["fork"] {
+		if err := s.benchFork(ctx, o.N, res, total); err != nil {
+			return nil, err
+		}
+	}
+	if all || want["commit"] {
+		if err := s.benchCommit(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(int(a/b*1000+0.5)) / 1000
+}
+
+// floor boots the same QEMU, kernel and initramfs with an init that powers
+// off at once, and returns the milliseconds from start to exit.
+func (s *Service) floor(ctx context.Context) (float64, error) {
+	k, err := s.resolveKernel(ctx)
+	if err != nil {
+		return 0, err
+	}
+	drv, err := s.driver(ctx)
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp(s.opts.Paths.VMs(), ".floor-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	pl := &plan{}
+	t := time.Now()
+	m, err := drv.Start(ctx, vmm.Config{
+		ID: "floor", Dir: dir, Kernel: k.Kernel, Initrd: k.Initramfs,
+		Cmdline: pl.cmdline("floor") + " -- isopod-floor",
+		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
+	})
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-m.Done():
+	case <-time.After(60 * time.Second):
+		m.Kill()
+		m.Wait()
+		return 0, fmt.Errorf("the floor VM did not power off within 60 s: %w", errdefs.ErrUnavailable)
+	}
+	m.Wait()
+	if c, ok := m.Agent().(io.Closer); ok {
+		c.Close()
+	}
+	return float64(time.Since(t).Microseconds()) / 1000, nil
+}
+
+// benchFork compares a run on a 3-layer stage with a run on base.
+func (s *Service) benchFork(ctx context.Context, n int, res *BenchResult, total func(Request) func() (float64, error)) error {
+	prefix := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().Unix())
+	var labels []string
+	defer func() {
+		for i := len(labels) - 1; i >= 0; i-- {
+			s.StageRemove(context.WithoutCancel(ctx), labels[i])
+		}
+	}()
+	parent := BaseStage
+	for i := 0; i < 3; i++ {
+		l := fmt.Sprintf("%s/l%d", prefix, i)
+		rep, err := s.Run(ctx, Request{Argv: []string{"sh", "-c", fmt.Sprintf("head -c 1048576 /dev/urandom > /root/layer%d", i)}, NoNetwork: true, Stage: parent, CommitAs: l})
+		if err != nil {
+			return err
+		}
+		if rep.StageID == "" {
+			return fmt.Errorf("bench fork: layer %d did not commit", i)
+		}
+		labels = append(labels, l)
+		parent = l
+	}
+	var base, fork []float64
+	for i := 0; i < n; i++ {
+		b, err := total(Request{Argv: []string{"true"}, NoNetwork: true})()
+		if err != nil {
+			return err
+		}
+		f, err := total(Request{Argv: []string{"true"}, NoNetwork: true, Stage: parent})()
+		if err != nil {
+			return err
+		}
+		base, fork = append(base, b), append(fork, f)
+	}
+	res.Series["fork_base"], res.Series["fork_3_layers"] = stats(base), stats(fork)
+	res.Ratios["fork_3_layers_p50_over_base_p50"] = ratio(res.Series["fork_3_layers"].P50, res.Series["fork_base"].P50)
+	return nil
+}
+
+// benchCommit commits a 100 MiB layer and reports where the time went.
+func (s *Service) benchCommit(ctx context.Context, res *BenchResult) error {
+	l := fmt.Sprintf("bench-%d-%d/commit", os.Getpid(), time.Now().Unix())
+	rep, err := s.Run(ctx, Request{Argv: []string{"sh", "-c", "head -c 104857600 /dev/urandom > /root/big"}, NoNetwork: true, CommitAs: l, TimeoutS: 600})
+	if err != nil {
+		return err
+	}
+	defer s.StageRemove(context.WithoutCancel(ctx), l)
+	if rep.CommitMS == nil {
+		return fmt.Errorf("bench commit: nothing committed")
+	}
+	res.Extra["commit_100mib"] = map[string]int64{
+		"commit_ms": *rep.CommitMS, "commit_hash_ms": *rep.CommitHashMS, "commit_copy_ms": *rep.CommitCopyMS,
+	}
+	return nil
+}
+
+// machineDesc describes the host for BENCHMARKS.md.
+func machineDesc() string {
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				_, model, _ = strings.Cut(line, ":")
+				model = strings.TrimSpace(model)
+				break
+			}
+		}
+	}
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	mem := readHostLimits().MemTotalMiB
+	return fmt.Sprintf("%s; %d CPUs; %d MiB; Linux %s; %s", model, runtime.NumCPU(), mem, strings.TrimSpace(string(kernel)), filepath.Base(os.Args[0]))
+}
