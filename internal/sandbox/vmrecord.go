@@ -64,7 +64,7 @@ func readRecord(dir string) (*vmRecord, error) {
 }
 
 // procStartTime returns field 22 of /proc/PID/stat (start time in clock ticks
-// since boot), or 0 when the process does not exist.
+// since boot), or 0 when the process does not exist or has exited.
 func procStartTime(pid int) uint64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -82,8 +82,9 @@ func parseStatStartTime(stat string) uint64 {
 		return 0
 	}
 	fields := strings.Fields(stat[i+1:])
-	// fields[0] is field 3 (state); start time is field 22.
-	if len(fields) < 20 {
+	// fields[0] is field 3 (state); start time is field 22. A zombie has
+	// exited: it counts as gone.
+	if len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
 		return 0
 	}
 	v, _ := strconv.ParseUint(fields[19], 10, 64)

@@ -67,6 +67,9 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 			if err := syscall.Kill(r.VMMPID, syscall.SIGKILL); err == nil {
 				res.KilledVMMs = append(res.KilledVMMs, r.VMMPID)
 				s.log.Info("killed orphaned VMM", "vm", r.ID, "pid", r.VMMPID)
+				for i := 0; i < 100 && alive(r.VMMPID, r.VMMStartTime); i++ {
+					time.Sleep(10 * time.Millisecond)
+				}
 			}
 		}
 	}

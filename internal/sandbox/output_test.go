@@ -1,0 +1,87 @@
+package sandbox
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestCaptureHeadTotalAndCap(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.log")
+	c, err := newCapture(path, 100<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("abcdefgh"), 4096) // 32 KiB
+	for range 5 {
+		c.Write(chunk)
+	}
+	c.Close()
+	text, trunc, total := c.Inline()
+	if total != 5*32<<10 || !trunc || len(text) != InlineCap {
+		t.Errorf("total %d trunc %v inline %d", total, trunc, len(text))
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.HasPrefix(string(b), string(chunk)) || !strings.HasSuffix(string(b), logCapMarker) || len(b) != 100<<10+len(logCapMarker) {
+		t.Errorf("log: %d bytes", len(b))
+	}
+}
+
+func TestCaptureCutRune(t *testing.T) {
+	c, err := newCapture(filepath.Join(t.TempDir(), "o"), LogCap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A 3-byte rune straddling the inline cap.
+	c.Write(bytes.Repeat([]byte("x"), InlineCap-1))
+	c.Write([]byte("€tail"))
+	text, trunc, _ := c.Inline()
+	if !trunc || !utf8.ValidString(text) || strings.ContainsRune(text, '\uFFFD') {
+		t.Errorf("inline head not cut on a rune boundary: trunc=%v tail=%q", trunc, text[len(text)-4:])
+	}
+}
+
+func TestStagedFile(t *testing.T) {
+	dir := t.TempDir()
+	dest := filepath.Join(dir, "out")
+	os.WriteFile(dest, []byte("old"), 0o644)
+	sf, err := newStagedFile(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf.Write([]byte("new"))
+	sf.Abort()
+	if b, _ := os.ReadFile(dest); string(b) != "old" {
+		t.Errorf("abort changed the destination: %q", b)
+	}
+	sf, _ = newStagedFile(dest)
+	sf.Write([]byte("new"))
+	if err := sf.Commit(0o4777); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(dest)
+	if b, _ := os.ReadFile(dest); string(b) != "new" || st.Mode().Perm() != 0o755 || st.Mode()&os.ModeSetuid != 0 {
+		t.Errorf("commit: %q mode %v", b, st.Mode())
+	}
+	os.Symlink(dest, filepath.Join(dir, "link"))
+	if _, err := newStagedFile(filepath.Join(dir, "link")); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("symlink destination: %v", err)
+	}
+	if _, err := newStagedFile(filepath.Join(dir, "missing", "f")); err == nil {
+		t.Errorf("missing parent accepted")
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".part") {
+			t.Errorf("staging file left: %s", e.Name())
+		}
+	}
+	long := strings.Repeat("é", 200)
+	if n := stagingName(long); len(n) > maxNameBytes || !utf8.ValidString(n) {
+		t.Errorf("staging name %d bytes, valid %v", len(n), utf8.ValidString(n))
+	}
+}

@@ -1,0 +1,131 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"isopod/internal/config"
+)
+
+func newGCService(t *testing.T) *Service {
+	t.Helper()
+	s, err := New(Options{Paths: config.Paths{Home: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.opts.Paths.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startSleeper starts a process that stands in for an orphaned VMM.
+func startSleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+// deadPID returns the pid and start time of a process that has exited.
+func deadPID(t *testing.T) (int, uint64) {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid, st := cmd.Process.Pid, procStartTime(cmd.Process.Pid)
+	cmd.Wait()
+	return pid, st
+}
+
+func writeTestRecord(t *testing.T, s *Service, r *vmRecord) {
+	t.Helper()
+	dir := s.opts.Paths.VM(r.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRecord(dir, r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGCKillsOnlyTrueOrphans(t *testing.T) {
+	s := newGCService(t)
+	orphan := startSleeper(t)
+	reused := startSleeper(t)
+	ownerPID, ownerStart := deadPID(t)
+	old := time.Now().Add(-time.Hour)
+
+	// An orphan: owner gone, VMM pid and start time match a live process.
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000001", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
+		VMMPID: orphan.Process.Pid, VMMStartTime: procStartTime(orphan.Process.Pid)})
+	// A reused pid: the recorded start time does not match; never killed.
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000002", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
+		VMMPID: reused.Process.Pid, VMMStartTime: procStartTime(reused.Process.Pid) + 1})
+	// A live run: its owner is this process.
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000003", Created: old, OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid())})
+
+	res, err := s.VMGC(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.KilledVMMs) != 1 || res.KilledVMMs[0] != orphan.Process.Pid {
+		t.Errorf("killed %v; want only the orphan %d", res.KilledVMMs, orphan.Process.Pid)
+	}
+	if err := orphan.Wait(); err == nil {
+		t.Errorf("the orphan was not killed")
+	}
+	if !alive(reused.Process.Pid, procStartTime(reused.Process.Pid)) {
+		t.Errorf("a process whose start time did not match was killed")
+	}
+	if _, err := os.Stat(s.opts.Paths.VM("vm-00000003")); err != nil {
+		t.Errorf("a live run's record was pruned")
+	}
+	if _, err := os.Stat(s.opts.Paths.VM("vm-00000001")); err == nil {
+		t.Errorf("the orphan's record was kept with --keep-last 0")
+	}
+}
+
+func TestGCKeepsNewestAndYoung(t *testing.T) {
+	s := newGCService(t)
+	ownerPID, ownerStart := deadPID(t)
+	for i, age := range []time.Duration{3 * time.Hour, 2 * time.Hour, time.Hour, time.Second} {
+		writeTestRecord(t, s, &vmRecord{ID: "vm-0000010" + itoa(i), Created: time.Now().Add(-age), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
+	}
+	res, err := s.VMGC(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Newest (1 s old) is kept by --keep-last 1 and by age; the rest go.
+	if len(res.Removed) != 3 || res.Kept != 1 {
+		t.Errorf("removed %v kept %d", res.Removed, res.Kept)
+	}
+	ents, _ := os.ReadDir(s.opts.Paths.VMs())
+	if len(ents) != 1 || ents[0].Name() != "vm-00000103" {
+		t.Errorf("left %v", ents)
+	}
+}
+
+func itoa(i int) string { return string(rune('0' + i)) }
+
+func TestParseStatStartTime(t *testing.T) {
+	line := "1234 (qemu (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 10 5 0 0 20 0 3 0 987654 100000 50"
+	if got := parseStatStartTime(line); got != 987654 {
+		t.Errorf("got %d; want 987654", got)
+	}
+	if got := parseStatStartTime("garbage"); got != 0 {
+		t.Errorf("garbage: got %d", got)
+	}
+	if procStartTime(os.Getpid()) == 0 {
+		t.Errorf("no start time for this process")
+	}
+	_ = filepath.Join
+}
