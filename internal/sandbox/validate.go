@@ -3,13 +3,13 @@ package sandbox
 import (
 	"bufio"
 	"fmt"
-	"net/netip"
-	"os"
+		"os"
 	"runtime"
 	"strconv"
 	"strings"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 )
 
@@ -103,8 +103,13 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		return req, invalid("--deny-egress cannot be combined with --allow-host or --allow-cidr: deny-egress allows nothing")
 	}
 	for _, c := range req.AllowCIDRs {
-		if _, err := parseCIDR(c); err != nil {
+		if _, err := egress.ParseCIDR(c); err != nil {
 			return req, invalid("--allow-cidr %q: %v", c, err)
+		}
+	}
+	for _, h := range req.AllowHosts {
+		if _, err := egress.ParsePattern(h); err != nil {
+			return req, invalid("--allow-host %q: %v", h, err)
 		}
 	}
 	if req.CommitAs != "" {
@@ -113,17 +118,6 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		}
 	}
 	return req, nil
-}
-
-func parseCIDR(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("want ADDR/PREFIX or an address")
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // validLabel checks a --commit-as label before the run, so a bad label never

@@ -57,3 +57,10 @@ func TestNormalize(t *testing.T) {
 		})
 	}
 }
+
+func TestNormalizeRefusesBroadWildcard(t *testing.T) {
+	_, err := normalize(Request{Argv: []string{"true"}, AllowHosts: []string{"*.org"}}, hostLimits{CPUs: 2, MemTotalMiB: 4096})
+	if err == nil || !strings.Contains(err.Error(), "--allow-host") {
+		t.Errorf("got %v; want a refusal naming --allow-host", err)
+	}
+}

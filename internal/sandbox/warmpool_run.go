@@ -110,6 +110,10 @@ func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err erro
 		if !errors.Is(err, errWarmUnusable) {
 			return false, err
 		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// Removed since the run was planned (warmpool rm): rebuild.
+			return r.buildAndResume(ctx, drv)
+		}
 		r.s.retireWarm(key, meta.BuildID)
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf(
 			"the warm-pool snapshot %s could not be resumed (%v); it was removed, this run cold-booted and rebuilt it", key, errors.Unwrap(err)))
@@ -347,9 +351,17 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	// network) before the snapshot: the link coming up is the slow part
 	// of configuring it, and a resumed run then only re-addresses it.
 	if b.agentNet != nil {
-		if err := c.Call(bctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: b.agentNet}, nil); err != nil {
+		nc := *b.agentNet
+		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
+		if err := c.Call(bctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
 			return nil, bootMS, fmt.Errorf("configuring the snapshot VM's network: %w", err)
 		}
+	}
+	// The guest's page cache gets the shell binary, which nearly every
+	// command starts through: each resumed run would otherwise read and
+	// decompress it from the base image itself.
+	if _, err := c.CopyOut(bctx, "/bin/sh", 64<<20, io.Discard); err != nil {
+		s.log.Debug("warm pool: prefetching /bin/sh", "err", err)
 	}
 	info, err := drv.Info(ctx)
 	if err != nil {

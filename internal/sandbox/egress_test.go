@@ -1,0 +1,71 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"isopod/internal/config"
+	"isopod/internal/errdefs"
+)
+
+func TestProxyEnv(t *testing.T) {
+	env := ProxyEnv("10.0.2.1")
+	for _, want := range []string{
+		"HTTP_PROXY=http://10.0.2.1:3128", "http_proxy=http://10.0.2.1:3128",
+		"HTTPS_PROXY=http://10.0.2.1:3128", "https_proxy=http://10.0.2.1:3128",
+		"ALL_PROXY=socks5h://10.0.2.1:1080", "all_proxy=socks5h://10.0.2.1:1080",
+		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
+	} {
+		if !slices.Contains(env, want) {
+			t.Errorf("proxy env %v lacks %s", env, want)
+		}
+	}
+	for _, req := range []struct {
+		r    Request
+		want bool
+	}{
+		{Request{}, false}, {Request{AllowLANEgress: true}, false}, {Request{DenyEgress: true}, true},
+		{Request{AllowHosts: []string{"a.example"}}, true}, {Request{AllowCIDRs: []string{"10.0.0.0/8"}}, true},
+	} {
+		if got := filteredRequest(req.r); got != req.want {
+			t.Errorf("filteredRequest(%+v) = %v", req.r, got)
+		}
+	}
+}
+
+func TestEgressSuggestErrors(t *testing.T) {
+	home := t.TempDir()
+	s := &Service{opts: Options{Paths: config.Paths{Home: home}}}
+	ctx := context.Background()
+	for _, tt := range []struct {
+		id   string
+		want error
+	}{
+		{"../etc", errdefs.ErrInvalidArgument},
+		{"vm-XYZ", errdefs.ErrInvalidArgument},
+		{"vm-0000000a", errdefs.ErrNotFound},
+	} {
+		if _, err := s.EgressSuggest(ctx, tt.id); !errors.Is(err, tt.want) {
+			t.Errorf("EgressSuggest(%q) = %v; want %v", tt.id, err, tt.want)
+		}
+	}
+	dir := filepath.Join(home, "vms", "vm-0000000b")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EgressSuggest(ctx, "vm-0000000b"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("NAT run (no record): %v; want ErrFailedPrecondition", err)
+	}
+	line := `{"ts_ms":1,"proto":"dns","host":"pypi.org","port":0,"allowed":false,"reason":"not_allowed","bytes_up":0,"bytes_down":0,"qtype":"A"}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, EgressLogName), []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.EgressSuggest(ctx, "vm-0000000b")
+	if err != nil || !res.OK || !slices.Equal(res.Flags, []string{"--allow-host", "pypi.org"}) {
+		t.Errorf("suggest: %+v, %v", res, err)
+	}
+}
