@@ -3,7 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"fmt"
-		"os"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
