@@ -201,7 +201,10 @@ func tuneTCP(ns *stack.Stack) error {
 	*opts[0].(*tcpip.TCPSACKEnabled) = true
 	*opts[3].(*tcpip.TCPModerateReceiveBufferOption) = true
 	cc := tcpip.CongestionControlOption("cubic")
-	opts = append(opts, &cc)
+	// The stack is the closing side whenever the host's peer closes first;
+	// a long TIME_WAIT would then swallow a guest SYN that reuses the port.
+	tw := tcpip.TCPTimeWaitTimeoutOption(time.Second)
+	opts = append(opts, &cc, &tw)
 	for _, o := range opts {
 		if err := ns.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
 			return fmt.Errorf("netstack: TCP option %T: %s", o, err)
