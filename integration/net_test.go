@@ -172,3 +172,30 @@ func TestNetworkPublicOnly(t *testing.T) {
 		}
 	})
 }
+
+func TestGuestsCannotReachEachOther(t *testing.T) {
+	requireVM(t)
+	// Guest A listens; guest B, running at the same time, tries every
+	// address A could have. Each VM has its own stack, so nothing answers.
+	a := exec.Command(filepath.Join(binDir, "isopod"), "run", "--timeout-s", "60", "--", "sh", "-c", "echo ready; nc -l -p 8080 -e echo reached-a")
+	var aout bytes.Buffer
+	a.Stdout = &aout
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Process.Kill(); a.Wait() })
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if vm := vmOfOwner(a.Process.Pid); vm != "" {
+			if b, _ := os.ReadFile(filepath.Join(homeDir, "vms", vm, "stdout.log")); bytes.Contains(b, []byte("ready")) {
+				break
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r := run(t, "--", "sh", "-c", "for h in 10.0.2.1 10.0.2.2 10.0.2.3; do nc -w 2 $h 8080 </dev/null; echo $h=$?; done")
+	out := str(r.JSON, "stdout")
+	if strings.Contains(out, "reached-a") || strings.Count(out, "=1") != 3 {
+		t.Errorf("guest B reached something: %q", out)
+	}
+}

@@ -473,6 +473,8 @@ func (s *Service) gcWarm() []string {
 					why = "base build gone"
 				} else if m.Parts.Protocol != agentproto.Version || m.Parts.Format != warmFormat {
 					why = "format or protocol changed"
+				} else {
+					why = s.warmDead(b, m)
 				}
 			}
 			if why == "" {
@@ -485,6 +487,24 @@ func (s *Service) gcWarm() []string {
 		}
 	}
 	return removed
+}
+
+// warmDead says why m can never be used again ("" when it may be): the
+// host kernel or CPU changed, or the fetched guest kernel's initramfs was
+// rebuilt. Parts that follow the environment of one call (ISOPOD_ACCEL,
+// ISOPOD_KERNEL, ISOPOD_QEMU) never make a snapshot dead.
+func (s *Service) warmDead(base baseImage, m *warmMeta) string {
+	in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB)
+	if err != nil {
+		return ""
+	}
+	fetched := strings.HasPrefix(m.Parts.GuestKernel, "sha256:") && strings.HasPrefix(in.key.GuestKernel, "sha256:")
+	for _, d := range in.key.diff(m.Parts) {
+		if d == "host kernel" || d == "cpu model" || (fetched && (d == "initramfs" || d == "guest kernel")) {
+			return d + " changed"
+		}
+	}
+	return ""
 }
 
 // tmpKey extracts the key from .tmp-<key>-<rand>.
