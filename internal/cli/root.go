@@ -24,6 +24,7 @@ var Version = "0.1.0-dev"
 
 // env holds what every subcommand shares.
 type env struct {
+	svc            *sandbox.Service
 	stdout, stderr io.Writer
 	log            *slog.Logger
 	paths          config.Paths
@@ -31,14 +32,24 @@ type env struct {
 	result any
 }
 
-// service opens the core over the state root.
+// service opens the core over the state root. VM cleanup that the report
+// does not need runs in the background; Main waits for it before exiting.
 func (e *env) service() (*sandbox.Service, error) {
-	return sandbox.New(sandbox.Options{
+	if e.svc != nil {
+		return e.svc, nil
+	}
+	svc, err := sandbox.New(sandbox.Options{
 		Paths:         e.paths,
 		Logger:        e.log,
 		Version:       Version,
 		AllowBaseSkew: os.Getenv(config.EnvAllowBaseSkew) == "1",
 	})
+	if err != nil {
+		return nil, err
+	}
+	svc.TeardownInBackground()
+	e.svc = svc
+	return svc, nil
 }
 
 // Main runs the CLI and returns the process exit code.
@@ -49,6 +60,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stderr) // help and usage go to stderr; stdout is the JSON
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
+	if e.svc != nil {
+		// The JSON goes out first; the process exits once cleanup is done.
+		defer e.svc.Wait()
+	}
 	if err == nil && e.result == nil {
 		// --help or a bare group command: nothing was done.
 		return 0

@@ -56,6 +56,10 @@ func mainWith(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer,
 		log.Error("isopod-mcp: starting the sandbox core", "err", err)
 		return 1
 	}
+	// Results go back as soon as they are complete; VM cleanup finishes in
+	// the background and is waited for before the server exits.
+	svc.TeardownInBackground()
+	defer svc.Wait()
 	cfg := Config{Core: svc, HostIO: hostIO, Logger: log, Version: version}
 	if tweak != nil {
 		tweak(&cfg)

@@ -63,6 +63,8 @@ type VMGCResult struct {
 	KilledVMMs     []int    `json:"killed_vmm_pids"`
 	FreedBytes     int64    `json:"freed_bytes"`
 	StageLeftovers []string `json:"stage_leftovers_removed,omitempty"`
+	// SnapshotsRemoved are warm-pool snapshots no current run can use.
+	SnapshotsRemoved []string `json:"snapshots_removed,omitempty"`
 }
 
 // ImageEntry describes one base a run accepts.

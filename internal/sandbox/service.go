@@ -29,6 +29,8 @@ type Service struct {
 	opts Options
 	log  *slog.Logger
 
+	td teardownState
+
 	driverOnce sync.Once
 	drv        vmm.Driver
 	drvErr     error

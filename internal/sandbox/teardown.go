@@ -7,22 +7,16 @@ import "sync"
 // scratch disk and finishing the record can happen after the report is
 // returned. A front end that opts in with TeardownInBackground must call
 // Wait before its process exits, so that nothing is left behind.
-//
-// The state lives beside the Service (keyed by it) so that it needs no
-// field in the Service struct.
 
+// teardownState is the Service's background teardown bookkeeping.
 type teardownState struct {
-	mu         sync.Mutex
+	mu         sync.Mutex // guards following
 	background bool
-	wg         sync.WaitGroup
+
+	wg sync.WaitGroup
 }
 
-var teardowns sync.Map // *Service -> *teardownState
-
-func (s *Service) teardownState() *teardownState {
-	v, _ := teardowns.LoadOrStore(s, &teardownState{})
-	return v.(*teardownState)
-}
+func (s *Service) teardownState() *teardownState { return &s.td }
 
 // TeardownInBackground makes every later Run return its report before the
 // VM's final cleanup, which then finishes in the background. The caller

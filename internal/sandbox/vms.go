@@ -107,6 +107,7 @@ func (s *Service) gcExtra(res *VMGCResult) {
 	// ones, and snapshots whose base build is gone (warmpool.go).
 	for _, name := range s.gcWarm() {
 		s.log.Info("warm pool: removed leftover snapshot", "name", name)
+		res.SnapshotsRemoved = append(res.SnapshotsRemoved, name)
 	}
 }
 
