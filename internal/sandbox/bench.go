@@ -124,6 +124,26 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 			res.Ratios["network_p50_over_no_network_p50"] = ratio(n.P50, c.P50)
 		}
 	}
+	if all || want["warm"] {
+		w, err := s.benchWarm(ctx, o.N)
+		if err != nil {
+			return nil, fmt.Errorf("bench warm: %w", err)
+		}
+		f64 := func(xs []int64) []float64 {
+			out := make([]float64, len(xs))
+			for i, x := range xs {
+				out[i] = float64(x)
+			}
+			return out
+		}
+		res.Series["warm_cold_total"] = stats(f64(w.ColdTotalMS))
+		res.Series["warm_total"] = stats(f64(w.WarmTotalMS))
+		res.Series["warm_resume"] = stats(f64(w.ResumeMS))
+		res.Series["warm_qemu_floor"] = stats(f64(w.QEMUFloorMS))
+		res.Ratios["warm_total_p50_over_cold_total_p50"] = w.WarmOverCold
+		res.Ratios["resume_p50_over_qemu_floor_p50"] = w.ResumeOverFloor
+		res.Extra["warm_vms_per_minute"] = w.WarmVMsPerMinute
+	}
 	if all || want["fork"] {
 		if err := s.benchFork(ctx, o.N, res, total); err != nil {
 			return nil, err

@@ -1,11 +1,12 @@
-package integration
+package network
 
 import (
+	"isopod/integration/e2e"
+
 	"context"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,16 +14,9 @@ import (
 	"isopod/internal/testnet"
 )
 
-// TestNetworkThroughputRatio measures a 100 MiB download from a test host
-// through a guest's network stack and, side by side, the same download on
-// the host itself. It reports figures; it asserts only correctness (speed
-// targets live in BENCHMARKS.md, not in tests). Run it with
-// ISOPOD_BENCH=1 go test -run TestNetworkThroughputRatio -v ./integration/
-func benchEnabled() bool { return os.Getenv("ISOPOD_BENCH") == "1" }
-
 func TestNetworkThroughputRatio(t *testing.T) {
-	requireVM(t)
-	if !benchEnabled() {
+	e2e.RequireVM(t)
+	if !e2e.BenchEnabled() {
 		t.Skip("a benchmark: set ISOPOD_BENCH=1")
 	}
 	n := testnet.New(t)
@@ -45,8 +39,8 @@ func TestNetworkThroughputRatio(t *testing.T) {
 		// In a guest: time the download alone, inside the guest.
 		r := nsRun(t, n, "--timeout-s", "600", "--", "sh", "-c",
 			"s=$(date +%s%N); wget -q -O /dev/null "+url+"; e=$(date +%s%N); echo $(( (e - s) / 1000000 ))")
-		guestMS := strings.TrimSpace(str(r.JSON, "stdout"))
+		guestMS := strings.TrimSpace(e2e.Str(r.JSON, "stdout"))
 		t.Logf("100 MiB: host %d bytes in %v (%.0f MiB/s); guest %s ms; guest total_ms %d",
-			got, host, 100/host.Seconds(), guestMS, num(t, r.JSON, "total_ms"))
+			got, host, 100/host.Seconds(), guestMS, e2e.Num(t, r.JSON, "total_ms"))
 	}
 }

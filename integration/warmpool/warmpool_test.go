@@ -1,6 +1,8 @@
-package integration
+package warmpool
 
 import (
+	"isopod/integration/e2e"
+
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,50 +18,50 @@ func warmHome(t *testing.T) []string {
 	t.Helper()
 	home := t.TempDir()
 	os.MkdirAll(filepath.Join(home, "images"), 0o700)
-	if err := os.Symlink(filepath.Join(homeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
+	if err := os.Symlink(filepath.Join(e2e.HomeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"base-min.sqfs", "base-min.json", "initramfs.cpio", "initramfs.json"} {
-		b, err := os.ReadFile(filepath.Join(homeDir, "images", f))
+		b, err := os.ReadFile(filepath.Join(e2e.HomeDir, "images", f))
 		if err != nil {
-			t.Skipf("%s not built under %s: run ./scripts/install.sh", f, homeDir)
+			t.Skipf("%s not built under %s: run ./scripts/install.sh", f, e2e.HomeDir)
 		}
 		os.WriteFile(filepath.Join(home, "images", f), b, 0o600)
 	}
 	// The accelerator probe's outcome, so the first run does not redo it.
-	if b, err := os.ReadFile(filepath.Join(homeDir, "accel-probe.json")); err == nil {
+	if b, err := os.ReadFile(filepath.Join(e2e.HomeDir, "accel-probe.json")); err == nil {
 		os.WriteFile(filepath.Join(home, "accel-probe.json"), b, 0o600)
 	}
 	return []string{"ISOPOD_HOME=" + home}
 }
 
 // warmRun is `isopod run` in env that must succeed.
-func warmRun(t *testing.T, env []string, args ...string) *result {
+func warmRun(t *testing.T, env []string, args ...string) *e2e.Result {
 	t.Helper()
-	r := isopod(t, env, append([]string{"run"}, args...)...)
+	r := e2e.Isopod(t, env, append([]string{"run"}, args...)...)
 	if r.Code != 0 || r.JSON["ok"] != true {
 		t.Fatalf("isopod run %v failed:\n%s", args, r)
 	}
-	if c := num(t, r.JSON, "exit_code"); c != 0 {
+	if c := e2e.Num(t, r.JSON, "exit_code"); c != 0 {
 		t.Fatalf("isopod run %v: exit %d:\n%s", args, c, r)
 	}
 	return r
 }
 
 // wantPath checks the report's path and whether it built a snapshot.
-func wantPath(t *testing.T, r *result, path string, built bool) {
+func wantPath(t *testing.T, r *e2e.Result, path string, built bool) {
 	t.Helper()
-	if got := str(r.JSON, "path"); got != path {
+	if got := e2e.Str(r.JSON, "path"); got != path {
 		t.Errorf("path: got %q; want %q\n%s", got, path, r.Stdout)
 	}
 	if got := r.JSON["snapshot_built"] == true; got != built {
 		t.Errorf("snapshot_built: got %v; want %v\n%s", got, built, r.Stdout)
 	}
 	if built {
-		num(t, r.JSON, "snapshot_build_ms")
+		e2e.Num(t, r.JSON, "snapshot_build_ms")
 	}
 	if path == "warm" {
-		num(t, r.JSON, "resume_ms")
+		e2e.Num(t, r.JSON, "resume_ms")
 	}
 }
 
@@ -75,7 +77,7 @@ func snapshotDirs(t *testing.T, env []string) []string {
 }
 
 func TestWarmPool(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	env := warmHome(t)
 
 	t.Run("first run builds, second resumes", func(t *testing.T) {
@@ -85,17 +87,17 @@ func TestWarmPool(t *testing.T) {
 		// own network's gateway.
 		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname; ping -c 1 -W 5 10.0.2.1 >/dev/null && echo gateway")
 		wantPath(t, r, "warm", false)
-		if got := str(r.JSON, "stdout"); got != "two\n"+str(r.JSON, "name")+"\ngateway\n" {
-			t.Errorf("warm run stdout %q; want two, its own hostname %s, gateway", got, str(r.JSON, "name"))
+		if got := e2e.Str(r.JSON, "stdout"); got != "two\n"+e2e.Str(r.JSON, "name")+"\ngateway\n" {
+			t.Errorf("warm run stdout %q; want two, its own hostname %s, gateway", got, e2e.Str(r.JSON, "name"))
 		}
-		if str(r.JSON, "guest_ip") == "" {
+		if e2e.Str(r.JSON, "guest_ip") == "" {
 			t.Errorf("warm run has no guest_ip: %s", r.Stdout)
 		}
 		// A resumed VM never sees an earlier run's writes.
 		r = warmRun(t, env, "--", "sh", "-c", "test ! -e /root/f && echo clean")
 		wantPath(t, r, "warm", false)
-		if str(r.JSON, "stdout") != "clean\n" {
-			t.Errorf("a warm run saw an earlier run's file: %q", str(r.JSON, "stdout"))
+		if e2e.Str(r.JSON, "stdout") != "clean\n" {
+			t.Errorf("a warm run saw an earlier run's file: %q", e2e.Str(r.JSON, "stdout"))
 		}
 	})
 
@@ -114,14 +116,14 @@ func TestWarmPool(t *testing.T) {
 
 	t.Run("clone safety across parallel resumes", func(t *testing.T) {
 		const n = 3
-		results := make([]*result, n)
+		results := make([]*e2e.Result, n)
 		before := time.Now()
 		var wg sync.WaitGroup
 		for i := range results {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = isopod(t, env, "run", "--", "sh", "-c",
+				results[i] = e2e.Isopod(t, env, "run", "--", "sh", "-c",
 					"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; touch /tmp/now; stat -c %Y.%y /tmp/now")
 			}()
 		}
@@ -129,10 +131,10 @@ func TestWarmPool(t *testing.T) {
 		after := time.Now()
 		seen := map[string]int{}
 		for i, r := range results {
-			if r.Code != 0 || str(r.JSON, "path") != "warm" {
+			if r.Code != 0 || e2e.Str(r.JSON, "path") != "warm" {
 				t.Fatalf("parallel resume %d:\n%s", i, r)
 			}
-			lines := strings.Split(strings.TrimSpace(str(r.JSON, "stdout")), "\n")
+			lines := strings.Split(strings.TrimSpace(e2e.Str(r.JSON, "stdout")), "\n")
 			if len(lines) != 3 || len(lines[0]) != 36 || len(lines[1]) != 64 {
 				t.Fatalf("run %d output: %q", i, lines)
 			}
@@ -165,11 +167,11 @@ func TestWarmPool(t *testing.T) {
 		wantPath(t, r, "cold", true)
 		r = warmRun(t, env, "--mem-mib", "256", "--", "true")
 		wantPath(t, r, "warm", false)
-		b := isopod(t, env, "warmpool", "build", "--mem-mib", "256")
+		b := e2e.Isopod(t, env, "warmpool", "build", "--mem-mib", "256")
 		if b.Code != 0 || b.JSON["built"] != false {
 			t.Errorf("warmpool build of a current snapshot:\n%s", b)
 		}
-		l := isopod(t, env, "warmpool", "list")
+		l := e2e.Isopod(t, env, "warmpool", "list")
 		snaps, _ := l.JSON["snapshots"].([]any)
 		if l.Code != 0 || len(snaps) != 2 {
 			t.Errorf("warmpool list: want 2 snapshots:\n%s", l)
@@ -177,7 +179,7 @@ func TestWarmPool(t *testing.T) {
 	})
 
 	t.Run("rm --all then a run rebuilds", func(t *testing.T) {
-		rm := isopod(t, env, "warmpool", "rm", "--all")
+		rm := e2e.Isopod(t, env, "warmpool", "rm", "--all")
 		if removed, _ := rm.JSON["removed"].([]any); rm.Code != 0 || len(removed) != 2 {
 			t.Fatalf("warmpool rm --all:\n%s", rm)
 		}
@@ -187,12 +189,12 @@ func TestWarmPool(t *testing.T) {
 		// Two eligible runs at once: one builds, the other does not race
 		// it (it boots cold, or resumes if the build was already done).
 		var wg sync.WaitGroup
-		results := make([]*result, 2)
+		results := make([]*e2e.Result, 2)
 		for i := range results {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = isopod(t, env, "run", "--", "true")
+				results[i] = e2e.Isopod(t, env, "run", "--", "true")
 			}()
 		}
 		wg.Wait()
@@ -226,8 +228,8 @@ func TestWarmPool(t *testing.T) {
 		if len(warns) == 0 || !strings.Contains(warns[0].(string), "could not be resumed") {
 			t.Errorf("no warning about the unusable snapshot: %v", r.JSON["warnings"])
 		}
-		if str(r.JSON, "stdout") != "still fine\n" {
-			t.Errorf("stdout %q", str(r.JSON, "stdout"))
+		if e2e.Str(r.JSON, "stdout") != "still fine\n" {
+			t.Errorf("stdout %q", e2e.Str(r.JSON, "stdout"))
 		}
 		wantPath(t, warmRun(t, env, "--", "true"), "warm", false)
 	})
@@ -238,7 +240,7 @@ func TestWarmPool(t *testing.T) {
 			os.MkdirAll(filepath.Join(home, "snapshots", name), 0o700)
 			os.WriteFile(filepath.Join(home, "snapshots", name, "memory"), []byte("x"), 0o600)
 		}
-		if r := isopod(t, env, "vm", "gc"); r.Code != 0 {
+		if r := e2e.Isopod(t, env, "vm", "gc"); r.Code != 0 {
 			t.Fatalf("vm gc:\n%s", r)
 		}
 		d := snapshotDirs(t, env)

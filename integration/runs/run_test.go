@@ -1,6 +1,8 @@
-package integration
+package runs
 
 import (
+	"isopod/integration/e2e"
+
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,31 +18,31 @@ import (
 )
 
 func TestRunEchoAndExitCodes(t *testing.T) {
-	requireVM(t)
-	r := run(t, "--no-network", "--", "echo", "hello from the guest")
-	if got := str(r.JSON, "stdout"); got != "hello from the guest\n" {
+	e2e.RequireVM(t)
+	r := e2e.Run(t, "--no-network", "--", "echo", "hello from the guest")
+	if got := e2e.Str(r.JSON, "stdout"); got != "hello from the guest\n" {
 		t.Errorf("stdout: got %q", got)
 	}
 	for _, key := range []string{"vm_id", "name", "accel", "rootfs_flavor", "base_sha256", "serial_log_path", "stdout_log_path", "stderr_log_path"} {
-		if str(r.JSON, key) == "" {
+		if e2e.Str(r.JSON, key) == "" {
 			t.Errorf("report lacks %s: %s", key, r.Stdout)
 		}
 	}
-	if str(r.JSON, "path") != "cold" {
-		t.Errorf("path: got %q; want cold", str(r.JSON, "path"))
+	if e2e.Str(r.JSON, "path") != "cold" {
+		t.Errorf("path: got %q; want cold", e2e.Str(r.JSON, "path"))
 	}
 	if vmm, _ := r.JSON["vmm"].(map[string]any); vmm["name"] != "qemu" || vmm["version"] == "" || vmm["path"] == "" {
 		t.Errorf("vmm: got %v", r.JSON["vmm"])
 	}
 	for _, key := range []string{"boot_ms", "exec_ms", "teardown_ms", "total_ms"} {
-		num(t, r.JSON, key)
+		e2e.Num(t, r.JSON, key)
 	}
 	for _, code := range []int64{0, 1, 42} {
-		r := run(t, "--no-network", "--", "sh", "-c", "echo to-stderr >&2; exit "+itoa(code))
-		if got := num(t, r.JSON, "exit_code"); got != code {
+		r := e2e.Run(t, "--no-network", "--", "sh", "-c", "echo to-stderr >&2; exit "+e2e.Itoa(code))
+		if got := e2e.Num(t, r.JSON, "exit_code"); got != code {
 			t.Errorf("exit_code: got %d; want %d", got, code)
 		}
-		if got := str(r.JSON, "stderr"); got != "to-stderr\n" {
+		if got := e2e.Str(r.JSON, "stderr"); got != "to-stderr\n" {
 			t.Errorf("stderr: got %q", got)
 		}
 		if r.Code != 0 {
@@ -50,28 +51,26 @@ func TestRunEchoAndExitCodes(t *testing.T) {
 	}
 }
 
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
 func TestRunLargeOutput(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	// 200000 bytes: more than the 64 KiB inline head.
-	r := run(t, "--no-network", "--", "sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x")
-	if got := num(t, r.JSON, "stdout_bytes"); got != 200000 {
+	r := e2e.Run(t, "--no-network", "--", "sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x")
+	if got := e2e.Num(t, r.JSON, "stdout_bytes"); got != 200000 {
 		t.Errorf("stdout_bytes: got %d; want 200000", got)
 	}
-	if r.JSON["stdout_truncated"] != true || len(str(r.JSON, "stdout")) != 64<<10 {
-		t.Errorf("inline head: truncated=%v len=%d", r.JSON["stdout_truncated"], len(str(r.JSON, "stdout")))
+	if r.JSON["stdout_truncated"] != true || len(e2e.Str(r.JSON, "stdout")) != 64<<10 {
+		t.Errorf("inline head: truncated=%v len=%d", r.JSON["stdout_truncated"], len(e2e.Str(r.JSON, "stdout")))
 	}
-	log, err := os.ReadFile(str(r.JSON, "stdout_log_path"))
+	log, err := os.ReadFile(e2e.Str(r.JSON, "stdout_log_path"))
 	if err != nil || len(log) != 200000 || bytes.Count(log, []byte("x")) != 200000 {
 		t.Errorf("stdout log: %d bytes, err %v", len(log), err)
 	}
 }
 
 func TestRunTimeout(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	start := time.Now()
-	r := run(t, "--no-network", "--timeout-s", "10", "--", "sleep", "1000")
+	r := e2e.Run(t, "--no-network", "--timeout-s", "10", "--", "sleep", "1000")
 	took := time.Since(start)
 	if r.JSON["timed_out"] != true || r.JSON["exit_code"] != nil {
 		t.Errorf("timed_out=%v exit_code=%v", r.JSON["timed_out"], r.JSON["exit_code"])
@@ -79,52 +78,52 @@ func TestRunTimeout(t *testing.T) {
 	if took > 16*time.Second {
 		t.Errorf("a 10 s timeout took %v", took)
 	}
-	if pids := qemuPIDs(t, str(r.JSON, "vm_id")); len(pids) > 0 {
+	if pids := e2e.QEMUPIDs(t, e2e.Str(r.JSON, "vm_id")); len(pids) > 0 {
 		t.Errorf("QEMU still running: %v", pids)
 	}
 }
 
 func TestRunMissingProgram(t *testing.T) {
-	requireVM(t)
-	r := run(t, "--no-network", "--", "no-such-program-here")
-	if got := num(t, r.JSON, "exit_code"); got != 127 {
+	e2e.RequireVM(t)
+	r := e2e.Run(t, "--no-network", "--", "no-such-program-here")
+	if got := e2e.Num(t, r.JSON, "exit_code"); got != 127 {
 		t.Errorf("exit_code: got %d; want 127", got)
 	}
-	if !strings.Contains(str(r.JSON, "stderr"), "no-such-program-here") {
-		t.Errorf("stderr does not name the program: %q", str(r.JSON, "stderr"))
+	if !strings.Contains(e2e.Str(r.JSON, "stderr"), "no-such-program-here") {
+		t.Errorf("stderr does not name the program: %q", e2e.Str(r.JSON, "stderr"))
 	}
-	r = run(t, "--no-network", "--cwd", "/no/such/dir", "--", "true")
-	if got := num(t, r.JSON, "exit_code"); got != 127 {
+	r = e2e.Run(t, "--no-network", "--cwd", "/no/such/dir", "--", "true")
+	if got := e2e.Num(t, r.JSON, "exit_code"); got != 127 {
 		t.Errorf("missing cwd: exit_code %d; want 127", got)
 	}
 }
 
 func TestRunStdinFile(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	data := make([]byte, 1<<20)
 	rand.Read(data)
 	path := filepath.Join(t.TempDir(), "in.bin")
 	os.WriteFile(path, data, 0o600)
 	sum := sha256.Sum256(data)
-	r := run(t, "--no-network", "--stdin-file", path, "--", "sha256sum")
-	if got := str(r.JSON, "stdout"); !strings.HasPrefix(got, hex.EncodeToString(sum[:])) {
+	r := e2e.Run(t, "--no-network", "--stdin-file", path, "--", "sha256sum")
+	if got := e2e.Str(r.JSON, "stdout"); !strings.HasPrefix(got, hex.EncodeToString(sum[:])) {
 		t.Errorf("guest sha256 %q; host %x", got, sum)
 	}
 }
 
 func TestRunCopyOut(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	dir := t.TempDir()
 	dest := filepath.Join(dir, "out.bin")
-	r := run(t, "--no-network", "--copy-out", "/root/out.bin:"+dest, "--",
+	r := e2e.Run(t, "--no-network", "--copy-out", "/root/out.bin:"+dest, "--",
 		"sh", "-c", "head -c 5242880 /dev/urandom > /root/out.bin && chmod 4777 /root/out.bin && sha256sum /root/out.bin")
 	got, err := os.ReadFile(dest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(got)
-	if len(got) != 5<<20 || !strings.HasPrefix(str(r.JSON, "stdout"), hex.EncodeToString(sum[:])) {
-		t.Errorf("copied %d bytes, sha %x; guest said %q", len(got), sum, str(r.JSON, "stdout"))
+	if len(got) != 5<<20 || !strings.HasPrefix(e2e.Str(r.JSON, "stdout"), hex.EncodeToString(sum[:])) {
+		t.Errorf("copied %d bytes, sha %x; guest said %q", len(got), sum, e2e.Str(r.JSON, "stdout"))
 	}
 	st, _ := os.Stat(dest)
 	if st.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0 || st.Mode().Perm()&0o022 != 0 {
@@ -134,21 +133,21 @@ func TestRunCopyOut(t *testing.T) {
 	if len(copied) != 1 {
 		t.Errorf("copied: %v", r.JSON["copied"])
 	}
-	num(t, r.JSON, "copy_out_ms")
+	e2e.Num(t, r.JSON, "copy_out_ms")
 
 	// Onto a symlink: refused, the link's target untouched.
 	target := filepath.Join(dir, "target")
 	os.WriteFile(target, []byte("keep me"), 0o600)
 	link := filepath.Join(dir, "link")
 	os.Symlink(target, link)
-	runFail(t, nil, "symlink", "run", "--no-network", "--copy-out", "/etc/passwd:"+link, "--", "true")
+	e2e.RunFail(t, nil, "symlink", "run", "--no-network", "--copy-out", "/etc/passwd:"+link, "--", "true")
 	if b, _ := os.ReadFile(target); string(b) != "keep me" {
 		t.Errorf("symlink target changed: %q", b)
 	}
 
 	// A guest file that is missing: the run fails, the destination is untouched.
 	os.WriteFile(dest, []byte("previous"), 0o600)
-	runFail(t, nil, "/root/missing", "run", "--no-network", "--copy-out", "/root/missing:"+dest, "--", "true")
+	e2e.RunFail(t, nil, "/root/missing", "run", "--no-network", "--copy-out", "/root/missing:"+dest, "--", "true")
 	if b, _ := os.ReadFile(dest); string(b) != "previous" {
 		t.Errorf("destination changed by a failed copy: %q", b)
 	}
@@ -161,7 +160,7 @@ func TestRunCopyOut(t *testing.T) {
 }
 
 func TestRunInvalidFlagsFailBeforeBoot(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	cases := []struct {
 		want string
 		args []string
@@ -184,7 +183,7 @@ func TestRunInvalidFlagsFailBeforeBoot(t *testing.T) {
 	before := vmCount(t)
 	for _, c := range cases {
 		start := time.Now()
-		runFail(t, nil, c.want, append(append([]string{"run"}, c.args...), "--", "true")...)
+		e2e.RunFail(t, nil, c.want, append(append([]string{"run"}, c.args...), "--", "true")...)
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("%v: refusal took %v; it must come before any VM starts", c.args, d)
 		}
@@ -195,24 +194,24 @@ func TestRunInvalidFlagsFailBeforeBoot(t *testing.T) {
 }
 
 func vmCount(t *testing.T) int {
-	ents, _ := os.ReadDir(filepath.Join(homeDir, "vms"))
+	ents, _ := os.ReadDir(filepath.Join(e2e.HomeDir, "vms"))
 	return len(ents)
 }
 
 func TestRunParallel(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	var wg sync.WaitGroup
-	results := make([]*result, 2)
+	results := make([]*e2e.Result, 2)
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = isopod(t, nil, "run", "--no-network", "--", "sh", "-c", "echo run-"+itoa(int64(i)))
+			results[i] = e2e.Isopod(t, nil, "run", "--no-network", "--", "sh", "-c", "echo run-"+e2e.Itoa(int64(i)))
 		}()
 	}
 	wg.Wait()
 	for i, r := range results {
-		if r.Code != 0 || str(r.JSON, "stdout") != "run-"+itoa(int64(i))+"\n" {
+		if r.Code != 0 || e2e.Str(r.JSON, "stdout") != "run-"+e2e.Itoa(int64(i))+"\n" {
 			t.Errorf("parallel run %d:\n%s", i, r)
 		}
 	}
@@ -223,8 +222,8 @@ func TestSIGTERMLeavesNoQEMU(t *testing.T) { testSignalLeavesNoQEMU(t, syscall.S
 func TestSIGKILLLeavesNoQEMU(t *testing.T) { testSignalLeavesNoQEMU(t, syscall.SIGKILL) }
 
 func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
-	requireVM(t)
-	cmd := exec.Command(filepath.Join(binDir, "isopod"), "run", "--no-network", "--", "sleep", "1000")
+	e2e.RequireVM(t)
+	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod"), "run", "--no-network", "--", "sleep", "1000")
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
@@ -236,22 +235,22 @@ func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
 	deadline := time.Now().Add(30 * time.Second)
 	for vm == "" && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
-		vm = vmOfOwner(cmd.Process.Pid)
+		vm = e2e.VMOfOwner(cmd.Process.Pid)
 	}
 	if vm == "" {
 		t.Fatal("no VM appeared for the run")
 	}
-	for len(qemuPIDs(t, vm)) == 0 && time.Now().Before(deadline) {
+	for len(e2e.QEMUPIDs(t, vm)) == 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond)
 	cmd.Process.Signal(sig)
 	cmd.Wait()
 	deadline = time.Now().Add(5 * time.Second)
-	for len(qemuPIDs(t, vm)) > 0 && time.Now().Before(deadline) {
+	for len(e2e.QEMUPIDs(t, vm)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if pids := qemuPIDs(t, vm); len(pids) > 0 {
+	if pids := e2e.QEMUPIDs(t, vm); len(pids) > 0 {
 		t.Fatalf("QEMU %v outlived isopod", pids)
 	}
 	if sig == syscall.SIGTERM && !bytes.Contains(out.Bytes(), []byte(`"ok":false`)) {
@@ -259,20 +258,8 @@ func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
 	}
 }
 
-// vmOfOwner finds the VM record written by process pid.
-func vmOfOwner(pid int) string {
-	ents, _ := os.ReadDir(filepath.Join(homeDir, "vms"))
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(homeDir, "vms", e.Name(), "record.json"))
-		if err == nil && bytes.Contains(b, []byte(`"owner_pid": `+itoa(int64(pid))+",")) {
-			return e.Name()
-		}
-	}
-	return ""
-}
-
 func TestProtocolMismatchNamesRebuild(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	// An agent that announces another protocol version, in an initramfs of
 	// its own under a state root of its own.
 	home := t.TempDir()
@@ -283,19 +270,19 @@ func TestProtocolMismatchNamesRebuild(t *testing.T) {
 		t.Fatalf("building the agent: %v\n%s", err, out)
 	}
 	os.MkdirAll(filepath.Join(home, "images"), 0o700)
-	if err := os.Symlink(filepath.Join(homeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
+	if err := os.Symlink(filepath.Join(e2e.HomeDir, "kernels"), filepath.Join(home, "kernels")); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"base-min.sqfs", "base-min.json"} {
-		b, err := os.ReadFile(filepath.Join(homeDir, "images", f))
+		b, err := os.ReadFile(filepath.Join(e2e.HomeDir, "images", f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(home, "images", f), b, 0o600)
 	}
 	env := []string{"ISOPOD_HOME=" + home, "ISOPOD_AGENT_BIN=" + agent}
-	if r := isopod(t, env, "image", "build", "initramfs"); r.Code != 0 {
+	if r := e2e.Isopod(t, env, "image", "build", "initramfs"); r.Code != 0 {
 		t.Fatalf("building the initramfs:\n%s", r)
 	}
-	runFail(t, env, "isopod image build-all", "run", "--no-network", "--", "true")
+	e2e.RunFail(t, env, "isopod image build-all", "run", "--no-network", "--", "true")
 }

@@ -1,6 +1,8 @@
-package integration
+package network
 
 import (
+	"isopod/integration/e2e"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,16 +19,16 @@ import (
 
 // nsIsopod runs the CLI inside the test network's host namespace, whose
 // resolver is the fixture's DNS server.
-func nsIsopod(t testing.TB, n *testnet.Net, args ...string) *result {
+func nsIsopod(t testing.TB, n *testnet.Net, args ...string) *e2e.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := n.Command(n.Host, filepath.Join(binDir, "isopod"), args...)
+	cmd := n.Command(n.Host, filepath.Join(e2e.BinDir, "isopod"), args...)
 	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
-	r := &result{Stdout: out.Bytes(), Stderr: errb.Bytes()}
+	r := &e2e.Result{Stdout: out.Bytes(), Stderr: errb.Bytes()}
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.Code = ee.ExitCode()
 	} else if err != nil {
@@ -38,7 +40,7 @@ func nsIsopod(t testing.TB, n *testnet.Net, args ...string) *result {
 	return r
 }
 
-func nsRun(t testing.TB, n *testnet.Net, args ...string) *result {
+func nsRun(t testing.TB, n *testnet.Net, args ...string) *e2e.Result {
 	t.Helper()
 	r := nsIsopod(t, n, append([]string{"run"}, args...)...)
 	if r.Code != 0 {
@@ -48,7 +50,7 @@ func nsRun(t testing.TB, n *testnet.Net, args ...string) *result {
 }
 
 // netEvents reads a run's per-flow log.
-func netEvents(t testing.TB, r *result) []map[string]any {
+func netEvents(t testing.TB, r *e2e.Result) []map[string]any {
 	t.Helper()
 	netb, _ := r.JSON["net"].(map[string]any)
 	path, _ := netb["log_path"].(string)
@@ -76,18 +78,18 @@ func hasEvent(evs []map[string]any, dst string, allowed bool) map[string]any {
 }
 
 func TestNetworkPublicOnly(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	n := testnet.New(t)
 	n.ServeHTTP(t, n.Public, testnet.PublicIP+":80", nil)
 	n.ServeHTTP(t, n.LAN, testnet.LANIP+":80", nil)
 
 	t.Run("wget by name through the gateway's DNS", func(t *testing.T) {
 		r := nsRun(t, n, "--", "sh", "-c", "cat /etc/resolv.conf; nslookup test.example; wget -q -O- http://test.example"+testnet.HelloPath)
-		out := str(r.JSON, "stdout")
+		out := e2e.Str(r.JSON, "stdout")
 		if !strings.Contains(out, testnet.HelloBody) || !strings.Contains(out, testnet.PublicIP) || !strings.Contains(out, "nameserver "+"10.0.2.1") {
-			t.Errorf("guest saw:\n%s\nstderr: %s", out, str(r.JSON, "stderr"))
+			t.Errorf("guest saw:\n%s\nstderr: %s", out, e2e.Str(r.JSON, "stderr"))
 		}
-		if str(r.JSON, "guest_ip") == "" {
+		if e2e.Str(r.JSON, "guest_ip") == "" {
 			t.Errorf("no guest_ip in %s", r.Stdout)
 		}
 		netb, _ := r.JSON["net"].(map[string]any)
@@ -103,9 +105,9 @@ func TestNetworkPublicOnly(t *testing.T) {
 		start := time.Now()
 		r := nsRun(t, n, "--", "sh", "-c",
 			"wget -q -O- http://"+testnet.MetadataIP+"/ ; echo meta=$?; wget -q -O- http://"+testnet.LANIP+"/hello ; echo lan=$?")
-		out := str(r.JSON, "stdout")
+		out := e2e.Str(r.JSON, "stdout")
 		if !strings.Contains(out, "meta=1") || !strings.Contains(out, "lan=1") {
-			t.Errorf("refused connections did not fail: %q %q", out, str(r.JSON, "stderr"))
+			t.Errorf("refused connections did not fail: %q %q", out, e2e.Str(r.JSON, "stderr"))
 		}
 		if time.Since(start) > 30*time.Second {
 			t.Errorf("refusals took %v: they must fail fast", time.Since(start))
@@ -120,15 +122,15 @@ func TestNetworkPublicOnly(t *testing.T) {
 
 	t.Run("allow-lan-egress reaches the LAN host", func(t *testing.T) {
 		r := nsRun(t, n, "--allow-lan-egress", "--", "wget", "-q", "-O-", "http://"+testnet.LANIP+testnet.HelloPath)
-		if str(r.JSON, "stdout") != testnet.HelloBody {
+		if e2e.Str(r.JSON, "stdout") != testnet.HelloBody {
 			t.Errorf("LAN fetch: %s", r.Stdout)
 		}
 	})
 
 	t.Run("no-network has only lo", func(t *testing.T) {
 		r := nsRun(t, n, "--no-network", "--", "ls", "/sys/class/net")
-		if str(r.JSON, "stdout") != "lo\n" {
-			t.Errorf("interfaces: %q", str(r.JSON, "stdout"))
+		if e2e.Str(r.JSON, "stdout") != "lo\n" {
+			t.Errorf("interfaces: %q", e2e.Str(r.JSON, "stdout"))
 		}
 		if r.JSON["net"] != nil || r.JSON["guest_ip"] != nil {
 			t.Errorf("a --no-network run reports a network: %s", r.Stdout)
@@ -137,7 +139,7 @@ func TestNetworkPublicOnly(t *testing.T) {
 
 	t.Run("four networked runs in parallel", func(t *testing.T) {
 		var wg sync.WaitGroup
-		rs := make([]*result, 4)
+		rs := make([]*e2e.Result, 4)
 		for i := range rs {
 			wg.Add(1)
 			go func() {
@@ -147,7 +149,7 @@ func TestNetworkPublicOnly(t *testing.T) {
 		}
 		wg.Wait()
 		for i, r := range rs {
-			if r.Code != 0 || str(r.JSON, "stdout") != testnet.HelloBody {
+			if r.Code != 0 || e2e.Str(r.JSON, "stdout") != testnet.HelloBody {
 				t.Errorf("run %d:\n%s", i, r)
 			}
 		}
@@ -155,8 +157,8 @@ func TestNetworkPublicOnly(t *testing.T) {
 
 	t.Run("100 MiB download hashes right", func(t *testing.T) {
 		r := nsRun(t, n, "--timeout-s", "600", "--", "sh", "-c", "wget -q -O- http://test.example"+testnet.BigPath+" | sha256sum")
-		if !strings.HasPrefix(str(r.JSON, "stdout"), testnet.BigSHA256()) {
-			t.Errorf("guest sha256 %q; want %s", str(r.JSON, "stdout"), testnet.BigSHA256())
+		if !strings.HasPrefix(e2e.Str(r.JSON, "stdout"), testnet.BigSHA256()) {
+			t.Errorf("guest sha256 %q; want %s", e2e.Str(r.JSON, "stdout"), testnet.BigSHA256())
 		}
 		netb, _ := r.JSON["net"].(map[string]any)
 		if netb["bytes_down"].(float64) < testnet.BigSize {
@@ -165,19 +167,19 @@ func TestNetworkPublicOnly(t *testing.T) {
 	})
 
 	t.Run("curl on base-debian", func(t *testing.T) {
-		requireDebian(t)
+		e2e.RequireDebian(t)
 		r := nsRun(t, n, "--base", "base-debian", "--", "curl", "-sS", "http://test.example"+testnet.HelloPath)
-		if str(r.JSON, "stdout") != testnet.HelloBody {
+		if e2e.Str(r.JSON, "stdout") != testnet.HelloBody {
 			t.Errorf("curl: %s", r.Stdout)
 		}
 	})
 }
 
 func TestGuestsCannotReachEachOther(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	// Guest A listens; guest B, running at the same time, tries every
 	// address A could have. Each VM has its own stack, so nothing answers.
-	a := exec.Command(filepath.Join(binDir, "isopod"), "run", "--timeout-s", "60", "--", "sh", "-c", "echo ready; nc -l -p 8080 -e echo reached-a")
+	a := exec.Command(filepath.Join(e2e.BinDir, "isopod"), "run", "--timeout-s", "60", "--", "sh", "-c", "echo ready; nc -l -p 8080 -e echo reached-a")
 	var aout bytes.Buffer
 	a.Stdout = &aout
 	if err := a.Start(); err != nil {
@@ -186,15 +188,15 @@ func TestGuestsCannotReachEachOther(t *testing.T) {
 	t.Cleanup(func() { a.Process.Kill(); a.Wait() })
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		if vm := vmOfOwner(a.Process.Pid); vm != "" {
-			if b, _ := os.ReadFile(filepath.Join(homeDir, "vms", vm, "stdout.log")); bytes.Contains(b, []byte("ready")) {
+		if vm := e2e.VMOfOwner(a.Process.Pid); vm != "" {
+			if b, _ := os.ReadFile(filepath.Join(e2e.HomeDir, "vms", vm, "stdout.log")); bytes.Contains(b, []byte("ready")) {
 				break
 			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	r := run(t, "--", "sh", "-c", "for h in 10.0.2.1 10.0.2.2 10.0.2.3; do nc -w 2 $h 8080 </dev/null; echo $h=$?; done")
-	out := str(r.JSON, "stdout")
+	r := e2e.Run(t, "--", "sh", "-c", "for h in 10.0.2.1 10.0.2.2 10.0.2.3; do nc -w 2 $h 8080 </dev/null; echo $h=$?; done")
+	out := e2e.Str(r.JSON, "stdout")
 	if strings.Contains(out, "reached-a") || strings.Count(out, "=1") != 3 {
 		t.Errorf("guest B reached something: %q", out)
 	}

@@ -1,6 +1,8 @@
-package integration
+package stages
 
 import (
+	"isopod/integration/e2e"
+
 	"archive/zip"
 	"os"
 	"path/filepath"
@@ -9,22 +11,22 @@ import (
 )
 
 func TestDebianToolchain(t *testing.T) {
-	requireDebian(t)
+	e2e.RequireDebian(t)
 	base := []string{"--no-network", "--base", "base-debian", "--"}
-	r := run(t, append(base, "python3", "-c", "import sys; print(sys.version)")...)
-	if !strings.HasPrefix(str(r.JSON, "stdout"), "3.") {
+	r := e2e.Run(t, append(base, "python3", "-c", "import sys; print(sys.version)")...)
+	if !strings.HasPrefix(e2e.Str(r.JSON, "stdout"), "3.") {
 		t.Errorf("python3: %s", r.Stdout)
 	}
-	r = run(t, append(base, "node", "-e", "console.log(1)")...)
-	if str(r.JSON, "stdout") != "1\n" {
+	r = e2e.Run(t, append(base, "node", "-e", "console.log(1)")...)
+	if e2e.Str(r.JSON, "stdout") != "1\n" {
 		t.Errorf("node: %s", r.Stdout)
 	}
 	prog := "#include <stdio.h>\nint main(void) { printf(\"c works %d\\n\", 6 * 7); return 0; }\n"
 	cfile := filepath.Join(t.TempDir(), "m.c")
 	os.WriteFile(cfile, []byte(prog), 0o600)
-	r = run(t, "--no-network", "--base", "base-debian", "--stdin-file", cfile, "--",
+	r = e2e.Run(t, "--no-network", "--base", "base-debian", "--stdin-file", cfile, "--",
 		"sh", "-c", "cat > /root/m.c && gcc -o /root/m /root/m.c && /root/m")
-	if str(r.JSON, "stdout") != "c works 42\n" {
+	if e2e.Str(r.JSON, "stdout") != "c works 42\n" {
 		t.Errorf("gcc: %s", r.Stdout)
 	}
 }
@@ -57,20 +59,20 @@ func writeWheel(t *testing.T, path string) {
 }
 
 func TestDebianPipInstallCommittedAndForked(t *testing.T) {
-	requireDebian(t)
+	e2e.RequireDebian(t)
 	whl := filepath.Join(t.TempDir(), "isopodprobe-1.0-py3-none-any.whl")
 	writeWheel(t, whl)
 	l := label(t, "pip")
 	rmStages(t, l)
-	r := run(t, "--no-network", "--base", "base-debian", "--stdin-file", whl, "--commit-as", l, "--",
+	r := e2e.Run(t, "--no-network", "--base", "base-debian", "--stdin-file", whl, "--commit-as", l, "--",
 		"sh", "-c", "cat > /tmp/isopodprobe-1.0-py3-none-any.whl && pip install --no-index /tmp/isopodprobe-1.0-py3-none-any.whl")
-	if num(t, r.JSON, "exit_code") != 0 || str(r.JSON, "stage_id") == "" {
+	if e2e.Num(t, r.JSON, "exit_code") != 0 || e2e.Str(r.JSON, "stage_id") == "" {
 		t.Fatalf("pip install: %s", r.Stdout)
 	}
-	r = run(t, "--no-network", "--stage", l, "--", "python3", "-c", "import isopodprobe; print(isopodprobe.ANSWER)")
-	if str(r.JSON, "stdout") != "42\n" {
+	r = e2e.Run(t, "--no-network", "--stage", l, "--", "python3", "-c", "import isopodprobe; print(isopodprobe.ANSWER)")
+	if e2e.Str(r.JSON, "stdout") != "42\n" {
 		t.Errorf("fork cannot import the installed package: %s", r.Stdout)
 	}
 	// A fork keeps its chain's base; --base that disagrees is refused.
-	runFail(t, nil, "base-min", "run", "--no-network", "--stage", l, "--base", "base-min", "--", "true")
+	e2e.RunFail(t, nil, "base-min", "run", "--no-network", "--stage", l, "--base", "base-min", "--", "true")
 }

@@ -1,9 +1,9 @@
-package integration
+package stages
 
 import (
-	"crypto/sha256"
+	"isopod/integration/e2e"
+
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,21 +17,9 @@ func label(t testing.TB, name string) string {
 	return fmt.Sprintf("e2e-%s-%d/%s", strings.ToLower(t.Name()), os.Getpid(), name)
 }
 
-func fileSHA(t testing.TB, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	io.Copy(h, f)
-	return fmt.Sprintf("%x", h.Sum(nil))
-}
-
 func stageInfo(t testing.TB, ref string) map[string]any {
 	t.Helper()
-	r := isopod(t, nil, "stage", "info", ref)
+	r := e2e.Isopod(t, nil, "stage", "info", ref)
 	if r.Code != 0 {
 		t.Fatalf("stage info %s:\n%s", ref, r)
 	}
@@ -42,44 +30,44 @@ func stageInfo(t testing.TB, ref string) map[string]any {
 func rmStages(t testing.TB, refs ...string) {
 	t.Cleanup(func() {
 		for i := len(refs) - 1; i >= 0; i-- {
-			isopod(t, nil, "stage", "rm", refs[i])
+			e2e.Isopod(t, nil, "stage", "rm", refs[i])
 		}
 	})
 }
 
 func TestStageCommitForkStack(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	one, two := label(t, "one"), label(t, "two")
 	rmStages(t, one, two)
 
-	r := run(t, "--no-network", "--commit-as", one, "--", "sh", "-c", "echo first > /root/one.txt && echo gone > /root/gone.txt")
-	id := str(r.JSON, "stage_id")
-	if !strings.HasPrefix(id, "st-") || str(r.JSON, "stage_name") == "" {
+	r := e2e.Run(t, "--no-network", "--commit-as", one, "--", "sh", "-c", "echo first > /root/one.txt && echo gone > /root/gone.txt")
+	id := e2e.Str(r.JSON, "stage_id")
+	if !strings.HasPrefix(id, "st-") || e2e.Str(r.JSON, "stage_name") == "" {
 		t.Fatalf("no stage in report: %s", r.Stdout)
 	}
 	for _, k := range []string{"commit_ms", "commit_hash_ms", "commit_copy_ms"} {
-		num(t, r.JSON, k)
+		e2e.Num(t, r.JSON, k)
 	}
 	info := stageInfo(t, one)
 	layers := info["layer_paths"].([]any)
 	parentLayer := layers[0].(string)
-	before := fileSHA(t, parentLayer)
+	before := e2e.FileSHA(t, parentLayer)
 
-	r = run(t, "--no-network", "--stage", one, "--", "cat", "/root/one.txt")
-	if str(r.JSON, "stdout") != "first\n" {
-		t.Errorf("fork does not see the committed file: %q", str(r.JSON, "stdout"))
+	r = e2e.Run(t, "--no-network", "--stage", one, "--", "cat", "/root/one.txt")
+	if e2e.Str(r.JSON, "stdout") != "first\n" {
+		t.Errorf("fork does not see the committed file: %q", e2e.Str(r.JSON, "stdout"))
 	}
 	// Stack a second layer: add, change and remove.
-	r = run(t, "--no-network", "--stage", one, "--commit-as", two, "--",
+	r = e2e.Run(t, "--no-network", "--stage", one, "--commit-as", two, "--",
 		"sh", "-c", "echo second > /root/two.txt && echo changed >> /root/one.txt && rm /root/gone.txt")
-	if str(r.JSON, "stage_id") == "" {
+	if e2e.Str(r.JSON, "stage_id") == "" {
 		t.Fatalf("stacked commit: %s", r.Stdout)
 	}
-	r = run(t, "--no-network", "--stage", two, "--", "sh", "-c", "cat /root/one.txt /root/two.txt; test -e /root/gone.txt && echo still-there")
-	if got := str(r.JSON, "stdout"); got != "first\nchanged\nsecond\n" {
+	r = e2e.Run(t, "--no-network", "--stage", two, "--", "sh", "-c", "cat /root/one.txt /root/two.txt; test -e /root/gone.txt && echo still-there")
+	if got := e2e.Str(r.JSON, "stdout"); got != "first\nchanged\nsecond\n" {
 		t.Errorf("fork of the stack sees %q", got)
 	}
-	if after := fileSHA(t, parentLayer); after != before {
+	if after := e2e.FileSHA(t, parentLayer); after != before {
 		t.Errorf("parent layer changed: %s -> %s", before, after)
 	}
 	if chain := stageInfo(t, two)["layer_paths"].([]any); len(chain) != 2 {
@@ -87,12 +75,12 @@ func TestStageCommitForkStack(t *testing.T) {
 	}
 
 	// stage log: base to tip, each layer with its command.
-	lg := isopod(t, nil, "stage", "log", two)
+	lg := e2e.Isopod(t, nil, "stage", "log", two)
 	if ls, _ := lg.JSON["layers"].([]any); len(ls) != 2 || !strings.Contains(string(lg.Stdout), "two.txt") {
 		t.Errorf("stage log: %s", lg.Stdout)
 	}
 	// stage diff: one added, one changed, one removed file.
-	d := isopod(t, nil, "stage", "diff", one, two)
+	d := e2e.Isopod(t, nil, "stage", "diff", one, two)
 	if d.Code != 0 {
 		t.Fatalf("stage diff:\n%s", d)
 	}
@@ -110,79 +98,79 @@ func TestStageCommitForkStack(t *testing.T) {
 	}
 
 	// rm of a parent is refused while the child exists.
-	runFail(t, nil, two, "stage", "rm", one)
+	e2e.RunFail(t, nil, two, "stage", "rm", one)
 }
 
 func TestStageFailingCommandCommitsNothing(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	l := label(t, "fail")
-	r := run(t, "--no-network", "--commit-as", l, "--", "sh", "-c", "echo x > /root/x; exit 1")
-	if str(r.JSON, "stage_id") != "" {
-		t.Errorf("exit 1 committed %s", str(r.JSON, "stage_id"))
+	r := e2e.Run(t, "--no-network", "--commit-as", l, "--", "sh", "-c", "echo x > /root/x; exit 1")
+	if e2e.Str(r.JSON, "stage_id") != "" {
+		t.Errorf("exit 1 committed %s", e2e.Str(r.JSON, "stage_id"))
 	}
-	r = run(t, "--no-network", "--timeout-s", "5", "--commit-as", l, "--", "sleep", "100")
-	if r.JSON["timed_out"] != true || str(r.JSON, "stage_id") != "" {
+	r = e2e.Run(t, "--no-network", "--timeout-s", "5", "--commit-as", l, "--", "sleep", "100")
+	if r.JSON["timed_out"] != true || e2e.Str(r.JSON, "stage_id") != "" {
 		t.Errorf("timeout committed: %s", r.Stdout)
 	}
-	if r := isopod(t, nil, "stage", "info", l); r.Code == 0 {
+	if r := e2e.Isopod(t, nil, "stage", "info", l); r.Code == 0 {
 		t.Errorf("a stage exists after failed runs: %s", r.Stdout)
 	}
 }
 
 func TestStageParallelForksAndLabelRace(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	parent := label(t, "parent")
 	rmStages(t, parent)
-	run(t, "--no-network", "--commit-as", parent, "--", "sh", "-c", "echo p > /root/p")
+	e2e.Run(t, "--no-network", "--commit-as", parent, "--", "sh", "-c", "echo p > /root/p")
 	layer := stageInfo(t, parent)["layer_paths"].([]any)[0].(string)
-	before := fileSHA(t, layer)
+	before := e2e.FileSHA(t, layer)
 
 	var wg sync.WaitGroup
-	forks := make([]*result, 4)
+	forks := make([]*e2e.Result, 4)
 	for i := range forks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			forks[i] = isopod(t, nil, "run", "--no-network", "--stage", parent, "--", "sh", "-c", "cat /root/p; echo mine > /root/p")
+			forks[i] = e2e.Isopod(t, nil, "run", "--no-network", "--stage", parent, "--", "sh", "-c", "cat /root/p; echo mine > /root/p")
 		}()
 	}
 	wg.Wait()
 	for i, r := range forks {
-		if r.Code != 0 || str(r.JSON, "stdout") != "p\n" {
+		if r.Code != 0 || e2e.Str(r.JSON, "stdout") != "p\n" {
 			t.Errorf("fork %d:\n%s", i, r)
 		}
 	}
-	if after := fileSHA(t, layer); after != before {
+	if after := e2e.FileSHA(t, layer); after != before {
 		t.Errorf("parallel forks changed the parent layer")
 	}
 
 	// Two commits racing on one label: exactly one wins.
 	race := label(t, "race")
 	rmStages(t, race)
-	var results [2]*result
+	var results [2]*e2e.Result
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = isopod(t, nil, "run", "--no-network", "--commit-as", race, "--", "sh", "-c", "echo "+itoa(int64(i))+" > /root/r")
+			results[i] = e2e.Isopod(t, nil, "run", "--no-network", "--commit-as", race, "--", "sh", "-c", "echo "+e2e.Itoa(int64(i))+" > /root/r")
 		}()
 	}
 	wg.Wait()
 	won := 0
 	for _, r := range results {
-		if r.Code == 0 && str(r.JSON, "stage_id") != "" {
+		if r.Code == 0 && e2e.Str(r.JSON, "stage_id") != "" {
 			won++
-		} else if r.Code != 1 || !strings.Contains(str(r.JSON, "error"), "label") {
+		} else if r.Code != 1 || !strings.Contains(e2e.Str(r.JSON, "error"), "label") {
 			t.Errorf("the losing commit should fail naming the label:\n%s", r)
 		}
 	}
 	if won != 1 {
 		t.Errorf("%d commits won the race; want 1", won)
 	}
-	ents, _ := os.ReadDir(filepath.Join(homeDir, "stages"))
+	ents, _ := os.ReadDir(filepath.Join(e2e.HomeDir, "stages"))
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".tmp") {
-			if _, err := os.Stat(filepath.Join(homeDir, "stages", e.Name(), "meta.json")); err == nil {
+			if _, err := os.Stat(filepath.Join(e2e.HomeDir, "stages", e.Name(), "meta.json")); err == nil {
 				t.Errorf("partial stage directory left: %s", e.Name())
 			}
 		}
@@ -190,13 +178,13 @@ func TestStageParallelForksAndLabelRace(t *testing.T) {
 }
 
 func TestStageDepthLimit(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	var labels []string
 	prev := "base"
 	for i := 0; i < 10; i++ {
-		l := label(t, "d"+itoa(int64(i)))
+		l := label(t, "d"+e2e.Itoa(int64(i)))
 		labels = append(labels, l)
-		r := isopod(t, nil, "run", "--no-network", "--stage", prev, "--commit-as", l, "--", "sh", "-c", "echo "+itoa(int64(i))+" > /root/d"+itoa(int64(i)))
+		r := e2e.Isopod(t, nil, "run", "--no-network", "--stage", prev, "--commit-as", l, "--", "sh", "-c", "echo "+e2e.Itoa(int64(i))+" > /root/d"+e2e.Itoa(int64(i)))
 		if r.Code != 0 {
 			rmStages(t, labels[:i]...)
 			t.Fatalf("layer %d:\n%s", i, r)
@@ -204,54 +192,54 @@ func TestStageDepthLimit(t *testing.T) {
 		prev = l
 	}
 	rmStages(t, labels...)
-	r := run(t, "--no-network", "--stage", prev, "--", "sh", "-c", "cat /root/d0 /root/d9")
-	if str(r.JSON, "stdout") != "0\n9\n" {
-		t.Errorf("a 10-layer fork sees %q", str(r.JSON, "stdout"))
+	r := e2e.Run(t, "--no-network", "--stage", prev, "--", "sh", "-c", "cat /root/d0 /root/d9")
+	if e2e.Str(r.JSON, "stdout") != "0\n9\n" {
+		t.Errorf("a 10-layer fork sees %q", e2e.Str(r.JSON, "stdout"))
 	}
-	runFail(t, nil, "limit is 10", "run", "--no-network", "--stage", prev, "--commit-as", label(t, "d10"), "--", "true")
+	e2e.RunFail(t, nil, "limit is 10", "run", "--no-network", "--stage", prev, "--commit-as", label(t, "d10"), "--", "true")
 }
 
 func TestStageRebuiltBaseRefused(t *testing.T) {
-	requireVM(t)
+	e2e.RequireVM(t)
 	// A state root of its own whose base-min is then rebuilt with different
 	// content: forks must refuse, naming both ids, unless skew is allowed.
 	home := t.TempDir()
 	os.MkdirAll(filepath.Join(home, "images"), 0o700)
-	os.Symlink(filepath.Join(homeDir, "kernels"), filepath.Join(home, "kernels"))
+	os.Symlink(filepath.Join(e2e.HomeDir, "kernels"), filepath.Join(home, "kernels"))
 	for _, f := range []string{"base-min.sqfs", "base-min.json", "initramfs.cpio", "initramfs.json"} {
-		b, err := os.ReadFile(filepath.Join(homeDir, "images", f))
+		b, err := os.ReadFile(filepath.Join(e2e.HomeDir, "images", f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(home, "images", f), b, 0o600)
 	}
 	env := []string{"ISOPOD_HOME=" + home}
-	r := isopod(t, env, "run", "--no-network", "--commit-as", "skew/deps", "--", "sh", "-c", "echo dep > /root/dep")
+	r := e2e.Isopod(t, env, "run", "--no-network", "--commit-as", "skew/deps", "--", "sh", "-c", "echo dep > /root/dep")
 	if r.Code != 0 {
 		t.Fatalf("commit:\n%s", r)
 	}
-	oldSHA := str(r.JSON, "base_sha256")
+	oldSHA := e2e.Str(r.JSON, "base_sha256")
 	// "Rebuild" the base: new content, new content id in its sidecar.
 	sqfs := filepath.Join(home, "images", "base-min.sqfs")
 	f, _ := os.OpenFile(sqfs, os.O_WRONLY|os.O_APPEND, 0)
 	f.Write(make([]byte, 4096))
 	f.Close()
-	newSHA := fileSHA(t, sqfs)
+	newSHA := e2e.FileSHA(t, sqfs)
 	side, _ := os.ReadFile(filepath.Join(home, "images", "base-min.json"))
 	side = []byte(strings.ReplaceAll(string(side), oldSHA, newSHA))
 	st, _ := os.Stat(sqfs)
 	side = []byte(replaceSize(string(side), st.Size()))
 	os.WriteFile(filepath.Join(home, "images", "base-min.json"), side, 0o600)
 
-	fail := runFail(t, env, oldSHA, "run", "--no-network", "--stage", "skew/deps", "--", "cat", "/root/dep")
-	msg := str(fail.JSON, "error")
+	fail := e2e.RunFail(t, env, oldSHA, "run", "--no-network", "--stage", "skew/deps", "--", "cat", "/root/dep")
+	msg := e2e.Str(fail.JSON, "error")
 	for _, want := range []string{newSHA, "ISOPOD_ALLOW_BASE_SKEW=1", "--stage base"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("refusal %q does not mention %q", msg, want)
 		}
 	}
-	r = isopod(t, append(env, "ISOPOD_ALLOW_BASE_SKEW=1"), "run", "--no-network", "--stage", "skew/deps", "--", "cat", "/root/dep")
-	if r.Code != 0 || str(r.JSON, "stdout") != "dep\n" {
+	r = e2e.Isopod(t, append(env, "ISOPOD_ALLOW_BASE_SKEW=1"), "run", "--no-network", "--stage", "skew/deps", "--", "cat", "/root/dep")
+	if r.Code != 0 || e2e.Str(r.JSON, "stdout") != "dep\n" {
 		t.Errorf("with ISOPOD_ALLOW_BASE_SKEW=1:\n%s", r)
 	}
 }
@@ -266,5 +254,5 @@ func replaceSize(side string, size int64) string {
 	for j < len(side) && (side[j] == ' ' || (side[j] >= '0' && side[j] <= '9')) {
 		j++
 	}
-	return side[:i] + `"size": ` + itoa(size) + side[j:]
+	return side[:i] + `"size": ` + e2e.Itoa(size) + side[j:]
 }

@@ -1,0 +1,223 @@
+// Package e2e is the harness of isopod's end-to-end tests (the packages
+// beside it): it builds the real binaries once per test binary and runs them.
+// The tests boot real microVMs under QEMU (KVM where usable, TCG otherwise)
+// and run real programs in the guest.
+//
+// They use the images under $ISOPOD_HOME (default ~/.isopod), which
+// scripts/install.sh fetches and builds, and skip with that hint when they
+// are missing. They are skipped under -short.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	// BinDir holds the built isopod, isopod-mcp and isopod-agent.
+	BinDir string
+	// HomeDir is the state root with the images.
+	HomeDir string
+)
+
+// Main is a test package's TestMain: it builds the binaries, runs the tests
+// and returns the exit code.
+func Main(m *testing.M) int {
+	return func() int {
+		flag.Parse()
+		if testing.Short() {
+			return m.Run()
+		}
+		dir, err := os.MkdirTemp("", "isopod-e2e-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		BinDir = dir
+		if out, err := exec.Command("go", "build", "-o", dir+"/", "isopod/cmd/isopod", "isopod/cmd/isopod-mcp").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building isopod: %v\n%s", err, out)
+			return 1
+		}
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, "isopod-agent"), "isopod/cmd/isopod-agent")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building isopod-agent: %v\n%s", err, out)
+			return 1
+		}
+		HomeDir = os.Getenv("ISOPOD_HOME")
+		if HomeDir == "" {
+			h, _ := os.UserHomeDir()
+			HomeDir = filepath.Join(h, ".isopod")
+		}
+		return m.Run()
+	}()
+}
+
+// RequireVM skips unless end-to-end tests can boot VMs here.
+func RequireVM(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end test: skipped under -short")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed: run ./scripts/install.sh")
+	}
+	if _, err := os.Stat(filepath.Join(HomeDir, "images", "base-min.sqfs")); err != nil {
+		t.Skipf("base-min not built under %s: run ./scripts/install.sh", HomeDir)
+	}
+}
+
+// RequireDebian skips unless the base-debian image is built.
+func RequireDebian(t testing.TB) {
+	t.Helper()
+	RequireVM(t)
+	if _, err := os.Stat(filepath.Join(HomeDir, "images", "base-debian.sqfs")); err != nil {
+		t.Skipf("base-debian not built under %s: run `isopod image build base-debian` (or ISOPOD_INSTALL_DEBIAN=1 ./scripts/install.sh)", HomeDir)
+	}
+}
+
+// Result is one isopod invocation.
+type Result struct {
+	Code   int
+	Stdout []byte
+	Stderr []byte
+	JSON   map[string]any
+}
+
+func (r *Result) String() string {
+	return fmt.Sprintf("exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, tail(r.Stderr, 2000))
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// Isopod runs the CLI with env added to the test environment.
+func Isopod(t testing.TB, env []string, args ...string) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(BinDir, "isopod"), args...)
+	cmd.Env = append(append(os.Environ(), "ISOPOD_AGENT_BIN="+filepath.Join(BinDir, "isopod-agent")), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := &Result{Stdout: out.Bytes(), Stderr: errb.Bytes()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.Code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("isopod %v: %v", args, err)
+	}
+	if lines := bytes.Count(bytes.TrimSpace(r.Stdout), []byte("\n")); lines != 0 {
+		t.Fatalf("isopod %v: stdout is not exactly one JSON object:\n%s", args, r)
+	}
+	if err := json.Unmarshal(r.Stdout, &r.JSON); err != nil {
+		t.Fatalf("isopod %v: stdout is not JSON: %v\n%s", args, err, r)
+	}
+	return r
+}
+
+// Run is `isopod run` that must succeed as an isopod call.
+func Run(t testing.TB, args ...string) *Result {
+	t.Helper()
+	r := Isopod(t, nil, append([]string{"run"}, args...)...)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod run %v failed:\n%s", args, r)
+	}
+	return r
+}
+
+// RunFail is an isopod call that must fail with an error containing want.
+func RunFail(t testing.TB, env []string, want string, args ...string) *Result {
+	t.Helper()
+	r := Isopod(t, env, args...)
+	if r.Code != 1 || r.JSON["ok"] != false {
+		t.Fatalf("isopod %v: want failure, got:\n%s", args, r)
+	}
+	if msg, _ := r.JSON["error"].(string); !strings.Contains(msg, want) {
+		t.Fatalf("isopod %v: error %q does not mention %q", args, msg, want)
+	}
+	return r
+}
+
+func Num(t testing.TB, m map[string]any, key string) int64 {
+	t.Helper()
+	v, ok := m[key].(float64)
+	if !ok {
+		t.Fatalf("report has no number %q: %v", key, m)
+	}
+	return int64(v)
+}
+
+func Str(m map[string]any, key string) string {
+	s, _ := m[key].(string)
+	return s
+}
+
+// QEMUPIDs lists running QEMU processes whose command line names vm.
+func QEMUPIDs(t testing.TB, vm string) []int {
+	t.Helper()
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, []byte(vm)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Itoa formats n.
+func Itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// VMOfOwner finds the VM record written by process pid.
+func VMOfOwner(pid int) string {
+	ents, _ := os.ReadDir(filepath.Join(HomeDir, "vms"))
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(HomeDir, "vms", e.Name(), "record.json"))
+		if err == nil && bytes.Contains(b, []byte(`"owner_pid": `+Itoa(int64(pid))+",")) {
+			return e.Name()
+		}
+	}
+	return ""
+}
+
+// FileSHA is the sha256 of a file, in hex.
+func FileSHA(t testing.TB, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// BenchEnabled reports whether benchmark-only tests should run.
+func BenchEnabled() bool { return os.Getenv("ISOPOD_BENCH") == "1" }
