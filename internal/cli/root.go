@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -104,6 +105,7 @@ func newLogger(w io.Writer) *slog.Logger {
 }
 
 func newRoot(e *env) *cobra.Command {
+	var kernel string
 	root := &cobra.Command{
 		Use:           "isopod",
 		Short:         "Run commands in throwaway microVMs; keep state as stages",
@@ -111,6 +113,14 @@ func newRoot(e *env) *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if kernel != "" {
+				// One knob for every layer that picks the kernel.
+				abs, err := filepath.Abs(kernel)
+				if err != nil {
+					return fmt.Errorf("--kernel: %w", err)
+				}
+				os.Setenv(config.EnvKernel, abs)
+			}
 			p, err := config.DefaultPaths()
 			if err != nil {
 				return err
@@ -119,6 +129,7 @@ func newRoot(e *env) *cobra.Command {
 			return nil
 		},
 	}
+	root.PersistentFlags().StringVar(&kernel, "kernel", "", "use this guest kernel (every driver built in; no modules are loaded) instead of the fetched one; also "+config.EnvKernel)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%s: %w: %w", cmd.CommandPath(), err, errdefs.ErrInvalidArgument)
 	})
