@@ -23,6 +23,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"isopod/internal/testnet"
 )
 
 var (
@@ -111,9 +113,29 @@ func tail(b []byte, n int) []byte {
 // Isopod runs the CLI with env added to the test environment.
 func Isopod(t testing.TB, env []string, args ...string) *Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	r := invoke(t, 10*time.Minute, filepath.Join(BinDir, "isopod"), args, env, args)
+	if lines := bytes.Count(bytes.TrimSpace(r.Stdout), []byte("\n")); lines != 0 {
+		t.Fatalf("isopod %v: stdout is not exactly one JSON object:\n%s", args, r)
+	}
+	return r
+}
+
+// NSIsopod runs the CLI inside the test network's host namespace, whose
+// resolver is the fixture's DNS server.
+func NSIsopod(t testing.TB, n *testnet.Net, args ...string) *Result {
+	t.Helper()
+	c := n.Command(n.Host, filepath.Join(BinDir, "isopod"), args...)
+	return invoke(t, 5*time.Minute, c.Path, c.Args[1:], nil, args)
+}
+
+// invoke runs name with argv, env added to the test environment, under
+// timeout, and parses stdout as one JSON object. args, the isopod
+// arguments, name the call in failures.
+func invoke(t testing.TB, timeout time.Duration, name string, argv, env, args []string) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(BinDir, "isopod"), args...)
+	cmd := exec.CommandContext(ctx, name, argv...)
 	cmd.Env = append(append(os.Environ(), "ISOPOD_AGENT_BIN="+filepath.Join(BinDir, "isopod-agent")), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -124,11 +146,8 @@ func Isopod(t testing.TB, env []string, args ...string) *Result {
 	} else if err != nil {
 		t.Fatalf("isopod %v: %v", args, err)
 	}
-	if lines := bytes.Count(bytes.TrimSpace(r.Stdout), []byte("\n")); lines != 0 {
-		t.Fatalf("isopod %v: stdout is not exactly one JSON object:\n%s", args, r)
-	}
 	if err := json.Unmarshal(r.Stdout, &r.JSON); err != nil {
-		t.Fatalf("isopod %v: stdout is not JSON: %v\n%s", args, err, r)
+		t.Fatalf("isopod %v: stdout is not one JSON object: %v\n%s", args, err, r)
 	}
 	return r
 }

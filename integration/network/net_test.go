@@ -4,7 +4,6 @@ import (
 	"isopod/integration/e2e"
 
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -17,32 +16,9 @@ import (
 	"isopod/internal/testnet"
 )
 
-// nsIsopod runs the CLI inside the test network's host namespace, whose
-// resolver is the fixture's DNS server.
-func nsIsopod(t testing.TB, n *testnet.Net, args ...string) *e2e.Result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := n.Command(n.Host, filepath.Join(e2e.BinDir, "isopod"), args...)
-	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	r := &e2e.Result{Stdout: out.Bytes(), Stderr: errb.Bytes()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.Code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("isopod %v: %v", args, err)
-	}
-	if err := json.Unmarshal(r.Stdout, &r.JSON); err != nil {
-		t.Fatalf("isopod %v: stdout is not one JSON object: %v\n%s", args, err, r)
-	}
-	return r
-}
-
 func nsRun(t testing.TB, n *testnet.Net, args ...string) *e2e.Result {
 	t.Helper()
-	r := nsIsopod(t, n, append([]string{"run"}, args...)...)
+	r := e2e.NSIsopod(t, n, append([]string{"run"}, args...)...)
 	if r.Code != 0 {
 		t.Fatalf("isopod run %v:\n%s", args, r)
 	}
@@ -144,7 +120,7 @@ func TestNetworkPublicOnly(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rs[i] = nsIsopod(t, n, "run", "--", "wget", "-q", "-O-", "http://test.example"+testnet.HelloPath)
+				rs[i] = e2e.NSIsopod(t, n, "run", "--", "wget", "-q", "-O-", "http://test.example"+testnet.HelloPath)
 			}()
 		}
 		wg.Wait()

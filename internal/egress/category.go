@@ -56,29 +56,12 @@ func Category(addr netip.Addr) string {
 		b := addr.As16()
 		addr = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
 	}
-	if addr.Is4() {
-		switch {
-		case addr == v4Bcast:
-			return CatBroadcast
-		case v4ThisNet.Contains(addr):
-			return CatUnspecified
-		case addr.IsLoopback():
-			return CatLoopback
-		case addr.IsLinkLocalUnicast():
-			return CatLinkLocal
-		case addr.IsMulticast():
-			return CatMulticast
-		case addr.IsPrivate():
-			return CatPrivate
-		case v4CGNAT.Contains(addr):
-			return CatCGNAT
-		case v4Reserved.Contains(addr):
-			return CatReserved
-		}
-		return CatPublic
-	}
+	// Each family-specific prefix never contains an address of the other
+	// family, so one ordered switch serves both.
 	switch {
-	case addr.IsUnspecified():
+	case addr == v4Bcast:
+		return CatBroadcast
+	case addr.IsUnspecified(), v4ThisNet.Contains(addr):
 		return CatUnspecified
 	case addr.IsLoopback():
 		return CatLoopback
@@ -88,7 +71,9 @@ func Category(addr netip.Addr) string {
 		return CatMulticast
 	case addr.IsPrivate(), v6SiteLoc.Contains(addr):
 		return CatPrivate
-	case v6Discard.Contains(addr):
+	case v4CGNAT.Contains(addr):
+		return CatCGNAT
+	case v4Reserved.Contains(addr), v6Discard.Contains(addr):
 		return CatReserved
 	}
 	return CatPublic

@@ -67,13 +67,7 @@ type LedgerConfig struct {
 
 // Validate checks c.
 func (c *LedgerConfig) Validate() error {
-	switch {
-	case c.Path == "":
-		return fmt.Errorf("egress ledger: empty path (give the run's egress.jsonl): %w", errdefs.ErrInvalidArgument)
-	case c.MaxEvents < 0:
-		return fmt.Errorf("egress ledger: max events %d is negative (0 means the default): %w", c.MaxEvents, errdefs.ErrInvalidArgument)
-	}
-	return nil
+	return validateJSONL("egress ledger", "egress.jsonl", c.Path, c.MaxEvents)
 }
 
 // Ledger is the flight recorder of a filtered run: a [Recorder] that turns
@@ -82,16 +76,11 @@ func (c *LedgerConfig) Validate() error {
 // the report. Safe for concurrent use.
 type Ledger struct {
 	cfg LedgerConfig
-	log *slog.Logger
 
-	mu      sync.Mutex
-	f       *os.File
-	w       *bufio.Writer
-	written int
-	failed  bool
-	closed  bool
-	rep     LedgerReport
-	totals  Totals
+	mu     sync.Mutex
+	out    *jsonlWriter
+	rep    LedgerReport
+	totals Totals
 }
 
 // OpenLedger creates cfg.Path.
@@ -99,23 +88,15 @@ func OpenLedger(cfg LedgerConfig) (*Ledger, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Start.IsZero() {
-		cfg.Start = time.Now()
-	}
-	if cfg.MaxEvents == 0 {
-		cfg.MaxEvents = DefaultMaxEvents
-	}
+	cfg.Start, cfg.MaxEvents = jsonlDefaults(cfg.Start, cfg.MaxEvents)
 	if cfg.Mode == "" {
 		cfg.Mode = ModeFiltered
 	}
-	f, err := os.OpenFile(cfg.Path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	out, err := openJSONL("egress ledger", cfg.Path, os.O_TRUNC, cfg.MaxEvents, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("creating egress ledger: %w", err)
 	}
-	l := &Ledger{cfg: cfg, log: cfg.Logger, f: f, w: bufio.NewWriterSize(f, 4096)}
-	if l.log == nil {
-		l.log = slog.New(slog.DiscardHandler)
-	}
+	l := &Ledger{cfg: cfg, out: out}
 	rules := cfg.Rules
 	if rules == nil {
 		rules = []string{}
@@ -172,24 +153,9 @@ func (l *Ledger) Record(ev Event) {
 	case e.Proto != ProtoDNS:
 		l.inline(&l.rep.Allowed, e)
 	}
-	if l.closed || l.failed || l.written >= l.cfg.MaxEvents {
+	if !l.out.write(&e) {
 		l.totals.Dropped++
-		return
 	}
-	line, err := json.Marshal(&e)
-	if err == nil {
-		line = append(line, '\n')
-		if _, err = l.w.Write(line); err == nil {
-			err = l.w.Flush()
-		}
-	}
-	if err != nil {
-		l.failed = true
-		l.totals.Dropped++
-		l.log.Warn("egress ledger write failed; later events are only counted", "err", err)
-		return
-	}
-	l.written++
 }
 
 func (l *Ledger) inline(list *[]Entry, e Entry) {
@@ -229,18 +195,7 @@ func (l *Ledger) Path() string { return l.cfg.Path }
 func (l *Ledger) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return nil
-	}
-	l.closed = true
-	err := l.w.Flush()
-	if cerr := l.f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("closing egress ledger: %w", err)
-	}
-	return nil
+	return l.out.close()
 }
 
 // ReadEntries reads an egress record written by a Ledger.

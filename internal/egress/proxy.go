@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"isopod/internal/errdefs"
@@ -158,6 +157,12 @@ func (p *Proxy) record(ev Event) {
 	}
 }
 
+// recordDone records a flow that has ended, stamping its duration.
+func (p *Proxy) recordDone(ev Event) {
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	p.record(ev)
+}
+
 // open judges host:port and dials it. ev is filled for the record; a nil
 // conn with ev.Allowed false is a refusal, with ev.Allowed true a failure.
 func (p *Proxy) open(proto, host string, port uint16) (net.Conn, Target, Event) {
@@ -220,32 +225,26 @@ func (p *Proxy) checkHead(c net.Conn, br *bufio.Reader, t Target, port uint16, e
 
 // splice copies both ways until both end, counting bytes into ev.
 func splice(client net.Conn, clientR io.Reader, up net.Conn, ev *Event) {
-	var upN, downN atomic.Int64
+	var upN, downN int64
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		n, _ := io.Copy(up, clientR)
-		upN.Add(n)
-		if tc, ok := up.(interface{ CloseWrite() error }); ok {
-			tc.CloseWrite()
-		} else {
-			up.Close()
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		n, _ := io.Copy(client, up)
-		downN.Add(n)
-		if tc, ok := client.(interface{ CloseWrite() error }); ok {
-			tc.CloseWrite()
-		} else {
-			client.Close()
-		}
-	}()
+	go func() { defer wg.Done(); upN = copyHalf(up, clientR) }()
+	go func() { defer wg.Done(); downN = copyHalf(client, up) }()
 	wg.Wait()
-	ev.BytesUp += upN.Load()
-	ev.BytesDown += downN.Load()
+	ev.BytesUp += upN
+	ev.BytesDown += downN
+}
+
+// copyHalf copies src to dst until src ends, then ends dst's write side (or
+// closes dst when it has none), and returns the bytes copied.
+func copyHalf(dst net.Conn, src io.Reader) int64 {
+	n, _ := io.Copy(dst, src)
+	if tc, ok := dst.(interface{ CloseWrite() error }); ok {
+		tc.CloseWrite()
+	} else {
+		dst.Close()
+	}
+	return n
 }
 
 // handleHTTP serves one client connection of the HTTP proxy: one request
@@ -290,8 +289,7 @@ func (p *Proxy) handleHTTP(c net.Conn) {
 	up, _, ev := p.open(ProtoHTTPProxy, host, port)
 	if up == nil {
 		refuseHTTP(c, ev)
-		ev.DurationMS = time.Since(ev.Time).Milliseconds()
-		p.record(ev)
+		p.recordDone(ev)
 		return
 	}
 	defer up.Close()
@@ -311,8 +309,7 @@ func (p *Proxy) handleHTTP(c net.Conn) {
 	ev.BytesUp = cw.n
 	n, _ := io.Copy(c, up)
 	ev.BytesDown = n
-	ev.DurationMS = time.Since(ev.Time).Milliseconds()
-	p.record(ev)
+	p.recordDone(ev)
 }
 
 func (p *Proxy) httpConnect(c net.Conn, br *bufio.Reader, req *http.Request) {
@@ -326,8 +323,7 @@ func (p *Proxy) httpConnect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	up, t, ev := p.open(ProtoHTTPProxy, host, uint16(port))
 	if up == nil {
 		refuseHTTP(c, ev)
-		ev.DurationMS = time.Since(ev.Time).Milliseconds()
-		p.record(ev)
+		p.recordDone(ev)
 		return
 	}
 	defer up.Close()
@@ -344,8 +340,7 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, up net.Conn, t Target, port
 		if tc, isTCP := c.(interface{ SetLinger(int) error }); isTCP {
 			tc.SetLinger(0)
 		}
-		ev.DurationMS = time.Since(ev.Time).Milliseconds()
-		p.record(ev)
+		p.recordDone(ev)
 		return
 	}
 	if len(head) > 0 {
@@ -358,8 +353,7 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, up net.Conn, t Target, port
 		}
 	}
 	splice(c, br, up, &ev)
-	ev.DurationMS = time.Since(ev.Time).Milliseconds()
-	p.record(ev)
+	p.recordDone(ev)
 }
 
 type countWriter struct {
@@ -522,8 +516,7 @@ func (p *Proxy) handleSOCKS(c net.Conn) {
 			code = socksHostUnreach
 		}
 		socksReply(c, code)
-		ev.DurationMS = time.Since(ev.Time).Milliseconds()
-		p.record(ev)
+		p.recordDone(ev)
 		return
 	}
 	defer up.Close()

@@ -1,16 +1,12 @@
 package egress
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"sync"
 	"time"
-
-	"isopod/internal/errdefs"
 )
 
 // Event is one flow's record: a line of vms/<id>/net.jsonl.
@@ -91,13 +87,7 @@ type LogConfig struct {
 
 // Validate checks c.
 func (c *LogConfig) Validate() error {
-	switch {
-	case c.Path == "":
-		return fmt.Errorf("egress log: empty path (give the run's net.jsonl): %w", errdefs.ErrInvalidArgument)
-	case c.MaxEvents < 0:
-		return fmt.Errorf("egress log: max events %d is negative (use 0 for the default): %w", c.MaxEvents, errdefs.ErrInvalidArgument)
-	}
-	return nil
+	return validateJSONL("egress log", "net.jsonl", c.Path, c.MaxEvents)
 }
 
 // Log is a Recorder that appends one JSON object per event to a file and
@@ -106,16 +96,10 @@ func (c *LogConfig) Validate() error {
 // to the last flow even if isopod dies.
 type Log struct {
 	start time.Time
-	max   int
-	log   *slog.Logger
 
-	mu      sync.Mutex
-	f       *os.File
-	w       *bufio.Writer
-	written int
-	totals  Totals
-	failed  bool
-	closed  bool
+	mu     sync.Mutex
+	out    *jsonlWriter
+	totals Totals
 }
 
 // OpenLog opens cfg.Path for appending.
@@ -123,21 +107,12 @@ func OpenLog(cfg LogConfig) (*Log, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(cfg.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cfg.Start, cfg.MaxEvents = jsonlDefaults(cfg.Start, cfg.MaxEvents)
+	out, err := openJSONL("egress log", cfg.Path, os.O_APPEND, cfg.MaxEvents, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("opening egress log: %w", err)
 	}
-	l := &Log{start: cfg.Start, max: cfg.MaxEvents, log: cfg.Logger, f: f, w: bufio.NewWriterSize(f, 4096)}
-	if l.start.IsZero() {
-		l.start = time.Now()
-	}
-	if l.max == 0 {
-		l.max = DefaultMaxEvents
-	}
-	if l.log == nil {
-		l.log = slog.New(slog.DiscardHandler)
-	}
-	return l, nil
+	return &Log{start: cfg.Start, out: out}, nil
 }
 
 // Record implements Recorder. Write errors are logged once; the totals stay
@@ -152,24 +127,9 @@ func (l *Log) Record(ev Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.totals.Add(ev)
-	if l.closed || l.failed || l.written >= l.max {
+	if !l.out.write(&ev) {
 		l.totals.Dropped++
-		return
 	}
-	line, err := json.Marshal(&ev)
-	if err == nil {
-		line = append(line, '\n')
-		if _, err = l.w.Write(line); err == nil {
-			err = l.w.Flush()
-		}
-	}
-	if err != nil {
-		l.failed = true
-		l.totals.Dropped++
-		l.log.Warn("egress log write failed; later events are only counted", "err", err)
-		return
-	}
-	l.written++
 }
 
 // Totals returns the counts so far.
@@ -180,25 +140,14 @@ func (l *Log) Totals() Totals {
 }
 
 // Path is the file written.
-func (l *Log) Path() string { return l.f.Name() }
+func (l *Log) Path() string { return l.out.name() }
 
 // Close flushes and closes the file. Later events are only counted.
 // Idempotent.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return nil
-	}
-	l.closed = true
-	err := l.w.Flush()
-	if cerr := l.f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("closing egress log: %w", err)
-	}
-	return nil
+	return l.out.close()
 }
 
 func trim(ev *Event) {

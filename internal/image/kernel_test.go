@@ -152,7 +152,7 @@ func TestFetchKernelFromRealDeb(t *testing.T) {
 			t.Errorf("module %s not extracted: %v", m, err)
 		}
 	}
-	for _, w := range append(GuestModules, "net_failover", "failover", "virtio_pci_modern_dev") {
+	for _, w := range append(GuestModules, "net_failover", "failover", "virtio_mmio") {
 		if _, ok := pos[w]; !ok {
 			t.Errorf("module %s missing from %v", w, ki.Modules)
 		}

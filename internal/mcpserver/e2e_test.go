@@ -266,7 +266,7 @@ func TestVMCommitThenFork(t *testing.T) {
 	ctx := context.Background()
 	label := fmt.Sprintf("mcptest/fork-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	r := s.call(t, ctx, ToolSandboxRun, map[string]any{
-		"cmd": "set -o pipefail; echo layered > /root/marker", "base": base, "network": false, "commit_as": label,
+		"cmd": "mkdir -p /root && echo layered > /root/marker", "base": base, "network": false, "commit_as": label,
 	}, nil)
 	rep := reportOf(t, r)
 	if rep.StageID == "" {

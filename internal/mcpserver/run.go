@@ -19,7 +19,7 @@ import (
 // RunArgs is sandbox_run's input. Field descriptions are the schema a model
 // reads, so they carry the semantics.
 type RunArgs struct {
-	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && (or start with set -o pipefail) so a failing step makes the exit code non-zero"`
+	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && so a failing step makes the exit code non-zero; /bin/sh is dash on base-debian (no pipefail): for a pipeline whose failure must count, run it under bash -o pipefail -c"`
 	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list. The stage itself is never modified"`
 	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only). A forked stage always uses the base it was made on; see image_list"`
 

@@ -247,7 +247,7 @@ const instructions = `isopod runs shell commands in throwaway microVMs (a real L
 
 Use sandbox_run for anything you would not run on the host: it boots a fresh VM, runs cmd with /bin/sh -c, returns exit code, stdout, stderr and timings as JSON, and destroys the VM. A non-zero exit_code is a normal result, not a tool error.
 
-Nothing persists unless you ask: commit_as="<project>/<purpose>" saves the filesystem changes as a stage (only when the command exits 0); later runs with stage="<project>/<purpose>" fork it. Stages are immutable; fork as often as you like. Chain setup steps with && or set -o pipefail so a failed step is not committed.
+Nothing persists unless you ask: commit_as="<project>/<purpose>" saves the filesystem changes as a stage (only when the command exits 0); later runs with stage="<project>/<purpose>" fork it. Stages are immutable; fork as often as you like. Chain setup steps with && (or run pipelines under bash -o pipefail -c) so a failed step is not committed.
 
 Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["pypi.org","*.pythonhosted.org"] allows only those hosts; allow_hosts=[] denies everything and records what was attempted.
 

@@ -26,21 +26,31 @@ func toRef(st *store.Store, m store.Meta) stageRef {
 	return stageRef{ID: m.ID, Name: m.Name, Label: m.Label, BaseFlavor: m.BaseFlavor, BaseSHA256: m.BaseSHA256, Layer: st.LayerPath(m.ID)}
 }
 
-// resolveChain resolves ref to its chain of stages, root first.
-func (s *Service) resolveChain(ref string) ([]stageRef, error) {
+// stageChain opens the store and resolves ref to its chain of stages, root
+// first; the reserved empty stage has an empty chain.
+func (s *Service) stageChain(ref string) (*store.Store, []store.Meta, error) {
 	st, err := s.stages()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	m, err := st.Resolve(ref)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if m.IsBase() {
-		return nil, nil
+		return st, nil, nil
 	}
 	chain, err := st.Chain(m)
 	if err != nil {
+		return nil, nil, err
+	}
+	return st, chain, nil
+}
+
+// resolveChain resolves ref to its chain of stages, root first.
+func (s *Service) resolveChain(ref string) ([]stageRef, error) {
+	st, chain, err := s.stageChain(ref)
+	if err != nil || len(chain) == 0 {
 		return nil, err
 	}
 	out := make([]stageRef, len(chain))
@@ -134,6 +144,15 @@ func stageEntry(m store.Meta) StageEntry {
 	}
 }
 
+// stageEntries describes ms in order; never nil.
+func stageEntries(ms []store.Meta) []StageEntry {
+	out := make([]StageEntry, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, stageEntry(m))
+	}
+	return out
+}
+
 // staleness marks entries whose chain disagrees with the installed base.
 func (s *Service) markStale(st *store.Store, entries []StageEntry) {
 	shas := map[string]string{}
@@ -168,34 +187,22 @@ func (s *Service) StageList(ctx context.Context) (*StageListResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &StageListResult{OK: true, Stages: []StageEntry{}}
-	for _, m := range all {
-		res.Stages = append(res.Stages, stageEntry(m))
-	}
+	res := &StageListResult{OK: true, Stages: stageEntries(all)}
 	s.markStale(st, res.Stages)
 	return res, nil
 }
 
 // StageInfo resolves ref and describes the stage and its chain.
 func (s *Service) StageInfo(ctx context.Context, ref string) (*StageInfoResult, error) {
-	st, err := s.stages()
+	st, chain, err := s.stageChain(ref)
 	if err != nil {
 		return nil, err
 	}
-	m, err := st.Resolve(ref)
-	if err != nil {
-		return nil, err
-	}
-	if m.IsBase() {
+	if len(chain) == 0 {
 		return nil, fmt.Errorf("%q is the reserved empty stage: it has no layers: %w", ref, errdefs.ErrInvalidArgument)
 	}
-	chain, err := st.Chain(m)
-	if err != nil {
-		return nil, err
-	}
-	res := &StageInfoResult{OK: true}
+	res := &StageInfoResult{OK: true, Chain: stageEntries(chain)}
 	for _, c := range chain {
-		res.Chain = append(res.Chain, stageEntry(c))
 		res.LayerPaths = append(res.LayerPaths, st.LayerPath(c.ID))
 	}
 	s.markStale(st, res.Chain)
@@ -234,10 +241,9 @@ func (s *Service) StageLog(ctx context.Context, ref string) (*StageLogResult, er
 	if err != nil {
 		return nil, err
 	}
-	res := &StageLogResult{OK: true, Layers: []StageEntry{}}
-	for _, m := range chain {
-		res.Layers = append(res.Layers, stageEntry(m))
-		res.Base = m.BaseFlavor
+	res := &StageLogResult{OK: true, Layers: stageEntries(chain)}
+	if n := len(chain); n > 0 {
+		res.Base = chain[n-1].BaseFlavor
 	}
 	return res, nil
 }

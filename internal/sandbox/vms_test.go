@@ -7,21 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"isopod/internal/config"
 )
-
-func newGCService(t *testing.T) *Service {
-	t.Helper()
-	s, err := New(Options{Paths: config.Paths{Home: t.TempDir()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.opts.Paths.Ensure(); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // startSleeper starts a process that stands in for an orphaned VMM.
 func startSleeper(t *testing.T) *exec.Cmd {
@@ -58,7 +44,7 @@ func writeTestRecord(t *testing.T, s *Service, r *vmRecord) {
 }
 
 func TestGCKillsOnlyTrueOrphans(t *testing.T) {
-	s := newGCService(t)
+	s := newTestService(t)
 	orphan := startSleeper(t)
 	reused := startSleeper(t)
 	ownerPID, ownerStart := deadPID(t)
@@ -95,7 +81,7 @@ func TestGCKillsOnlyTrueOrphans(t *testing.T) {
 }
 
 func TestGCKeepsNewestAndYoung(t *testing.T) {
-	s := newGCService(t)
+	s := newTestService(t)
 	ownerPID, ownerStart := deadPID(t)
 	for i, age := range []time.Duration{3 * time.Hour, 2 * time.Hour, time.Hour, time.Second} {
 		writeTestRecord(t, s, &vmRecord{ID: "vm-0000010" + itoa(i), Created: time.Now().Add(-age), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})

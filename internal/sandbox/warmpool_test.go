@@ -92,6 +92,8 @@ func TestTmpKey(t *testing.T) {
 	}
 }
 
+// newTestService returns a Service over a fresh home with its directories
+// made; it boots nothing.
 func newTestService(t *testing.T) *Service {
 	t.Helper()
 	s, err := New(Options{Paths: config.Paths{Home: t.TempDir()}})
