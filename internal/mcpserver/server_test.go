@@ -200,6 +200,12 @@ func TestListTools(t *testing.T) {
 			t.Errorf("%s required = %v, want %v", name, got, req)
 		}
 		props, _ := sc["properties"].(map[string]any)
+		for pn := range props {
+			// ISOPOD_ALLOW_BASE_SKEW comes from the server's environment only.
+			if strings.Contains(strings.ToLower(pn), "skew") {
+				t.Errorf("%s has an argument %q: base skew must not be settable by a tool call", name, pn)
+			}
+		}
 		for pn, pv := range props {
 			if d, _ := pv.(map[string]any)["description"].(string); len(d) < 15 {
 				t.Errorf("%s.%s has no useful description (%q)", name, pn, d)

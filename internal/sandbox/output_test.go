@@ -85,3 +85,20 @@ func TestStagedFile(t *testing.T) {
 		t.Errorf("staging name %d bytes, valid %v", len(n), utf8.ValidString(n))
 	}
 }
+
+type closeBuffer struct{ bytes.Buffer }
+
+func (*closeBuffer) Close() error { return nil }
+
+func TestCappedWriterNeverFails(t *testing.T) {
+	var b closeBuffer
+	w := &cappedWriter{w: &b, cap: 10}
+	for range 3 {
+		if n, err := w.Write([]byte("0123456")); n != 7 || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	}
+	if got := b.String(); got != "0123456012"+logCapMarker {
+		t.Errorf("kept %q", got)
+	}
+}
