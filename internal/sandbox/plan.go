@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -141,6 +140,3 @@ func (pl *plan) disks(scratch string) []vmm.Disk {
 	}
 	return append(d, vmm.Disk{Path: scratch, Serial: "isopod-scratch"})
 }
-
-// errIsBase marks the reserved empty stage in lookups.
-var errIsBase = errors.New("the base stage")

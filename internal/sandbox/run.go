@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"isopod/internal/agentclient"
@@ -20,10 +19,9 @@ import (
 
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
-	controlTimeout  = 10 * time.Second // one control message (hostname, clock, net, halt)
-	execGrace       = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
-	copyIdleTimeout = 30 * time.Second // copy-out of one file, per MiB allowance added on top
-	exitWait        = 300 * time.Millisecond
+	controlTimeout = 10 * time.Second // one control message (hostname, clock, net, halt)
+	execGrace      = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
+	exitWait       = 300 * time.Millisecond
 )
 
 // run is the state of one call to Run, torn down by cleanup.
@@ -526,17 +524,4 @@ func randomBytes(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
 	return b
-}
-
-// shellQuote renders argv for logs and records.
-func shellQuote(argv []string) string {
-	out := make([]string, len(argv))
-	for i, a := range argv {
-		if a != "" && !strings.ContainsAny(a, " \t\n'\"\\$`!*?[]{}()<>|&;#~") {
-			out[i] = a
-			continue
-		}
-		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-	}
-	return strings.Join(out, " ")
 }
