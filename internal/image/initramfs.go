@@ -112,7 +112,8 @@ func BuildInitramfs(ctx context.Context, paths config.Paths, opts BuildOptions) 
 	if !opts.Force {
 		var old InitramfsInfo
 		if err := readJSON(sidecarPath(info.Path), &old); err == nil && old.AgentSHA256 == info.AgentSHA256 &&
-			old.ProtocolVersion == info.ProtocolVersion && old.KernelSHA256 == info.KernelSHA256 {
+			old.ProtocolVersion == info.ProtocolVersion && old.KernelSHA256 == info.KernelSHA256 &&
+			sameModules(old.Modules, bk.Info.Modules) {
 			if sum, err := sha256File(info.Path); err == nil && sum == old.ContentSHA256 {
 				old.Path, old.Cached = info.Path, true
 				log.Info("initramfs is current", "path", old.Path)
@@ -215,4 +216,18 @@ func ResolveBoot(paths config.Paths, kernelOverride string) (Boot, error) {
 	}
 	info.Path = p
 	return Boot{Kernel: bk.Path, Initramfs: p, BuiltInKernel: bk.BuiltIn, KernelVersion: bk.Info.Version, Info: info}, nil
+}
+
+// sameModules reports whether an initramfs's module list (in-initramfs
+// paths) names the same modules, in the same order, as the kernel's list.
+func sameModules(built, kernel []string) bool {
+	if len(built) != len(kernel) {
+		return false
+	}
+	for i := range built {
+		if filepath.Base(built[i]) != filepath.Base(kernel[i]) {
+			return false
+		}
+	}
+	return true
 }

@@ -174,3 +174,20 @@ func TestBuildUnknownFlavor(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+func TestSameModules(t *testing.T) {
+	kernel := []string{"kernel/drivers/virtio/virtio.ko", "kernel/fs/overlayfs/overlay.ko"}
+	for _, tt := range []struct {
+		built []string
+		want  bool
+	}{
+		{[]string{"lib/modules/6.1/kernel/drivers/virtio/virtio.ko", "lib/modules/6.1/kernel/fs/overlayfs/overlay.ko"}, true},
+		{[]string{"lib/modules/6.1/kernel/fs/overlayfs/overlay.ko", "lib/modules/6.1/kernel/drivers/virtio/virtio.ko"}, false},
+		{[]string{"lib/modules/6.1/kernel/drivers/virtio/virtio.ko"}, false},
+		{nil, false},
+	} {
+		if got := sameModules(tt.built, kernel); got != tt.want {
+			t.Errorf("sameModules(%v) = %v; want %v", tt.built, got, tt.want)
+		}
+	}
+}
