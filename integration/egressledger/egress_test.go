@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -111,17 +110,7 @@ func serveBanner(t *testing.T, n *testnet.Net, ns, addr, banner string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(c, banner)
-			c.Close()
-		}
-	}()
+	testnet.ServeBanner(t, l, banner)
 }
 
 // octal renders b for a shell printf format: every byte as \NNN.

@@ -94,17 +94,7 @@ func stackInNamespaceChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				io.WriteString(c, "host service\n")
-				c.Close()
-			}
-		}()
+		testnet.ServeBanner(t, l, "host service\n")
 	}
 	direct := &http.Client{Timeout: 2 * time.Minute}
 	// Everything refused below is reachable from the host itself.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -123,4 +124,20 @@ func BigSHA256() string {
 		bigSum = hex.EncodeToString(h.Sum(nil))
 	})
 	return bigSum
+}
+
+// ServeBanner answers every connection on l with banner and closes it,
+// until t ends.
+func ServeBanner(t testing.TB, l net.Listener, banner string) {
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, banner)
+			c.Close()
+		}
+	}()
 }
