@@ -2,6 +2,7 @@ package network
 
 import (
 	"isopod/integration/e2e"
+	"syscall"
 
 	"bytes"
 	"encoding/json"
@@ -161,7 +162,7 @@ func TestGuestsCannotReachEachOther(t *testing.T) {
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Process.Kill(); a.Wait() })
+	t.Cleanup(func() { a.Process.Signal(syscall.SIGTERM); a.Wait() })
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if vm := e2e.VMOfOwner(a.Process.Pid); vm != "" {

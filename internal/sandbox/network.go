@@ -27,14 +27,23 @@ type runNetwork struct {
 	env    []string
 }
 
-// socketDir is a short private directory for a run's unix sockets (a socket
-// path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
-func socketDir(id string) (string, error) {
+// socketBase is the user's private directory for run sockets.
+func socketBase() (string, error) {
 	base := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return "", fmt.Errorf("creating socket directory: %w", err)
 	}
 	os.Chmod(base, 0o700)
+	return base, nil
+}
+
+// socketDir is a short private directory for a run's unix sockets (a socket
+// path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
+func socketDir(id string) (string, error) {
+	base, err := socketBase()
+	if err != nil {
+		return "", err
+	}
 	dir := filepath.Join(base, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("creating socket directory: %w", err)

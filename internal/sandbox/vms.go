@@ -98,7 +98,29 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 		}
 	}
 	s.gcExtra(res)
+	s.gcSocketDirs()
 	return res, nil
+}
+
+// gcSocketDirs removes the socket directories of runs that ended without
+// cleaning up (a SIGKILLed isopod). A socket path is only used while QEMU
+// connects, so removing an old one never breaks a live VM.
+func (s *Service) gcSocketDirs() {
+	base, err := socketBase()
+	if err != nil {
+		return
+	}
+	ents, _ := os.ReadDir(base)
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil || !e.IsDir() || !strings.HasPrefix(e.Name(), "vm-") || time.Since(info.ModTime()) < gcMinAge {
+			continue
+		}
+		if r, err := readRecord(s.opts.Paths.VM(e.Name())); err == nil && recordLive(r) {
+			continue
+		}
+		os.RemoveAll(filepath.Join(base, e.Name()))
+	}
 }
 
 // gcExtra is extended by other housekeeping (warm-pool snapshots).

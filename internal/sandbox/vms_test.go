@@ -115,3 +115,28 @@ func TestParseStatStartTime(t *testing.T) {
 	}
 	_ = filepath.Join
 }
+
+func TestGCRemovesStaleSocketDirs(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	s := newTestService(t)
+	base, err := socketBase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, fresh := filepath.Join(base, "vm-0000aaaa"), filepath.Join(base, "vm-0000bbbb")
+	for _, d := range []string{stale, fresh} {
+		os.Mkdir(d, 0o700)
+		os.WriteFile(filepath.Join(d, "net.sock"), nil, 0o600)
+	}
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(stale, old, old)
+	if _, err := s.VMGC(context.Background(), 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); err == nil {
+		t.Errorf("a stale socket directory was kept")
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh socket directory was removed")
+	}
+}
