@@ -24,12 +24,27 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
 fi
 
-# Go: any Go >= 1.21 fetches the toolchain go.mod asks for.
+# Go: any Go >= 1.21 fetches the toolchain go.mod asks for by itself. An
+# older one (Debian 12 ships 1.19) downloads it as a module through the Go
+# module proxy, and links it as /usr/local/bin/go so that `go test ./...`
+# finds it too.
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 if ! command -v go >/dev/null; then
   echo "install.sh: installing Go from the distribution" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq golang-go >&2
+fi
+have=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n' 1.21 "$have" | sort -V | head -n1)" != 1.21 ]; then
+  want=$(awk '/^go /{print $2; exit}' go.mod)
+  tc="golang.org/toolchain@v0.0.1-go${want}.linux-$(go env GOARCH)"
+  echo "install.sh: Go $have cannot fetch toolchains; downloading go$want as $tc" >&2
+  dir=$(cd / && GOFLAGS=-modcacherw go mod download -json "$tc" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || { echo "install.sh: could not download $tc" >&2; exit 1; }
+  chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/*
+  $SUDO ln -sf "$dir/bin/go" /usr/local/bin/go
+  $SUDO ln -sf "$dir/bin/gofmt" /usr/local/bin/gofmt
+  export PATH="$dir/bin:$PATH"
 fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 
