@@ -18,9 +18,8 @@
 package agent
 
 import (
-	"os"
 	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -50,32 +49,32 @@ func ProtoVersion() int {
 // DefaultHello describes this agent and the running kernel: protocol and
 // agent versions, uptime and kernel release. Boot results (BootError,
 // ModulesMS) are added by the PID-1 code.
+//
+// It is the readiness probe after a snapshot resume, when every code path
+// runs for the first time in a fresh emulator process, so it makes one
+// cheap syscall: the kernel release is read once and kept.
 func DefaultHello() agentproto.Hello {
-	h := agentproto.Hello{
+	return agentproto.Hello{
 		Version:      ProtoVersion(),
 		AgentVersion: Version,
 		UptimeMS:     uptimeMS(),
+		Kernel:       kernelRelease(),
 	}
-	var u unix.Utsname
-	if err := unix.Uname(&u); err == nil {
-		h.Kernel = unix.ByteSliceToString(u.Release[:])
-	}
-	return h
 }
 
-// uptimeMS reads the first field of /proc/uptime; 0 when unavailable.
+var kernelRelease = sync.OnceValue(func() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+})
+
+// uptimeMS is the time since boot (CLOCK_BOOTTIME); 0 when unavailable.
 func uptimeMS() int64 {
-	b, err := os.ReadFile("/proc/uptime")
-	if err != nil {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		return 0
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	s, err := strconv.ParseFloat(f[0], 64)
-	if err != nil {
-		return 0
-	}
-	return int64(s * float64(time.Second/time.Millisecond))
+	return ts.Nano() / int64(time.Millisecond)
 }

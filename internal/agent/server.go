@@ -258,10 +258,10 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 	}
 	switch m.Kind {
 	case agentproto.KindHello:
-		c.spawn(func() {
-			h := c.srv.hello()
-			c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindHello, Hello: &h}, nil)
-		})
+		// Answered inline: it never blocks, and after a snapshot resume it
+		// is the first message, whose latency is the resume's.
+		h := c.srv.hello()
+		c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindHello, Hello: &h}, nil)
 	case agentproto.KindPing:
 		c.spawn(func() {
 			h := c.srv.hello()
