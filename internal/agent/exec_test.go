@@ -179,10 +179,12 @@ func TestExecSignal(t *testing.T) {
 	if f := c.next(id, 5*time.Second); f.m.Kind != agentproto.KindOutput {
 		t.Fatalf("first frame %s; want output", f.m.Kind)
 	}
-	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindSignal, Signal: int(unix.SIGINT)}, nil)
+	// SIGTERM, not SIGINT: a test run from a shell without job control
+	// inherits SIGINT ignored, and so would the exec.
+	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindSignal, Signal: int(unix.SIGTERM)}, nil)
 	r := c.wait(id, 5*time.Second)
-	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGINT) || r.done.TimedOut {
-		t.Errorf("done = %+v; want ended by SIGINT", r.done)
+	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGTERM) || r.done.TimedOut {
+		t.Errorf("done = %+v; want ended by SIGTERM", r.done)
 	}
 }
 
