@@ -126,11 +126,16 @@ func TestExecLargeOutput(t *testing.T) {
 	}
 }
 
-// groupAlive lists processes of process group pgid that have not exited.
-func groupAlive(t *testing.T, pgid int) []string {
-	t.Helper()
+// procEntry is one process as /proc/PID/stat describes it.
+type procEntry struct {
+	pid, comm string
+	fields    []string // from field 3 (state) on
+}
+
+// procs lists the processes in /proc.
+func procs() []procEntry {
 	ents, _ := os.ReadDir("/proc")
-	var alive []string
+	var out []procEntry
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
@@ -140,9 +145,19 @@ func groupAlive(t *testing.T, pgid int) []string {
 			continue
 		}
 		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
-			alive = append(alive, e.Name()+":"+s[:strings.LastIndexByte(s, ')')+1])
+		end := strings.LastIndexByte(s, ')') + 1
+		out = append(out, procEntry{pid: e.Name(), comm: s[:end], fields: strings.Fields(s[end:])})
+	}
+	return out
+}
+
+// groupAlive lists processes of process group pgid that have not exited.
+func groupAlive(t *testing.T, pgid int) []string {
+	t.Helper()
+	var alive []string
+	for _, p := range procs() {
+		if len(p.fields) > 2 && p.fields[2] == strconv.Itoa(pgid) && p.fields[0] != "Z" {
+			alive = append(alive, p.pid+":"+p.comm)
 		}
 	}
 	return alive

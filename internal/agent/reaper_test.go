@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,20 +42,10 @@ func TestMain(m *testing.M) {
 
 // zombieChildren lists children of pid that are zombies.
 func zombieChildren(pid int) []string {
-	ents, _ := os.ReadDir("/proc")
 	var z []string
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(pid) {
-			z = append(z, e.Name())
+	for _, p := range procs() {
+		if len(p.fields) > 1 && p.fields[0] == "Z" && p.fields[1] == strconv.Itoa(pid) {
+			z = append(z, p.pid)
 		}
 	}
 	return z

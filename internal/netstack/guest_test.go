@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,4 +135,22 @@ func (g *testGuest) udpExchange(dst string, msg []byte, wait time.Duration) ([]b
 	buf := make([]byte, 2048)
 	n, err := c.Read(buf)
 	return buf[:n], err
+}
+
+// mustRefuse dials dst through the stack and fails unless the connection is
+// refused (a RST) within a second.
+func (g *testGuest) mustRefuse(t testing.TB, dst string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	c, err := g.dial(ctx, dst)
+	if err == nil {
+		c.Close()
+		t.Errorf("%s: connected through the stack; want refused", dst)
+		return
+	}
+	if d := time.Since(start); d > time.Second || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("%s: %v after %v; want a RST at once", dst, err, d)
+	}
 }
