@@ -7,9 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 )
@@ -202,6 +207,19 @@ func (c *QMPClient) readLoop(br *bufio.Reader) {
 // or anything that encodes as a JSON object. A QEMU error reply comes back as
 // a *QMPError.
 func (c *QMPClient) Execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return c.execute(ctx, cmd, args, nil)
+}
+
+// ExecuteFile is Execute with f's descriptor passed along (SCM_RIGHTS), as
+// getfd and add-fd expect. The connection must be a Unix socket.
+func (c *QMPClient) ExecuteFile(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
+	if _, ok := c.conn.(*net.UnixConn); !ok {
+		return nil, fmt.Errorf("qmp %s: passing a file needs a unix socket connection: %w", cmd, errdefs.ErrNotSupported)
+	}
+	return c.execute(ctx, cmd, args, f)
+}
+
+func (c *QMPClient) execute(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -226,7 +244,12 @@ func (c *QMPClient) Execute(ctx context.Context, cmd string, args any) (json.Raw
 	}
 	b = append(b, '\n')
 	c.wmu.Lock()
-	_, err = c.conn.Write(b)
+	if f != nil {
+		_, _, err = c.conn.(*net.UnixConn).WriteMsgUnix(b, unix.UnixRights(int(f.Fd())), nil)
+		runtime.KeepAlive(f)
+	} else {
+		_, err = c.conn.Write(b)
+	}
 	c.wmu.Unlock()
 	if err != nil {
 		c.forget(id)
@@ -266,10 +289,16 @@ func (c *QMPClient) Events() []QMPEvent {
 // WaitEvent returns the first remembered event called name, waiting for one
 // to arrive if there is none yet.
 func (c *QMPClient) WaitEvent(ctx context.Context, name string) (QMPEvent, error) {
+	return c.WaitEventFunc(ctx, name, func(QMPEvent) bool { return true })
+}
+
+// WaitEventFunc returns the first remembered event called name for which
+// match is true, waiting for one to arrive if there is none yet.
+func (c *QMPClient) WaitEventFunc(ctx context.Context, name string, match func(QMPEvent) bool) (QMPEvent, error) {
 	for {
 		c.mu.Lock()
 		for _, ev := range c.events {
-			if ev.Name == name {
+			if ev.Name == name && match(ev) {
 				c.mu.Unlock()
 				return ev, nil
 			}

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,14 +25,20 @@ const (
 	snapMemory = "memory"        // guest RAM, byte for byte, sparse
 )
 
+// machineFormat versions the machine buildArgs describes. Bump it when a
+// device or a device option changes: a snapshot of another machine is
+// refused rather than loaded into a VM that only nearly matches it.
+const machineFormat = 2
+
 // snapshotMeta records what a restore must match.
 type snapshotMeta struct {
-	QEMU   string    `json:"qemu"`
-	Accel  vmm.Accel `json:"accel"`
-	VCPUs  int       `json:"vcpus"`
-	MemMiB int       `json:"mem_mib"`
-	Disks  int       `json:"disks"`
-	NIC    bool      `json:"nic"`
+	Machine int       `json:"machine"`
+	QEMU    string    `json:"qemu"`
+	Accel   vmm.Accel `json:"accel"`
+	VCPUs   int       `json:"vcpus"`
+	MemMiB  int       `json:"mem_mib"`
+	Disks   int       `json:"disks"`
+	NIC     bool      `json:"nic"`
 }
 
 var (
@@ -48,34 +53,34 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if m.mem != "" {
 		return fmt.Errorf("qemu snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
 	}
-	if strings.ContainsAny(dir, "'\n") || !filepath.IsAbs(dir) {
-		return fmt.Errorf("qemu snapshot: dir %q must be absolute and free of quotes: %w", dir, errdefs.ErrInvalidArgument)
-	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
-	if err := ignoreShared(ctx, m.qmp); err != nil {
+	if err := migrationCaps(ctx, m.qmp); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
-	state := filepath.Join(dir, snapState)
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{
-		"uri": "exec:cat > '" + state + "'",
-	}); err != nil {
+	f, err := os.OpenFile(filepath.Join(dir, snapState), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
-	if err := waitMigration(ctx, m.qmp); err != nil {
+	err = m.migrateFile(ctx, "migrate", f)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
 	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
 	meta := snapshotMeta{
-		QEMU:   m.qmp.Version,
-		Accel:  m.accel,
-		VCPUs:  m.cfg.VCPUs,
-		MemMiB: m.cfg.MemMiB,
-		Disks:  len(m.cfg.Disks),
-		NIC:    m.cfg.Net != nil,
+		Machine: machineFormat,
+		QEMU:    m.qmp.Version,
+		Accel:   m.accel,
+		VCPUs:   m.cfg.VCPUs,
+		MemMiB:  m.cfg.MemMiB,
+		Disks:   len(m.cfg.Disks),
+		NIC:     m.cfg.Net != nil,
 	}
 	b, _ := json.MarshalIndent(meta, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, snapMeta), b, 0o644); err != nil {
@@ -84,34 +89,56 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	return nil
 }
 
-// waitMigration polls query-migrate until the migration completes or fails.
+// migrationFD is the name under which the migration stream's descriptor is
+// handed to QEMU.
+const migrationFD = "isopod-migration"
+
+// migrateFile runs a migration ("migrate" out of, or "migrate-incoming"
+// into, this machine) through f, whose descriptor is passed over QMP, and
+// waits for it to end. migrationCaps must have been set.
+func (m *Machine) migrateFile(ctx context.Context, cmd string, f *os.File) error {
+	if _, err := m.qmp.ExecuteFile(ctx, "getfd", map[string]any{"fdname": migrationFD}, f); err != nil {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, cmd, map[string]any{"uri": "fd:" + migrationFD}); err != nil {
+		return err
+	}
+	return waitMigration(ctx, m.qmp)
+}
+
+// waitMigration waits for the MIGRATION event that ends a migration.
 func waitMigration(ctx context.Context, q *QMPClient) error {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ret, err := q.Execute(ctx, "query-migrate", nil)
-		if err != nil {
-			return err
-		}
+	status := func(ev QMPEvent) string {
 		var st struct {
-			Status    string `json:"status"`
+			Status string `json:"status"`
+		}
+		json.Unmarshal(ev.Data, &st)
+		return st.Status
+	}
+	ev, err := q.WaitEventFunc(ctx, "MIGRATION", func(ev QMPEvent) bool {
+		switch status(ev) {
+		case "completed", "failed", "cancelled":
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return fmt.Errorf("migration: %w", err)
+	}
+	st := status(ev)
+	if st == "completed" {
+		return nil
+	}
+	desc := ""
+	if ret, err := q.Execute(ctx, "query-migrate", nil); err == nil {
+		var info struct {
 			ErrorDesc string `json:"error-desc"`
 		}
-		if err := json.Unmarshal(ret, &st); err != nil {
-			return fmt.Errorf("query-migrate: %w", err)
-		}
-		switch st.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("migration %s: %s: %w", st.Status, st.ErrorDesc, errdefs.ErrFailedPrecondition)
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return fmt.Errorf("migration: %w: %w", errdefs.ErrUnavailable, ctx.Err())
+		if json.Unmarshal(ret, &info) == nil && info.ErrorDesc != "" {
+			desc = ": " + info.ErrorDesc
 		}
 	}
+	return fmt.Errorf("migration %s%s: %w", st, desc, errdefs.ErrFailedPrecondition)
 }
 
 // copyMemory copies the guest RAM memfd out of QEMU (through /proc) into a
@@ -192,12 +219,12 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if err := json.Unmarshal(b, &meta); err != nil {
 		return nil, fmt.Errorf("qemu restore: %s: %w", snapMeta, err)
 	}
+	if meta.Machine != machineFormat {
+		return nil, fmt.Errorf("qemu restore: the snapshot is of machine format %d; this driver builds format %d: %w", meta.Machine, machineFormat, errdefs.ErrFailedPrecondition)
+	}
 	if cfg.VCPUs != meta.VCPUs || cfg.MemMiB != meta.MemMiB || len(cfg.Disks) != meta.Disks || (cfg.Net != nil) != meta.NIC {
 		return nil, fmt.Errorf("qemu restore: config (vcpus %d, %d MiB, %d disks, nic %v) differs from the snapshot's (vcpus %d, %d MiB, %d disks, nic %v): %w",
 			cfg.VCPUs, cfg.MemMiB, len(cfg.Disks), cfg.Net != nil, meta.VCPUs, meta.MemMiB, meta.Disks, meta.NIC, errdefs.ErrInvalidArgument)
-	}
-	if strings.ContainsAny(dir, "'\n") {
-		return nil, fmt.Errorf("qemu restore: dir %q must be free of quotes: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	// The CPU model follows the accelerator, so the snapshot's is the only
 	// one that fits.
@@ -224,26 +251,29 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	return m, nil
 }
 
-// ignoreShared makes migration leave shared RAM (the memfd, the snapshot
-// file) out of the stream.
-func ignoreShared(ctx context.Context, q *QMPClient) error {
+// migrationCaps makes migration leave shared RAM (the memfd, the snapshot
+// file) out of the stream and report its progress as events.
+func migrationCaps(ctx context.Context, q *QMPClient) error {
 	_, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}},
+		"capabilities": []map[string]any{
+			{"capability": "x-ignore-shared", "state": true},
+			{"capability": "events", "state": true},
+		},
 	})
 	return err
 }
 
-// incoming loads the device state and waits for the guest to run.
+// incoming loads the device state and lets the guest run.
 func (m *Machine) incoming(ctx context.Context, state string) error {
-	if err := ignoreShared(ctx, m.qmp); err != nil {
+	f, err := os.Open(state)
+	if err != nil {
 		return err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{
-		"uri": "exec:cat '" + state + "'",
-	}); err != nil {
+	defer f.Close()
+	if err := migrationCaps(ctx, m.qmp); err != nil {
 		return err
 	}
-	if err := waitMigration(ctx, m.qmp); err != nil {
+	if err := m.migrateFile(ctx, "migrate-incoming", f); err != nil {
 		return err
 	}
 	// The stream carries the source's run state, paused: resume here.

@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -31,6 +32,22 @@ func fileDigest(t *testing.T, path string) [32]byte {
 	return sum
 }
 
+// generationID is the machine's vmgenid GUID.
+func generationID(t *testing.T, m *Machine) string {
+	t.Helper()
+	ret, err := m.QMP().Execute(context.Background(), "query-vm-generation-id", nil)
+	if err != nil {
+		t.Fatalf("query-vm-generation-id: %v", err)
+	}
+	var id struct {
+		GUID string `json:"guid"`
+	}
+	if err := json.Unmarshal(ret, &id); err != nil || id.GUID == "" {
+		t.Fatalf("query-vm-generation-id: %s (%v)", ret, err)
+	}
+	return id.GUID
+}
+
 func TestSnapshotRestore(t *testing.T) {
 	d := newTestDriver(t)
 	g := vmmtest.BuildGuest(t)
@@ -39,6 +56,8 @@ func TestSnapshotRestore(t *testing.T) {
 
 	cfg := vmmtest.Config(t, g)
 	builder := vmmtest.Boot(t, d, cfg)
+	// Every QEMU process gets its own VM generation ID, clones included.
+	guids := map[string]string{"builder": generationID(t, builder.M.(*Machine))}
 	snap := t.TempDir()
 	start := time.Now()
 	if err := builder.M.(vmm.Snapshotter).Snapshot(ctx, snap); err != nil {
@@ -69,6 +88,13 @@ func TestSnapshotRestore(t *testing.T) {
 		restoreTook := time.Since(began)
 		resumed := time.Since(m.(*Machine).Started())
 		t.Cleanup(func() { m.Kill(); m.Wait(); m.Agent().Close() })
+		guid := generationID(t, m.(*Machine))
+		for who, g := range guids {
+			if g == guid {
+				t.Errorf("restored guest %s has the generation ID of %s (%s)", name, who, g)
+			}
+		}
+		guids[name] = guid
 		// The guest was waiting on its port; it answers on the new channel.
 		io.WriteString(m.Agent(), "ECHO restored "+name+"\n")
 		line := make(chan string, 1)
@@ -105,4 +131,26 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Errorf("Restore with another memory size: %v; want ErrInvalidArgument", err)
 	}
 	vmmtest.AssertNoProcess(t, bad.ID)
+
+	// A snapshot of another machine format is refused before QEMU runs.
+	metaPath := filepath.Join(snap, snapMeta)
+	b, err := os.ReadFile(metaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	meta["machine"] = machineFormat - 1
+	b, _ = json.Marshal(meta)
+	if err := os.WriteFile(metaPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := vmmtest.Config(t, g)
+	old.ID += "old"
+	if _, err := d.Restore(ctx, old, snap); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Restore of an older machine format: %v; want ErrFailedPrecondition", err)
+	}
+	vmmtest.AssertNoProcess(t, old.ID)
 }
