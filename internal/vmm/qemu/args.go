@@ -152,6 +152,10 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		"-device", "virtio-serial-device,id=vser0,max_ports=2",
 		"-chardev", "socket,id=agent0,fd="+strconv.Itoa(fdAgent),
 		"-device", "virtserialport,chardev=agent0,name="+AgentPortName,
+		// A generation ID that is new in every QEMU process, so a kernel
+		// with the vmgenid driver reseeds its CRNG in each clone of a
+		// snapshot. (The pinned kernel has no driver; the agent reseeds.)
+		"-device", "vmgenid,id=vmgenid0,guid=auto",
 	)
 	for i, d := range cfg.Disks {
 		id := "disk" + strconv.Itoa(i)
@@ -170,9 +174,12 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 			"-device", "virtio-blk-device,drive="+id+",serial="+d.Serial)
 	}
 	if cfg.Net != nil {
+		// No guest announce: after a restore the guest would otherwise
+		// send gratuitous ARPs and neighbour advertisements to a network
+		// stack that is new and has nothing to relearn.
 		a = append(a,
 			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+escapeOpt(cfg.Net.Socket),
-			"-device", "virtio-net-device,netdev=net0,mac="+cfg.Net.MAC)
+			"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac="+cfg.Net.MAC)
 	}
 	if l.incoming != "" {
 		a = append(a, "-incoming", l.incoming)

@@ -51,12 +51,13 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-device", "virtio-serial-device,id=vser0,max_ports=2",
 		"-chardev", "socket,id=agent0,fd=3",
 		"-device", "virtserialport,chardev=agent0,name=isopod.agent",
+		"-device", "vmgenid,id=vmgenid0,guid=auto",
 		"-drive", "if=none,id=disk0,file=/img/base.sqfs,format=raw,readonly=on,cache=unsafe,aio=threads",
 		"-device", "virtio-blk-device,drive=disk0,serial=isopod-base",
 		"-drive", "if=none,id=disk1,file=/vm/scr,,atch.ext4,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap",
 		"-device", "virtio-blk-device,drive=disk1,serial=isopod-scratch",
 		"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path=/vm/net.sock",
-		"-device", "virtio-net-device,netdev=net0,mac=52:54:00:aa:bb:cc",
+		"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac=52:54:00:aa:bb:cc",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("argv mismatch\ngot:  %q\nwant: %q", got, want)
