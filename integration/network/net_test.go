@@ -104,6 +104,22 @@ func TestNetworkPublicOnly(t *testing.T) {
 		}
 	})
 
+	t.Run("IPv6 is off on the NIC, cold and warm", func(t *testing.T) {
+		// Cold (an explicit scratch size is never resumed) and the default
+		// path, which resumes from the warm pool once it is built.
+		for _, args := range [][]string{{"--scratch-mib", "1024"}, nil, nil} {
+			argv := append(append([]string(nil), args...), "--", "sh", "-c",
+				"cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6; ip -6 addr show dev eth0; "+
+					`awk '$1 == "Ip6OutRequests" || $1 == "Icmp6OutMsgs" { print $1 "=" $2 }' /proc/net/dev_snmp6/eth0`)
+			r := nsRun(t, n, argv...)
+			want := "1\nIp6OutRequests=0\nIcmp6OutMsgs=0\n"
+			if out := e2e.Str(r.JSON, "stdout"); out != want {
+				t.Errorf("%s run: guest IPv6 state %q (stderr %q); want %q",
+					e2e.Str(r.JSON, "path"), out, e2e.Str(r.JSON, "stderr"), want)
+			}
+		}
+	})
+
 	t.Run("no-network has only lo", func(t *testing.T) {
 		r := nsRun(t, n, "--no-network", "--", "ls", "/sys/class/net")
 		if e2e.Str(r.JSON, "stdout") != "lo\n" {

@@ -36,6 +36,9 @@ func configureNet(log *slog.Logger, cfg agentproto.NetConfig, resolvConf string)
 	if err := setIfAddr(fd, ifc.Name, unix.SIOCSIFNETMASK, netip.AddrFrom4([4]byte(mask))); err != nil {
 		return err
 	}
+	if err := disableIPv6(ifc.Name); err != nil {
+		return err
+	}
 	if err := ifUp(fd, ifc.Name); err != nil {
 		return err
 	}
@@ -52,6 +55,20 @@ func configureNet(log *slog.Logger, cfg agentproto.NetConfig, resolvConf string)
 		}
 	}
 	log.Debug("interface configured", "interface", ifc.Name, "address", cfg.Address)
+	return nil
+}
+
+// disableIPv6 turns IPv6 off on the interface before it comes up. The
+// host's stack carries no IPv6, so the guest gets no IPv6 address, route,
+// duplicate-address detection or multicast reports on it: the kernel sends
+// nothing the host would only drop, and a snapshot taken right after the
+// link came up leaves no address detection running in its clones. A kernel
+// without IPv6 has nothing to turn off.
+func disableIPv6(name string) error {
+	err := os.WriteFile(filepath.Join("/proc/sys/net/ipv6/conf", name, "disable_ipv6"), []byte("1"), 0)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("disabling IPv6 on %s: %w", name, err)
+	}
 	return nil
 }
 
