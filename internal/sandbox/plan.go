@@ -126,6 +126,13 @@ func (pl *plan) cmdline(hostname string) string {
 		"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
 		"i8042.noaux", "i8042.nomux", "i8042.nopnp", "i8042.dumbkbd",
 		"8250.nr_uarts=1", "random.trust_cpu=on",
+		// No pressure-stall accounting on every context switch.
+		"psi=0",
+		// The kernel hands init the key=value parameters it does not know
+		// as its environment. The agent only waits on I/O, and signals
+		// that preempt it cost more than they give; its children start
+		// from an environment of their own.
+		"GODEBUG=asyncpreemptoff=1",
 		"isopod.hostname=" + hostname,
 		"isopod.layers=" + strconv.Itoa(len(pl.layers)),
 	}

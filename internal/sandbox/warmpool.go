@@ -47,7 +47,7 @@ import (
 const (
 	// warmFormat is the snapshot layout version; bump it when the snapshot
 	// VM's configuration (disks, command line, NIC) changes.
-	warmFormat = 1
+	warmFormat = 2
 	// warmHostname is the snapshot VM's boot hostname; every resumed run
 	// sets its own.
 	warmHostname  = "isopod-warm"

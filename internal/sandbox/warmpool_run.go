@@ -24,6 +24,10 @@ const (
 	// resumeHelloTimeout bounds the hello after a restore: a healthy
 	// snapshot answers in milliseconds, a corrupt one may never.
 	resumeHelloTimeout = 10 * time.Second
+	// linkSettle is how long the snapshot VM stays up after its NIC came
+	// up: the guest kernel's link-event batching interval (one second)
+	// with some margin.
+	linkSettle = 1200 * time.Millisecond
 	// snapshotTimeout bounds writing a snapshot.
 	snapshotTimeout = 2 * time.Minute
 )
@@ -350,12 +354,14 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	// The NIC is brought up (and addressed like every run's private
 	// network) before the snapshot: the link coming up is the slow part
 	// of configuring it, and a resumed run then only re-addresses it.
+	var netUp time.Time
 	if b.agentNet != nil {
 		nc := *b.agentNet
 		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
 		if err := c.Call(bctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
 			return nil, bootMS, fmt.Errorf("configuring the snapshot VM's network: %w", err)
 		}
+		netUp = time.Now()
 	}
 	// The guest's page cache gets the shell binary, which nearly every
 	// command starts through: each resumed run would otherwise read and
@@ -385,6 +391,16 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 			os.RemoveAll(tmp)
 		}
 	}()
+	// The guest kernel batches link events for up to a second after the
+	// NIC came up; a snapshot taken before that would leave every clone
+	// to process them while it answers its first request.
+	if wait := time.Until(netUp.Add(linkSettle)); !netUp.IsZero() && wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-bctx.Done():
+			return nil, bootMS, fmt.Errorf("waiting for the snapshot VM's link to settle: %w", bctx.Err())
+		}
+	}
 	sctx, cancelSnap := context.WithTimeout(ctx, snapshotTimeout)
 	defer cancelSnap()
 	if err := snapper.Snapshot(sctx, tmp); err != nil {
