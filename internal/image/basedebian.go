@@ -253,9 +253,18 @@ func tidyDebianRoot(root string) error {
 // unmountUnder detaches every mount at or below root (debootstrap mounts
 // proc and sys in the target; an interrupted run can leave them).
 func unmountUnder(root string, log *slog.Logger) {
+	for _, mp := range mountsUnder(root) {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+			log.Warn("could not unmount a build mount", "path", mp, "err", err)
+		}
+	}
+}
+
+// mountsUnder lists the mount points at or below root, deepest first.
+func mountsUnder(root string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return
+		return nil
 	}
 	var mps []string
 	for _, l := range bytes.Split(b, []byte("\n")) {
@@ -269,11 +278,7 @@ func unmountUnder(root string, log *slog.Logger) {
 		}
 	}
 	sort.Slice(mps, func(i, j int) bool { return len(mps[i]) > len(mps[j]) })
-	for _, mp := range mps {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
-			log.Warn("could not unmount a build mount", "path", mp, "err", err)
-		}
-	}
+	return mps
 }
 
 // unescapeMount decodes mountinfo's octal escapes (\040 for a space).

@@ -65,6 +65,9 @@ type VMGCResult struct {
 	StageLeftovers []string `json:"stage_leftovers_removed,omitempty"`
 	// SnapshotsRemoved are warm-pool snapshots no current run can use.
 	SnapshotsRemoved []string `json:"snapshots_removed,omitempty"`
+	// BuildLeftovers are what interrupted kernel fetches and image builds
+	// left in kernels/ and images/.
+	BuildLeftovers []string `json:"build_leftovers_removed,omitempty"`
 }
 
 // ImageEntry describes one base a run accepts.

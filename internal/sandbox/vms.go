@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"io/fs"
+	"isopod/internal/image"
 	"os"
 	"path/filepath"
 	"sort"
@@ -123,7 +124,8 @@ func (s *Service) gcSocketDirs() {
 	}
 }
 
-// gcExtra is extended by other housekeeping (warm-pool snapshots).
+// gcExtra is the housekeeping beyond VM records: warm-pool snapshots and
+// the leftovers of interrupted kernel fetches and image builds.
 func (s *Service) gcExtra(res *VMGCResult) {
 	// Warm pool: temporary and replaced snapshot directories, incomplete
 	// ones, and snapshots whose base build is gone (warmpool.go).
@@ -131,6 +133,7 @@ func (s *Service) gcExtra(res *VMGCResult) {
 		s.log.Info("warm pool: removed leftover snapshot", "name", name)
 		res.SnapshotsRemoved = append(res.SnapshotsRemoved, name)
 	}
+	res.BuildLeftovers = image.SweepTemp(s.opts.Paths, image.TempMaxAge, s.log)
 }
 
 // dirBytes is the allocated size of everything under dir.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"isopod/internal/image"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,6 +98,31 @@ func TestGCKeepsNewestAndYoung(t *testing.T) {
 	ents, _ := os.ReadDir(s.opts.Paths.VMs())
 	if len(ents) != 1 || ents[0].Name() != "vm-00000103" {
 		t.Errorf("left %v", ents)
+	}
+}
+
+func TestGCSweepsBuildLeftovers(t *testing.T) {
+	s := newTestService(t)
+	dead := filepath.Join(s.opts.Paths.Images(), ".tmp-base-debian-1")
+	live := filepath.Join(s.opts.Paths.Images(), ".tmp-base-debian-2")
+	for _, d := range []string{dead, live} {
+		if err := os.MkdirAll(filepath.Join(d, "root"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-image.TempMaxAge - time.Minute)
+	if err := os.Chtimes(dead, old, old); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.VMGC(context.Background(), 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.BuildLeftovers) != 1 || res.BuildLeftovers[0] != dead {
+		t.Errorf("build leftovers removed: %q; want only %s", res.BuildLeftovers, dead)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a build still at work lost its directory: %v", err)
 	}
 }
 
