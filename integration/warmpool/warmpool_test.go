@@ -124,7 +124,7 @@ func TestWarmPool(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				results[i] = e2e.Isopod(t, env, "run", "--", "sh", "-c",
-					"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; touch /tmp/now; stat -c %Y.%y /tmp/now")
+					"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat /proc/sys/kernel/random/boot_id; touch /tmp/now; stat -c %Y.%y /tmp/now")
 			}()
 		}
 		wg.Wait()
@@ -135,25 +135,27 @@ func TestWarmPool(t *testing.T) {
 				t.Fatalf("parallel resume %d:\n%s", i, r)
 			}
 			lines := strings.Split(strings.TrimSpace(e2e.Str(r.JSON, "stdout")), "\n")
-			if len(lines) != 3 || len(lines[0]) != 36 || len(lines[1]) != 64 {
+			if len(lines) != 4 || len(lines[0]) != 36 || len(lines[1]) != 64 || len(lines[2]) != 36 {
 				t.Fatalf("run %d output: %q", i, lines)
 			}
-			for _, v := range lines[:2] {
+			// A fresh UUID, fresh random bytes and a boot ID of its own
+			// (the kernel makes it on first read, after the reseed).
+			for _, v := range lines[:3] {
 				if j, dup := seen[v]; dup {
 					t.Errorf("runs %d and %d resumed from one snapshot share %q", j, i, v)
 				}
 				seen[v] = i
 			}
 			// %Y is whole seconds; the fraction comes from %y's nanoseconds.
-			secs, _, _ := strings.Cut(lines[2], ".")
+			secs, _, _ := strings.Cut(lines[3], ".")
 			s, err := strconv.ParseInt(secs, 10, 64)
 			frac := ""
-			if f := strings.Fields(lines[2]); len(f) >= 2 {
+			if f := strings.Fields(lines[3]); len(f) >= 2 {
 				_, frac, _ = strings.Cut(f[1], ".")
 			}
 			ns, _ := strconv.ParseInt(frac, 10, 64)
 			if err != nil {
-				t.Fatalf("guest clock %q: %v", lines[2], err)
+				t.Fatalf("guest clock %q: %v", lines[3], err)
 			}
 			guest := time.Unix(s, ns)
 			if guest.Before(before.Add(-time.Second)) || guest.After(after.Add(time.Second)) {
