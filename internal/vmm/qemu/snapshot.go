@@ -2,6 +2,8 @@ package qemu
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,13 +34,20 @@ const machineFormat = 2
 
 // snapshotMeta records what a restore must match.
 type snapshotMeta struct {
-	Machine int       `json:"machine"`
-	QEMU    string    `json:"qemu"`
-	Accel   vmm.Accel `json:"accel"`
-	VCPUs   int       `json:"vcpus"`
-	MemMiB  int       `json:"mem_mib"`
-	Disks   int       `json:"disks"`
-	NIC     bool      `json:"nic"`
+	Machine int `json:"machine"`
+	// StateSHA256 is the digest of the state file, checked in full on every
+	// restore (it is small). The memory file is too large for that; its
+	// size and modification time must match, and snapshots are never
+	// written in place.
+	StateSHA256   string    `json:"state_sha256"`
+	MemoryBytes   int64     `json:"memory_bytes"`
+	MemoryMtimeNS int64     `json:"memory_mtime_ns"`
+	QEMU          string    `json:"qemu"`
+	Accel         vmm.Accel `json:"accel"`
+	VCPUs         int       `json:"vcpus"`
+	MemMiB        int       `json:"mem_mib"`
+	Disks         int       `json:"disks"`
+	NIC           bool      `json:"nic"`
 }
 
 var (
@@ -73,14 +82,25 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
+	stateSum, err := fileSHA256(filepath.Join(dir, snapState))
+	if err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
+	mem, err := os.Stat(filepath.Join(dir, snapMemory))
+	if err != nil {
+		return fmt.Errorf("qemu snapshot: %w", err)
+	}
 	meta := snapshotMeta{
-		Machine: machineFormat,
-		QEMU:    m.qmp.Version,
-		Accel:   m.accel,
-		VCPUs:   m.cfg.VCPUs,
-		MemMiB:  m.cfg.MemMiB,
-		Disks:   len(m.cfg.Disks),
-		NIC:     m.cfg.Net != nil,
+		Machine:       machineFormat,
+		StateSHA256:   stateSum,
+		MemoryBytes:   mem.Size(),
+		MemoryMtimeNS: mem.ModTime().UnixNano(),
+		QEMU:          m.qmp.Version,
+		Accel:         m.accel,
+		VCPUs:         m.cfg.VCPUs,
+		MemMiB:        m.cfg.MemMiB,
+		Disks:         len(m.cfg.Disks),
+		NIC:           m.cfg.Net != nil,
 	}
 	b, _ := json.MarshalIndent(meta, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, snapMeta), b, 0o644); err != nil {
@@ -234,6 +254,11 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if env := os.Getenv(config.EnvAccel); env != "" && vmm.Accel(env) != meta.Accel {
 		return nil, fmt.Errorf("qemu restore: %s=%s but the snapshot was taken under %s: %w", config.EnvAccel, env, meta.Accel, errdefs.ErrFailedPrecondition)
 	}
+	state, err := openVerified(dir, &meta)
+	if err != nil {
+		return nil, fmt.Errorf("qemu restore: %w", err)
+	}
+	defer state.Close()
 	m, err := d.start(ctx, &cfg, launch{
 		accel:    meta.Accel,
 		memPath:  filepath.Join(dir, snapMemory),
@@ -242,7 +267,7 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if err != nil {
 		return nil, err
 	}
-	if err := m.incoming(ctx, filepath.Join(dir, snapState)); err != nil {
+	if err := m.incoming(ctx, state); err != nil {
 		m.Kill()
 		m.Wait()
 		m.agent.Close()
@@ -263,17 +288,12 @@ func migrationCaps(ctx context.Context, q *QMPClient) error {
 	return err
 }
 
-// incoming loads the device state and lets the guest run.
-func (m *Machine) incoming(ctx context.Context, state string) error {
-	f, err := os.Open(state)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
+// incoming loads the device state from state and lets the guest run.
+func (m *Machine) incoming(ctx context.Context, state *os.File) error {
 	if err := migrationCaps(ctx, m.qmp); err != nil {
 		return err
 	}
-	if err := m.migrateFile(ctx, "migrate-incoming", f); err != nil {
+	if err := m.migrateFile(ctx, "migrate-incoming", state); err != nil {
 		return err
 	}
 	// The stream carries the source's run state, paused: resume here.
@@ -281,4 +301,53 @@ func (m *Machine) incoming(ctx context.Context, state string) error {
 		return err
 	}
 	return nil
+}
+
+// openVerified opens dir's state file after checking it and the memory file
+// against meta: the state's digest in full, the memory's size and
+// modification time. The returned file is at offset 0, so what QEMU loads
+// is what was checked.
+func openVerified(dir string, meta *snapshotMeta) (*os.File, error) {
+	changed := func(name, what string) error {
+		return fmt.Errorf("the snapshot's %s file %s since it was taken (%s): %w", name, what, dir, errdefs.ErrFailedPrecondition)
+	}
+	mem, err := os.Stat(filepath.Join(dir, snapMemory))
+	if err != nil {
+		return nil, changed(snapMemory, "is gone")
+	}
+	if mem.Size() != meta.MemoryBytes || mem.ModTime().UnixNano() != meta.MemoryMtimeNS {
+		return nil, changed(snapMemory, "was modified")
+	}
+	f, err := os.Open(filepath.Join(dir, snapState))
+	if err != nil {
+		return nil, changed(snapState, "is gone")
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("reading %s: %w", f.Name(), err)
+	}
+	if hex.EncodeToString(h.Sum(nil)) != meta.StateSHA256 {
+		f.Close()
+		return nil, changed(snapState, "was modified")
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// fileSHA256 is the hex sha256 of the file at path.
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -131,6 +132,45 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Errorf("Restore with another memory size: %v; want ErrInvalidArgument", err)
 	}
 	vmmtest.AssertNoProcess(t, bad.ID)
+
+	// Files changed after the snapshot was taken are refused before QEMU
+	// runs: the state by its digest, the memory by size and mtime.
+	for i, f := range []string{snapState, snapMemory} {
+		path := filepath.Join(snap, f)
+		orig, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := os.Stat(path)
+		flip := append([]byte(nil), orig...)
+		flip[len(flip)/2] ^= 1
+		if err := os.WriteFile(path, flip, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if f == snapState {
+			// Only the content: the digest must catch it.
+			os.Chtimes(path, st.ModTime(), st.ModTime())
+		}
+		rc := vmmtest.Config(t, g)
+		rc.ID += "tampered" + strconv.Itoa(i)
+		if _, err := d.Restore(ctx, rc, snap); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("Restore with a modified %s: %v; want ErrFailedPrecondition", f, err)
+		}
+		vmmtest.AssertNoProcess(t, rc.ID)
+		if err := os.WriteFile(path, orig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(path, st.ModTime(), st.ModTime())
+	}
+	again := vmmtest.Config(t, g)
+	again.ID += "again"
+	m, err := d.Restore(ctx, again, snap)
+	if err != nil {
+		t.Fatalf("Restore of the repaired snapshot: %v", err)
+	}
+	m.Kill()
+	m.Wait()
+	m.Agent().Close()
 
 	// A snapshot of another machine format is refused before QEMU runs.
 	metaPath := filepath.Join(snap, snapMeta)
