@@ -140,9 +140,12 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 		res.Series["warm_total"] = stats(f64(w.WarmTotalMS))
 		res.Series["warm_resume"] = stats(f64(w.ResumeMS))
 		res.Series["warm_qemu_floor"] = stats(f64(w.QEMUFloorMS))
-		res.Ratios["warm_total_p50_over_cold_total_p50"] = w.WarmOverCold
-		res.Ratios["resume_p50_over_qemu_floor_p50"] = w.ResumeOverFloor
+		res.Ratios["warm_total_p50_over_cold_total_p50"] = ratio(w.WarmOverCold, 1)
+		res.Ratios["resume_p50_over_qemu_floor_p50"] = ratio(w.ResumeOverFloor, 1)
 		res.Extra["warm_vms_per_minute"] = w.WarmVMsPerMinute
+		if res.Accel == "" {
+			res.Accel = string(w.Accel)
+		}
 	}
 	if all || want["fork"] {
 		if err := s.benchFork(ctx, o.N, res, total); err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -264,34 +263,6 @@ func TestTeardownBackground(t *testing.T) {
 	if !bg.Load() {
 		t.Error("Wait returned before the background teardown finished")
 	}
-}
-
-// TestWarmBench runs the cold/warm comparison over real VMs. It takes about
-// a minute under TCG, so it runs only when asked.
-func TestWarmBench(t *testing.T) {
-	if testing.Short() || os.Getenv("ISOPOD_TEST_WARM_BENCH") != "1" {
-		t.Skip("set ISOPOD_TEST_WARM_BENCH=1 to run the warm-pool benchmark (boots real VMs, ~1 min)")
-	}
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
-	}
-	paths, err := config.DefaultPaths()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Options{Paths: paths})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.benchWarm(context.Background(), 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("accel %s, n %d", res.Accel, res.N)
-	t.Logf("cold total ms %v (p50 %d)", res.ColdTotalMS, res.ColdTotalP50)
-	t.Logf("warm total ms %v (p50 %d) = %.3f x cold", res.WarmTotalMS, res.WarmTotalP50, res.WarmOverCold)
-	t.Logf("resume ms %v (p50 %d) = %.2f x QEMU floor %v (p50 %d)", res.ResumeMS, res.ResumeP50, res.ResumeOverFloor, res.QEMUFloorMS, res.QEMUFloorP50)
-	t.Logf("warm VMs per minute, sequential: %.1f", res.WarmVMsPerMinute)
 }
 
 // recordingSystem is the guest agent's machine side, recording what a
