@@ -38,6 +38,13 @@ func TestNetworkThroughputRatio(t *testing.T) {
 		host := time.Since(start)
 		// In a guest: time the download alone, inside the guest.
 		r := nsRun(t, n, "--timeout-s", "600", "--", "sh", "-c", "time wget -q -O /dev/null "+url)
+		if got != testnet.BigSize {
+			t.Fatalf("host download: %d bytes; want %d", got, testnet.BigSize)
+		}
+		netb, _ := r.JSON["net"].(map[string]any)
+		if e2e.Num(t, r.JSON, "exit_code") != 0 || netb["bytes_down"].(float64) < testnet.BigSize {
+			t.Fatalf("guest download failed or fell short:\n%s", r)
+		}
 		guest := strings.TrimSpace(strings.ReplaceAll(e2e.Str(r.JSON, "stderr"), "\n", " "))
 		t.Logf("100 MiB: host %d bytes in %v (%.0f MiB/s); guest: %s; guest total_ms %d (path %s)",
 			got, host, 100/host.Seconds(), guest, e2e.Num(t, r.JSON, "total_ms"), e2e.Str(r.JSON, "path"))
