@@ -57,7 +57,7 @@ func recordLive(r *vmRecord) bool {
 // records (never a live one, never one younger than a minute).
 func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	if keepLast < 0 {
-		keepLast = 0
+		return nil, invalid("--keep-last %d: must be 0 or more (0 keeps no finished record)", keepLast)
 	}
 	res := &VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}
 	recs := s.records()

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"isopod/internal/errdefs"
 	"isopod/internal/image"
 	"os"
 	"os/exec"
@@ -98,6 +100,18 @@ func TestGCKeepsNewestAndYoung(t *testing.T) {
 	ents, _ := os.ReadDir(s.opts.Paths.VMs())
 	if len(ents) != 1 || ents[0].Name() != "vm-00000103" {
 		t.Errorf("left %v", ents)
+	}
+}
+
+func TestGCRefusesNegativeKeep(t *testing.T) {
+	s := newTestService(t)
+	ownerPID, ownerStart := deadPID(t)
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000201", Created: time.Now().Add(-time.Hour), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
+	if _, err := s.VMGC(context.Background(), -1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("VMGC(-1): %v; want ErrInvalidArgument", err)
+	}
+	if _, err := os.Stat(s.opts.Paths.VM("vm-00000201")); err != nil {
+		t.Errorf("a refused gc removed a record: %v", err)
 	}
 }
 
