@@ -104,12 +104,12 @@ func normalize(req Request, h hostLimits) (Request, error) {
 	}
 	for _, c := range req.AllowCIDRs {
 		if _, err := egress.ParseCIDR(c); err != nil {
-			return req, invalid("--allow-cidr %q: %v", c, err)
+			return req, err // names the flag and the value
 		}
 	}
 	for _, h := range req.AllowHosts {
 		if _, err := egress.ParsePattern(h); err != nil {
-			return req, invalid("--allow-host %q: %v", h, err)
+			return req, err // names the flag and the value
 		}
 	}
 	if req.CommitAs != "" {

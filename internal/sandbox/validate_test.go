@@ -31,6 +31,7 @@ func TestNormalize(t *testing.T) {
 		{"no-network with allow", ok(Request{NoNetwork: true, AllowHosts: []string{"a.b"}}), "--no-network"},
 		{"deny with allow", ok(Request{DenyEgress: true, AllowCIDRs: []string{"10.0.0.0/8"}}), "--deny-egress"},
 		{"bad cidr", ok(Request{AllowCIDRs: []string{"10.0.0.0/99"}}), "--allow-cidr"},
+		{"bad host", ok(Request{AllowHosts: []string{"*.*.example.com"}}), "--allow-host"},
 		{"label base", ok(Request{CommitAs: "base"}), "reserved"},
 		{"label dash", ok(Request{CommitAs: "-x"}), "'-'"},
 		{"label space", ok(Request{CommitAs: "a b"}), "printable"},
@@ -50,6 +51,9 @@ func TestNormalize(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v; want an error mentioning %q", err, tt.want)
+			}
+			if n := strings.Count(err.Error(), tt.want); strings.HasPrefix(tt.want, "--") && n > 1 {
+				t.Errorf("%q appears %d times in %q: a context wrapped twice", tt.want, n, err)
 			}
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Errorf("error is not ErrInvalidArgument: %v", err)
