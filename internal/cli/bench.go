@@ -15,7 +15,7 @@ func newBenchCmd(e *env) *cobra.Command {
 QEMU, kernel and initramfs booting an init that powers off at once), a
 networked run, a fork of a 3-layer stage, a 100 MiB commit and, where the
 warm pool applies, warm runs. Prints p50/p90 per series and their ratios.`,
-		Args: cobra.NoArgs,
+		Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.BenchResult, error) { return s.Bench(cmd.Context(), o) })
 		},

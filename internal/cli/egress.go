@@ -15,7 +15,7 @@ func newEgressCmd(e *env) *cobra.Command {
 --allow-cidr ranges that would have allowed every attempt, as JSON with the
 flags to pass to the next run. Attempts no rule can allow (UDP, ICMP, the
 host's own or private addresses, malformed names) are listed as unallowable.`,
-		Args: cobra.ExactArgs(1),
+		Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.EgressSuggestResult, error) {
 				return s.EgressSuggest(cmd.Context(), args[0])

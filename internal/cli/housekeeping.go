@@ -22,19 +22,19 @@ func call[T any](e *env, fn func(*sandbox.Service) (T, error)) error {
 
 func newStageCmd(e *env) *cobra.Command {
 	list := &cobra.Command{
-		Use: "list", Aliases: []string{"ls"}, Short: "List stages, oldest first", Args: cobra.NoArgs,
+		Use: "list", Aliases: []string{"ls"}, Short: "List stages, oldest first", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.StageListResult, error) { return s.StageList(cmd.Context()) })
 		},
 	}
 	info := &cobra.Command{
-		Use: "info REF", Short: "Describe a stage, its chain and layer paths", Args: cobra.ExactArgs(1),
+		Use: "info REF", Short: "Describe a stage, its chain and layer paths", Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.StageInfoResult, error) { return s.StageInfo(cmd.Context(), args[0]) })
 		},
 	}
 	rm := &cobra.Command{
-		Use: "rm REF", Short: "Remove a stage no other stage builds on", Args: cobra.ExactArgs(1),
+		Use: "rm REF", Short: "Remove a stage no other stage builds on", Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.StageRemoveResult, error) {
 				return s.StageRemove(cmd.Context(), args[0])
@@ -42,13 +42,13 @@ func newStageCmd(e *env) *cobra.Command {
 		},
 	}
 	log := &cobra.Command{
-		Use: "log REF", Short: "The chain from base to REF: each layer, the command that made it, when, its size", Args: cobra.ExactArgs(1),
+		Use: "log REF", Short: "The chain from base to REF: each layer, the command that made it, when, its size", Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.StageLogResult, error) { return s.StageLog(cmd.Context(), args[0]) })
 		},
 	}
 	diff := &cobra.Command{
-		Use: "diff A B", Short: "Files added, changed and removed from stage A to stage B", Args: cobra.ExactArgs(2),
+		Use: "diff A B", Short: "Files added, changed and removed from stage A to stage B", Args: positional(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.StageDiffResult, error) {
 				return s.StageDiff(cmd.Context(), args[0], args[1])
@@ -60,14 +60,14 @@ func newStageCmd(e *env) *cobra.Command {
 
 func newVMCmd(e *env) *cobra.Command {
 	ls := &cobra.Command{
-		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.VMListResult, error) { return s.VMList(cmd.Context()) })
 		},
 	}
 	var keep int
 	gc := &cobra.Command{
-		Use: "gc", Short: "Kill orphaned VMM processes and prune old VM records", Args: cobra.NoArgs,
+		Use: "gc", Short: "Kill orphaned VMM processes and prune old VM records", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.VMGCResult, error) { return s.VMGC(cmd.Context(), keep) })
 		},
@@ -79,7 +79,7 @@ func newVMCmd(e *env) *cobra.Command {
 func newImageCmd(e *env) *cobra.Command {
 	var fk sandbox.FetchKernelOptions
 	fetch := &cobra.Command{
-		Use: "fetch-kernel", Short: "Fetch the pinned Debian cloud kernel and verify its digest", Args: cobra.NoArgs,
+		Use: "fetch-kernel", Short: "Fetch the pinned Debian cloud kernel and verify its digest", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.FetchKernelResult, error) { return s.FetchKernel(cmd.Context(), fk) })
 		},
@@ -88,13 +88,13 @@ func newImageCmd(e *env) *cobra.Command {
 	fetch.Flags().BoolVar(&fk.AllowUnpinned, "allow-unpinned", false, "take the newest cloud kernel apt verifies when the pinned one is no longer served")
 	fetch.Flags().BoolVar(&fk.Force, "force", false, "fetch again even if present")
 	buildAll := &cobra.Command{
-		Use: "build-all", Short: "Build the initramfs and every base image", Args: cobra.NoArgs,
+		Use: "build-all", Short: "Build the initramfs and every base image", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) { return s.BuildImages(cmd.Context(), nil) })
 		},
 	}
 	build := &cobra.Command{
-		Use: "build FLAVOR...", Short: "Build the initramfs and the named base images (base-min, base-debian)", Args: cobra.MinimumNArgs(1),
+		Use: "build FLAVOR...", Short: "Build the initramfs and the named base images (base-min, base-debian)", Args: positional(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.BuildImagesResult, error) {
 				return s.BuildImages(cmd.Context(), args)
@@ -102,7 +102,7 @@ func newImageCmd(e *env) *cobra.Command {
 		},
 	}
 	ls := &cobra.Command{
-		Use: "ls", Aliases: []string{"list"}, Short: "List the bases a run accepts", Args: cobra.NoArgs,
+		Use: "ls", Aliases: []string{"list"}, Short: "List the bases a run accepts", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.ImageListResult, error) { return s.ImageList(cmd.Context()) })
 		},
@@ -112,7 +112,7 @@ func newImageCmd(e *env) *cobra.Command {
 
 func newDevCmd(e *env) *cobra.Command {
 	boot := &cobra.Command{
-		Use: "boot", Short: "Boot a throwaway VM with no network and report its boot latency", Args: cobra.NoArgs,
+		Use: "boot", Short: "Boot a throwaway VM with no network and report its boot latency", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.DevBootResult, error) { return s.DevBoot(cmd.Context()) })
 		},

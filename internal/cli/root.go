@@ -112,6 +112,10 @@ func newRoot(e *env) *cobra.Command {
 		Version:       Version,
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		// A bare isopod shows the help; anything else that is not a
+		// command is refused as an invalid argument.
+		Args: positional(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if kernel != "" {
 				// One knob for every layer that picks the kernel.
@@ -146,12 +150,28 @@ func newRoot(e *env) *cobra.Command {
 	return root
 }
 
+// positional wraps a cobra argument check so that a wrong number of
+// arguments is an invalid-argument error that names the command and its
+// usage.
+func positional(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			hint := "usage: " + cmd.UseLine()
+			if cmd.HasSubCommands() {
+				hint = "see " + cmd.CommandPath() + " --help"
+			}
+			return fmt.Errorf("%s: %v (%s): %w", cmd.CommandPath(), err, hint, errdefs.ErrInvalidArgument)
+		}
+		return nil
+	}
+}
+
 // group is a command that only holds subcommands.
 func group(use, short string, subs ...*cobra.Command) *cobra.Command {
 	c := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  cobra.NoArgs,
+		Args:  positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return fmt.Errorf("%s needs a subcommand (see --help): %w", cmd.CommandPath(), errdefs.ErrInvalidArgument)
 		},

@@ -31,17 +31,23 @@ func runCLI(t *testing.T, args ...string) (int, map[string]any, string) {
 
 func TestFailuresAreOneJSONObject(t *testing.T) {
 	for _, tt := range []struct {
-		args []string
-		want string
+		args  []string
+		want  string
+		class string // "" = not checked
 	}{
-		{[]string{"run", "--timeout-s", "0", "--", "true"}, "--timeout-s 0"},
-		{[]string{"run", "--vcpus", "0", "--", "true"}, "--vcpus 0"},
-		{[]string{"run"}, "no command"},
-		{[]string{"run", "--no-such-flag", "--", "true"}, "unknown flag"},
-		{[]string{"run", "--copy-out", "nocolon", "--", "true"}, "GUEST:HOST"},
-		{[]string{"stage"}, "needs a subcommand"},
-		{[]string{"stage", "info", "nothing-here"}, "nothing-here"},
-		{[]string{"no-such-command"}, "unknown command"},
+		{[]string{"run", "--timeout-s", "0", "--", "true"}, "--timeout-s 0", "invalid_argument"},
+		{[]string{"run", "--vcpus", "0", "--", "true"}, "--vcpus 0", "invalid_argument"},
+		{[]string{"run"}, "no command", "invalid_argument"},
+		{[]string{"run", "--no-such-flag", "--", "true"}, "unknown flag", "invalid_argument"},
+		{[]string{"run", "--copy-out", "nocolon", "--", "true"}, "GUEST:HOST", "invalid_argument"},
+		{[]string{"stage"}, "needs a subcommand", "invalid_argument"},
+		{[]string{"stage", "info", "nothing-here"}, "nothing-here", "not_found"},
+		{[]string{"no-such-command"}, "unknown command", "invalid_argument"},
+		{[]string{"stage", "info"}, "usage: isopod stage info REF", "invalid_argument"},
+		{[]string{"vm", "gc", "extra"}, "isopod vm gc", "invalid_argument"},
+		{[]string{"vm", "gc", "--keep-last", "-1"}, "--keep-last -1", "invalid_argument"},
+		{[]string{"bench", "-n", "0"}, "-n 0", "invalid_argument"},
+		{[]string{"bench", "--series", "bogus"}, "known: cold, floor", "invalid_argument"},
 	} {
 		code, m, stderr := runCLI(t, tt.args...)
 		if code != 1 || m == nil || m["ok"] != false {
@@ -50,6 +56,9 @@ func TestFailuresAreOneJSONObject(t *testing.T) {
 		}
 		if msg, _ := m["error"].(string); !strings.Contains(msg, tt.want) {
 			t.Errorf("%v: error %q does not mention %q", tt.args, msg, tt.want)
+		}
+		if tt.class != "" && m["class"] != tt.class {
+			t.Errorf("%v: class %v; want %s", tt.args, m["class"], tt.class)
 		}
 		if !strings.Contains(stderr, "error") {
 			t.Errorf("%v: nothing on stderr", tt.args)

@@ -14,7 +14,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	build := &cobra.Command{
 		Use:   "build",
 		Short: "Build the snapshot eligible runs with these sizes resume from (skipped when current)",
-		Args:  cobra.NoArgs,
+		Args:  positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range []string{"vcpus", "mem-mib"} {
 				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
@@ -29,14 +29,14 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	f.IntVar(&o.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs, as the runs will ask")
 	f.IntVar(&o.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB, as the runs will ask")
 	list := &cobra.Command{
-		Use: "list", Aliases: []string{"ls"}, Short: "List warm-pool snapshots, newest first", Args: cobra.NoArgs,
+		Use: "list", Aliases: []string{"ls"}, Short: "List warm-pool snapshots, newest first", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.WarmListResult, error) { return s.WarmList(cmd.Context()) })
 		},
 	}
 	var all bool
 	rm := &cobra.Command{
-		Use: "rm KEY | --all", Short: "Remove a warm-pool snapshot, or all of them", Args: cobra.MaximumNArgs(1),
+		Use: "rm KEY | --all", Short: "Remove a warm-pool snapshot, or all of them", Args: positional(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := ""
 			if len(args) == 1 {

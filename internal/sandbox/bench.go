@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -55,13 +56,19 @@ type BenchResult struct {
 	Extra   map[string]any     `json:"extra,omitempty"`
 }
 
+// benchSeries are the series --series accepts.
+var benchSeries = []string{"cold", "floor", "network", "fork", "commit", "warm"}
+
 // Bench measures isopod side by side with its floor in one process.
 func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, error) {
 	if o.N < 1 {
-		o.N = 10
+		return nil, invalid("bench -n %d: want at least 1 sample per series", o.N)
 	}
 	want := map[string]bool{}
 	for _, x := range o.Series {
+		if !slices.Contains(benchSeries, x) {
+			return nil, invalid("bench --series %q: unknown (known: %s)", x, strings.Join(benchSeries, ", "))
+		}
 		want[x] = true
 	}
 	all := len(want) == 0
