@@ -50,8 +50,51 @@ type execState struct {
 	id    uint64
 	stdin chan stdinFrame
 
-	mu   sync.Mutex
-	pgid int // 0 until the process has started
+	mu      sync.Mutex
+	pgid    int           // the process group while the process runs; 0 before and after
+	ended   bool          // the process has exited
+	pending []unix.Signal // signals that came before the process started
+}
+
+// signal sends sig to the exec's process group, or keeps it for the
+// process when it has not started yet.
+func (st *execState) signal(sig unix.Signal) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.ended:
+		return nil
+	case st.pgid == 0:
+		st.pending = append(st.pending, sig)
+		return nil
+	}
+	if err := unix.Kill(-st.pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+// started records the process group and delivers the signals that came
+// before it.
+func (st *execState) started(pgid int) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.pgid = pgid
+	var errs []error
+	for _, sig := range st.pending {
+		if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, err)
+		}
+	}
+	st.pending = nil
+	return errors.Join(errs...)
+}
+
+// exited records that the process is gone; later signals are dropped.
+func (st *execState) exited() {
+	st.mu.Lock()
+	st.pgid, st.ended = 0, true
+	st.mu.Unlock()
 }
 
 // stdinQueue is the per-exec stdin buffer: twice the host's window, so a
@@ -212,14 +255,7 @@ func (c *conn) signalExec(m *agentproto.Msg) {
 		c.log.Warn("signal out of range ignored", "id", m.ID, "signal", m.Signal)
 		return
 	}
-	st.mu.Lock()
-	pgid := st.pgid
-	st.mu.Unlock()
-	if pgid == 0 {
-		c.log.Debug("signal before the process started ignored", "id", m.ID)
-		return
-	}
-	if err := unix.Kill(-pgid, unix.Signal(m.Signal)); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := st.signal(unix.Signal(m.Signal)); err != nil {
 		c.log.Warn("signal failed", "id", m.ID, "signal", m.Signal, "err", err)
 	}
 }
@@ -302,9 +338,9 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		notStarted(fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
 		return
 	}
-	st.mu.Lock()
-	st.pgid = pid
-	st.mu.Unlock()
+	if err := st.started(pid); err != nil {
+		c.log.Warn("delivering an early signal failed", "id", st.id, "err", err)
+	}
 	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0])
 
 	var pumps sync.WaitGroup
@@ -346,9 +382,7 @@ wait:
 	// The direct child is gone: end whatever it left in its group, which
 	// would otherwise hold the pipes open.
 	killGroup(pid)
-	st.mu.Lock()
-	st.pgid = 0
-	st.mu.Unlock()
+	st.exited()
 
 	drained := make(chan struct{})
 	go func() { pumps.Wait(); close(drained) }()

@@ -5,11 +5,14 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -362,5 +365,32 @@ func TestMergeEnv(t *testing.T) {
 	}
 	if _, err := mergeEnv([]string{"A=1"}, []string{"=bad"}); err == nil {
 		t.Error("mergeEnv accepted an entry without a name")
+	}
+}
+
+// A signal that reaches an exec before its process has started is kept and
+// delivered at the start, not dropped.
+func TestEarlySignalIsDeliveredAtStart(t *testing.T) {
+	st := &execState{id: 1}
+	if err := st.signal(unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "1000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	if err := st.started(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("sleep ended with %v; want SIGTERM", err)
+	}
+	st.exited()
+	if err := st.signal(unix.SIGKILL); err != nil || len(st.pending) != 0 {
+		t.Errorf("a signal after the exit: err %v, pending %v; want it dropped", err, st.pending)
 	}
 }
