@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+
+	"github.com/zeebo/blake3"
 )
 
 func TestHashLayerIDs(t *testing.T) {
@@ -377,5 +381,41 @@ func TestCommitTimingLarge(t *testing.T) {
 	id, _, err := hashLayer(context.Background(), s.LayerPath(m.ID), "", testFlavor)
 	if err != nil || id != m.ID {
 		t.Errorf("copy hashes to %s (%v), want %s", id, err, m.ID)
+	}
+}
+
+// TestStageIDKnownAnswer pins the stage id to its documented encoding: a
+// change of hash or encoding would give every existing stage another id.
+func TestStageIDKnownAnswer(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "layer")
+	block := bytes.Repeat([]byte{0xa5}, blockSize)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(4 * blockSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(block, blockSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	got, _, err := hashLayer(context.Background(), path, "st-0123456789abcdef", "base-min")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The encoding in hashLayer's comment, written out by hand.
+	var enc []byte
+	enc = append(enc, "isopod-stage-v1\x00st-0123456789abcdef\x00base-min\x00"...)
+	enc = binary.LittleEndian.AppendUint64(enc, 4*blockSize)
+	enc = binary.LittleEndian.AppendUint64(enc, blockSize)
+	enc = append(enc, block...)
+	sum := blake3.Sum256(enc)
+	if want := "st-" + hex.EncodeToString(sum[:8]); got != want {
+		t.Errorf("id %s; the documented encoding gives %s", got, want)
+	}
+	// And pinned, so that a change to both sides at once is noticed too.
+	if got != "st-e05da460216f31fc" {
+		t.Errorf("id %s; pinned st-e05da460216f31fc", got)
 	}
 }
