@@ -568,9 +568,13 @@ func TestEgressFlagErrors(t *testing.T) {
 }
 
 // TestEgressOverhead measures a filtered run against a NAT run of the same
-// fetch (total_ms), for the benchmark figures.
+// fetch (total_ms), for the benchmark figures. It is a benchmark: it runs
+// with ISOPOD_BENCH=1.
 func TestEgressOverhead(t *testing.T) {
 	e2e.RequireVM(t)
+	if !e2e.BenchEnabled() {
+		t.Skip("a benchmark: set ISOPOD_BENCH=1")
+	}
 	n := egressFixture(t)
 	cmd := []string{"--", "sh", "-c", "for i in 1 2 3 4 5; do wget -q -O- http://test.example/hello >/dev/null || exit 1; done"}
 	nat, _, _ := egRun(t, n, cmd...)

@@ -61,13 +61,15 @@ func TestNetworkPublicOnly(t *testing.T) {
 	n.ServeHTTP(t, n.LAN, testnet.LANIP+":80", nil)
 
 	t.Run("wget by name through the gateway's DNS", func(t *testing.T) {
-		r := nsRun(t, n, "--", "sh", "-c", "cat /etc/resolv.conf; nslookup test.example; wget -q -O- http://test.example"+testnet.HelloPath)
+		r := nsRun(t, n, "--", "sh", "-c", "ip -4 addr show dev eth0; ip route; cat /etc/resolv.conf; nslookup test.example; wget -q -O- http://test.example"+testnet.HelloPath)
 		out := e2e.Str(r.JSON, "stdout")
-		if !strings.Contains(out, testnet.HelloBody) || !strings.Contains(out, testnet.PublicIP) || !strings.Contains(out, "nameserver "+"10.0.2.1") {
-			t.Errorf("guest saw:\n%s\nstderr: %s", out, e2e.Str(r.JSON, "stderr"))
+		for _, want := range []string{testnet.HelloBody, testnet.PublicIP, "nameserver 10.0.2.1", "inet 10.0.2.2/30", "default via 10.0.2.1"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("guest output lacks %q:\n%s\nstderr: %s", want, out, e2e.Str(r.JSON, "stderr"))
+			}
 		}
-		if e2e.Str(r.JSON, "guest_ip") == "" {
-			t.Errorf("no guest_ip in %s", r.Stdout)
+		if e2e.Str(r.JSON, "guest_ip") != "10.0.2.2" {
+			t.Errorf("guest_ip %q; want 10.0.2.2", e2e.Str(r.JSON, "guest_ip"))
 		}
 		netb, _ := r.JSON["net"].(map[string]any)
 		if netb["flows"].(float64) < 2 || netb["bytes_down"].(float64) < float64(len(testnet.HelloBody)) {
@@ -170,9 +172,12 @@ func TestNetworkPublicOnly(t *testing.T) {
 
 func TestGuestsCannotReachEachOther(t *testing.T) {
 	e2e.RequireVM(t)
-	// Guest A listens; guest B, running at the same time, tries every
-	// address A could have. Each VM has its own stack, so nothing answers.
-	a := exec.Command(filepath.Join(e2e.BinDir, "isopod"), "run", "--timeout-s", "60", "--", "sh", "-c", "echo ready; nc -l -p 8080 -e echo reached-a")
+	// Guest A listens on an extra address of a shared /24; guest B, running
+	// at the same time, takes another address of it and tries A's, the
+	// gateway and the broadcast address. On one shared link B would reach
+	// A; with a stack of its own per VM nothing answers.
+	a := exec.Command(filepath.Join(e2e.BinDir, "isopod"), "run", "--timeout-s", "60", "--", "sh", "-c",
+		"ip addr add 10.0.2.200/24 dev eth0 && echo ready && nc -l -p 8080 -e echo reached-a")
 	var aout bytes.Buffer
 	a.Stdout = &aout
 	if err := a.Start(); err != nil {
@@ -180,15 +185,20 @@ func TestGuestsCannotReachEachOther(t *testing.T) {
 	}
 	t.Cleanup(func() { a.Process.Signal(syscall.SIGTERM); a.Wait() })
 	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	ready := false
+	for !ready && time.Now().Before(deadline) {
 		if vm := e2e.VMOfOwner(a.Process.Pid); vm != "" {
-			if b, _ := os.ReadFile(filepath.Join(e2e.HomeDir, "vms", vm, "stdout.log")); bytes.Contains(b, []byte("ready")) {
-				break
-			}
+			b, _ := os.ReadFile(filepath.Join(e2e.HomeDir, "vms", vm, "stdout.log"))
+			ready = bytes.Contains(b, []byte("ready"))
 		}
-		time.Sleep(200 * time.Millisecond)
+		if !ready {
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
-	r := e2e.Run(t, "--", "sh", "-c", "for h in 10.0.2.1 10.0.2.2 10.0.2.3; do nc -w 2 $h 8080 </dev/null; echo $h=$?; done")
+	if !ready {
+		t.Fatalf("guest A never listened; its report: %s", aout.String())
+	}
+	r := e2e.Run(t, "--", "sh", "-c", "ip addr add 10.0.2.201/24 dev eth0; for h in 10.0.2.200 10.0.2.1 10.0.2.255; do nc -w 2 $h 8080 </dev/null; echo $h=$?; done")
 	out := e2e.Str(r.JSON, "stdout")
 	if strings.Contains(out, "reached-a") || strings.Count(out, "=1") != 3 {
 		t.Errorf("guest B reached something: %q", out)

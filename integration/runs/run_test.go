@@ -19,9 +19,15 @@ import (
 
 func TestRunEchoAndExitCodes(t *testing.T) {
 	e2e.RequireVM(t)
-	r := e2e.Run(t, "--no-network", "--", "echo", "hello from the guest")
-	if got := e2e.Str(r.JSON, "stdout"); got != "hello from the guest\n" {
-		t.Errorf("stdout: got %q", got)
+	r := e2e.Run(t, "--no-network", "--", "sh", "-c", "pwd; echo hello from the guest")
+	if got := e2e.Str(r.JSON, "stdout"); got != "/root\nhello from the guest\n" {
+		t.Errorf("stdout: got %q; want the default cwd /root, then the greeting", got)
+	}
+	// The documented defaults, as booted.
+	if e2e.Str(r.JSON, "rootfs_flavor") != "base-min" || e2e.Num(t, r.JSON, "vcpus") != 1 ||
+		e2e.Num(t, r.JSON, "mem_mib") != 512 || e2e.Num(t, r.JSON, "scratch_mib") != 1024 {
+		t.Errorf("defaults: base %s, %d vCPU, %d MiB, scratch %d MiB; want base-min, 1, 512, 1024",
+			e2e.Str(r.JSON, "rootfs_flavor"), e2e.Num(t, r.JSON, "vcpus"), e2e.Num(t, r.JSON, "mem_mib"), e2e.Num(t, r.JSON, "scratch_mib"))
 	}
 	for _, key := range []string{"vm_id", "name", "accel", "rootfs_flavor", "base_sha256", "serial_log_path", "stdout_log_path", "stderr_log_path"} {
 		if e2e.Str(r.JSON, key) == "" {
@@ -36,6 +42,9 @@ func TestRunEchoAndExitCodes(t *testing.T) {
 	}
 	for _, key := range []string{"boot_ms", "exec_ms", "teardown_ms", "total_ms"} {
 		e2e.Num(t, r.JSON, key)
+	}
+	if total, parts := e2e.Num(t, r.JSON, "total_ms"), e2e.Num(t, r.JSON, "boot_ms")+e2e.Num(t, r.JSON, "exec_ms"); total < parts {
+		t.Errorf("total_ms %d < boot_ms + exec_ms %d: it must include everything", total, parts)
 	}
 	for _, code := range []int64{0, 1, 42} {
 		r := e2e.Run(t, "--no-network", "--", "sh", "-c", "echo to-stderr >&2; exit "+e2e.Itoa(code))
@@ -69,11 +78,15 @@ func TestRunLargeOutput(t *testing.T) {
 
 func TestRunTimeout(t *testing.T) {
 	e2e.RequireVM(t)
+	dest := filepath.Join(t.TempDir(), "hostname")
 	start := time.Now()
-	r := e2e.Run(t, "--no-network", "--timeout-s", "10", "--", "sleep", "1000")
+	r := e2e.Run(t, "--no-network", "--timeout-s", "10", "--copy-out", "/etc/hostname:"+dest, "--", "sleep", "1000")
 	took := time.Since(start)
 	if r.JSON["timed_out"] != true || r.JSON["exit_code"] != nil {
 		t.Errorf("timed_out=%v exit_code=%v", r.JSON["timed_out"], r.JSON["exit_code"])
+	}
+	if _, err := os.Lstat(dest); !os.IsNotExist(err) {
+		t.Errorf("a timed-out run copied out %s (%v)", dest, err)
 	}
 	if took > 16*time.Second {
 		t.Errorf("a 10 s timeout took %v", took)
@@ -219,6 +232,8 @@ func TestRunParallel(t *testing.T) {
 
 func TestSIGTERMLeavesNoQEMU(t *testing.T) { testSignalLeavesNoQEMU(t, syscall.SIGTERM) }
 
+func TestSIGINTLeavesNoQEMU(t *testing.T) { testSignalLeavesNoQEMU(t, syscall.SIGINT) }
+
 func TestSIGKILLLeavesNoQEMU(t *testing.T) { testSignalLeavesNoQEMU(t, syscall.SIGKILL) }
 
 func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
@@ -253,7 +268,7 @@ func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
 	if pids := e2e.QEMUPIDs(t, vm); len(pids) > 0 {
 		t.Fatalf("QEMU %v outlived isopod", pids)
 	}
-	if sig == syscall.SIGTERM && !bytes.Contains(out.Bytes(), []byte(`"ok":false`)) {
+	if sig != syscall.SIGKILL && !bytes.Contains(out.Bytes(), []byte(`"ok":false`)) {
 		t.Errorf("an interrupted run should report failure, got %s", out.Bytes())
 	}
 }

@@ -108,13 +108,28 @@ func TestStageFailingCommandCommitsNothing(t *testing.T) {
 	if e2e.Str(r.JSON, "stage_id") != "" {
 		t.Errorf("exit 1 committed %s", e2e.Str(r.JSON, "stage_id"))
 	}
+	wantNothingCommitted(t, r)
 	r = e2e.Run(t, "--no-network", "--timeout-s", "5", "--commit-as", l, "--", "sleep", "100")
 	if r.JSON["timed_out"] != true || e2e.Str(r.JSON, "stage_id") != "" {
 		t.Errorf("timeout committed: %s", r.Stdout)
 	}
+	wantNothingCommitted(t, r)
 	if r := e2e.Isopod(t, nil, "stage", "info", l); r.Code == 0 {
 		t.Errorf("a stage exists after failed runs: %s", r.Stdout)
 	}
+}
+
+// wantNothingCommitted checks that the report warns that --commit-as did
+// not commit.
+func wantNothingCommitted(t *testing.T, r *e2e.Result) {
+	t.Helper()
+	warns, _ := r.JSON["warnings"].([]any)
+	for _, w := range warns {
+		if s, _ := w.(string); strings.HasPrefix(s, "nothing committed") {
+			return
+		}
+	}
+	t.Errorf("no \"nothing committed\" warning in %v", r.JSON["warnings"])
 }
 
 func TestStageParallelForksAndLabelRace(t *testing.T) {

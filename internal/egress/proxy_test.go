@@ -45,6 +45,19 @@ func (m *memRecorder) find(host string) *Event {
 	return nil
 }
 
+// findReason returns the first event with reason (and host, when given).
+func (m *memRecorder) findReason(reason, host string) *Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.evs {
+		if m.evs[i].Reason == reason && (host == "" || m.evs[i].Host == host) {
+			ev := m.evs[i]
+			return &ev
+		}
+	}
+	return nil
+}
+
 // proxyFixture runs both proxies on loopback. The filter's names resolve
 // to documentation addresses; the injected dialer sends those to local
 // servers (port 80: an HTTP server echoing Host, 443: a TLS server).
@@ -146,6 +159,17 @@ func TestHTTPProxy(t *testing.T) {
 	}
 	if got := raw("GARBAGE\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 400") {
 		t.Errorf("malformed request: %q", got)
+	}
+	if ev := rec.findReason(ReasonBadRequest, ""); ev == nil || ev.Allowed {
+		t.Errorf("no bad_request record for the malformed request: %+v", ev)
+	}
+	// An allowed name whose server cannot be reached: allowed, but recorded
+	// as dial_failed with the cause.
+	if code, _, err := get("http://allowed.example:8081/"); err != nil || code != 502 {
+		t.Errorf("unreachable allowed destination: %d %v; want 502", code, err)
+	}
+	if ev := rec.findReason(ReasonDialFailed, "allowed.example"); ev == nil || !ev.Allowed || ev.Port != 8081 || ev.Error == "" {
+		t.Errorf("dial_failed record: %+v", ev)
 	}
 	fronted := raw("CONNECT allowed.example:443 HTTP/1.1\r\nHost: allowed.example:443\r\n\r\n" + string(clientHello(t, "other.example")))
 	if !strings.HasPrefix(fronted, "HTTP/1.1 200") || strings.Contains(fronted[len("HTTP/1.1 200 Connection established\r\n\r\n"):], "\x16\x03") {

@@ -68,3 +68,47 @@ func TestNormalizeRefusesBroadWildcard(t *testing.T) {
 		t.Errorf("got %v; want a refusal naming --allow-host", err)
 	}
 }
+
+// TestNormalizeDefaultsAndLimits pins the documented defaults and limits
+// (README's flag table) to literal values.
+func TestNormalizeDefaultsAndLimits(t *testing.T) {
+	big := hostLimits{CPUs: 64, MemTotalMiB: 64 << 10}
+	got, err := normalize(Request{Argv: []string{"true"}}, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.VCPUs != 1 || got.MemMiB != 512 || got.ScratchMiB != 0 || got.TimeoutS != 120 || got.Stage != "base" || got.Base != "" {
+		t.Errorf("defaults %+v; want 1 vCPU, 512 MiB, scratch unset (1024), 120 s, stage base, base unset (base-min)", got)
+	}
+	if DefaultScratchMiB != 1024 || DefaultBase != "base-min" {
+		t.Errorf("default scratch %d MiB, base %q; want 1024 and base-min", DefaultScratchMiB, DefaultBase)
+	}
+	small := hostLimits{CPUs: 4, MemTotalMiB: 2048}
+	for _, tt := range []struct {
+		name string
+		host hostLimits
+		req  Request
+		ok   bool
+	}{
+		{"32 vCPUs on a big host", big, Request{VCPUs: 32}, true},
+		{"34 vCPUs on a big host", big, Request{VCPUs: 34}, false},
+		{"4 vCPUs on 4 CPUs", small, Request{VCPUs: 4}, true},
+		{"6 vCPUs on 4 CPUs", small, Request{VCPUs: 6}, false},
+		{"4096 MiB on a big host", big, Request{MemMiB: 4096}, true},
+		{"4098 MiB on a big host", big, Request{MemMiB: 4098}, false},
+		{"MemTotal-512 on a small host", small, Request{MemMiB: 1536}, true},
+		{"above MemTotal-512", small, Request{MemMiB: 1537}, false},
+		{"128 MiB", small, Request{MemMiB: 128}, true},
+		{"scratch 128", big, Request{ScratchMiB: 128}, true},
+		{"scratch 65536", big, Request{ScratchMiB: 65536}, true},
+		{"scratch 65537", big, Request{ScratchMiB: 65537}, false},
+		{"timeout 1", big, Request{TimeoutS: 1}, true},
+		{"timeout 3600", big, Request{TimeoutS: 3600}, true},
+	} {
+		tt.req.Argv = []string{"true"}
+		_, err := normalize(tt.req, tt.host)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: err %v; want ok=%v", tt.name, err, tt.ok)
+		}
+	}
+}
