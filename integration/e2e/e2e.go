@@ -133,10 +133,30 @@ func NSIsopod(t testing.TB, n *testnet.Net, args ...string) *Result {
 // arguments, name the call in failures.
 func invoke(t testing.TB, timeout time.Duration, name string, argv, env, args []string) *Result {
 	t.Helper()
+	return invokeIn(t, timeout, name, argv, env, args, nil)
+}
+
+// RunStdin is Run with stdin as isopod's own standard input.
+func RunStdin(t testing.TB, stdin []byte, args ...string) *Result {
+	t.Helper()
+	args = append([]string{"run"}, args...)
+	r := invokeIn(t, 10*time.Minute, filepath.Join(BinDir, "isopod"), args, nil, args, stdin)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod %v failed:\n%s", args, r)
+	}
+	return r
+}
+
+// invokeIn is invoke with stdin (nil: none).
+func invokeIn(t testing.TB, timeout time.Duration, name string, argv, env, args []string, stdin []byte) *Result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, argv...)
 	cmd.Env = append(append(os.Environ(), "ISOPOD_AGENT_BIN="+filepath.Join(BinDir, "isopod-agent")), env...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -122,6 +122,11 @@ func TestRunStdinFile(t *testing.T) {
 	if got := e2e.Str(r.JSON, "stdout"); !strings.HasPrefix(got, hex.EncodeToString(sum[:])) {
 		t.Errorf("guest sha256 %q; host %x", got, sum)
 	}
+	// "-" is isopod's own stdin.
+	r = e2e.RunStdin(t, data, "--no-network", "--stdin-file", "-", "--", "sha256sum")
+	if got := e2e.Str(r.JSON, "stdout"); !strings.HasPrefix(got, hex.EncodeToString(sum[:])) {
+		t.Errorf("--stdin-file -: guest sha256 %q; host %x", got, sum)
+	}
 }
 
 func TestRunCopyOut(t *testing.T) {
@@ -174,6 +179,9 @@ func TestRunCopyOut(t *testing.T) {
 
 func TestRunInvalidFlagsFailBeforeBoot(t *testing.T) {
 	e2e.RequireVM(t)
+	dir := t.TempDir()
+	link := filepath.Join(dir, "link")
+	os.Symlink(filepath.Join(dir, "target"), link)
 	cases := []struct {
 		want string
 		args []string
@@ -192,6 +200,10 @@ func TestRunInvalidFlagsFailBeforeBoot(t *testing.T) {
 		{"--stage", []string{"--stage", "no-such-stage"}},
 		{"--deny-egress", []string{"--deny-egress", "--allow-host", "example.org"}},
 		{"--no-network", []string{"--no-network", "--allow-host", "example.org"}},
+		{"--allow-host", []string{"--allow-host", "*.org"}},
+		{"--commit-as", []string{"--commit-as", "a b"}},
+		{"symlink", []string{"--copy-out", "/etc/passwd:" + link}},
+		{"does not exist", []string{"--copy-out", "/etc/passwd:" + filepath.Join(dir, "missing", "x")}},
 	}
 	before := vmCount(t)
 	for _, c := range cases {

@@ -361,3 +361,35 @@ func TestConfigureResumed(t *testing.T) {
 		t.Error("two resumes sent the same entropy")
 	}
 }
+
+// TestWarmKeyHostParts: the parts read from the host are filled in and
+// follow what they name (the VMM binary's size and time).
+func TestWarmKeyHostParts(t *testing.T) {
+	if rel, build, _ := strings.Cut(hostKernelID(), " "); rel == "" || build == "" {
+		t.Errorf("host kernel id %q lacks the release or the build", hostKernelID())
+	}
+	if m := cpuModelID(); !strings.Contains(m, "flags:") || strings.HasPrefix(m, " ") {
+		t.Errorf("cpu model id %q", m)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "qemu-system-x86_64")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(config.EnvQEMU, bin)
+	s := newTestService(t)
+	before, err := s.vmmIdentity(context.Background())
+	if err != nil || !strings.Contains(before, bin) {
+		t.Fatalf("vmm identity %q (%v); want it to name %s", before, err, bin)
+	}
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n# rebuilt\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := s.vmmIdentity(context.Background()); after == before {
+		t.Errorf("vmm identity %q did not change with the binary", after)
+	}
+	t.Setenv(config.EnvAccel, "tcg")
+	if a := s.expectedAccel(); a != "tcg" {
+		t.Errorf("expected accel %q under %s=tcg", a, config.EnvAccel)
+	}
+}
