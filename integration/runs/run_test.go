@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,15 @@ func TestRunEchoAndExitCodes(t *testing.T) {
 	}
 	if total, parts := e2e.Num(t, r.JSON, "total_ms"), e2e.Num(t, r.JSON, "boot_ms")+e2e.Num(t, r.JSON, "exec_ms"); total < parts {
 		t.Errorf("total_ms %d < boot_ms + exec_ms %d: it must include everything", total, parts)
+	}
+	// The record names the VMM by pid and start time, for vm gc.
+	var rec struct {
+		VMMPID       int    `json:"vmm_pid"`
+		VMMStartTime uint64 `json:"vmm_start_time"`
+	}
+	b, err := os.ReadFile(filepath.Join(e2e.HomeDir, "vms", e2e.Str(r.JSON, "vm_id"), "record.json"))
+	if err != nil || json.Unmarshal(b, &rec) != nil || rec.VMMPID <= 0 || rec.VMMStartTime == 0 {
+		t.Errorf("record %s (%v): want the VMM's pid and start time", b, err)
 	}
 	for _, code := range []int64{0, 1, 42} {
 		r := e2e.Run(t, "--no-network", "--", "sh", "-c", "echo to-stderr >&2; exit "+e2e.Itoa(code))
@@ -134,7 +144,7 @@ func TestRunCopyOut(t *testing.T) {
 	dir := t.TempDir()
 	dest := filepath.Join(dir, "out.bin")
 	r := e2e.Run(t, "--no-network", "--copy-out", "/root/out.bin:"+dest, "--",
-		"sh", "-c", "head -c 5242880 /dev/urandom > /root/out.bin && chmod 4777 /root/out.bin && sha256sum /root/out.bin")
+		"sh", "-c", "head -c 5242880 /dev/urandom > /root/out.bin && chmod 7777 /root/out.bin && sha256sum /root/out.bin")
 	got, err := os.ReadFile(dest)
 	if err != nil {
 		t.Fatal(err)

@@ -102,3 +102,10 @@ func TestCappedWriterNeverFails(t *testing.T) {
 		t.Errorf("kept %q", got)
 	}
 }
+
+// TestOutputCapsAsDocumented pins the caps SECURITY.md states.
+func TestOutputCapsAsDocumented(t *testing.T) {
+	if InlineCap != 64<<10 || LogCap != 64<<20 || SerialLogCap != 16<<20 {
+		t.Errorf("caps: inline %d, log %d, console %d; documented 64 KiB, 64 MiB, 16 MiB", InlineCap, LogCap, SerialLogCap)
+	}
+}
