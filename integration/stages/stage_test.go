@@ -114,6 +114,13 @@ func TestStageFailingCommandCommitsNothing(t *testing.T) {
 		t.Errorf("timeout committed: %s", r.Stdout)
 	}
 	wantNothingCommitted(t, r)
+	// A timeout that ends the run before the guest is ready (one second is
+	// less than a boot under emulation) warns the same way.
+	r = e2e.Run(t, "--no-network", "--timeout-s", "1", "--commit-as", l, "--", "sleep", "100")
+	if r.JSON["timed_out"] != true || e2e.Str(r.JSON, "stage_id") != "" {
+		t.Errorf("timeout committed: %s", r.Stdout)
+	}
+	wantNothingCommitted(t, r)
 	if r := e2e.Isopod(t, nil, "stage", "info", l); r.Code == 0 {
 		t.Errorf("a stage exists after failed runs: %s", r.Stdout)
 	}

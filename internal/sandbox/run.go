@@ -453,6 +453,7 @@ func (r *run) stopMachine() {
 func (r *run) finishTimedOut() *Report {
 	r.stopMachine()
 	r.rep.TimedOut = true
+	r.warnNothingCommitted()
 	r.fillOutput()
 	return r.rep
 }

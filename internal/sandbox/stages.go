@@ -100,13 +100,20 @@ func (s *Service) checkLabelFree(label string) error {
 	return nil
 }
 
+// warnNothingCommitted tells a --commit-as run that ended without a commit.
+func (r *run) warnNothingCommitted() {
+	if r.req.CommitAs != "" {
+		r.rep.Warnings = append(r.rep.Warnings, "nothing committed: --commit-as commits only when the command exits 0")
+	}
+}
+
 // commit publishes the scratch disk as a stage when the command exited 0.
 func (r *run) commit(ctx context.Context, done *agentproto.ExecDone) error {
 	if r.req.CommitAs == "" {
 		return nil
 	}
 	if done.TimedOut || done.ExitCode == nil || *done.ExitCode != 0 {
-		r.rep.Warnings = append(r.rep.Warnings, "nothing committed: --commit-as commits only when the command exits 0")
+		r.warnNothingCommitted()
 		return nil
 	}
 	st, err := r.s.stages()
