@@ -68,10 +68,7 @@ func (st *execState) signal(sig unix.Signal) error {
 		st.pending = append(st.pending, sig)
 		return nil
 	}
-	if err := unix.Kill(-st.pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-		return err
-	}
-	return nil
+	return signalGroup(st.pgid, sig)
 }
 
 // started records the process group and delivers the signals that came
@@ -82,9 +79,7 @@ func (st *execState) started(pgid int) error {
 	st.pgid = pgid
 	var errs []error
 	for _, sig := range st.pending {
-		if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, signalGroup(pgid, sig))
 	}
 	st.pending = nil
 	return errors.Join(errs...)

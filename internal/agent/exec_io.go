@@ -62,8 +62,17 @@ func (p *execPipes) closeAll() {
 // empty is fine.
 func killGroup(pgid int) {
 	if pgid > 0 {
-		_ = unix.Kill(-pgid, unix.SIGKILL)
+		_ = signalGroup(pgid, unix.SIGKILL)
 	}
+}
+
+// signalGroup sends sig to the process group pgid; a group that is already
+// gone is not an error.
+func signalGroup(pgid int, sig unix.Signal) error {
+	if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
 }
 
 // pump sends what the process writes on one stream as KindOutput frames of

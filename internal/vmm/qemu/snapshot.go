@@ -82,7 +82,7 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
-	stateSum, err := fileSHA256(filepath.Join(dir, snapState))
+	stateSum, err := digestFile(filepath.Join(dir, snapState))
 	if err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
@@ -322,12 +322,12 @@ func openVerified(dir string, meta *snapshotMeta) (*os.File, error) {
 	if err != nil {
 		return nil, changed(snapState, "is gone")
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	sum, err := digest(f)
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("reading %s: %w", f.Name(), err)
+		return nil, err
 	}
-	if hex.EncodeToString(h.Sum(nil)) != meta.StateSHA256 {
+	if sum != meta.StateSHA256 {
 		f.Close()
 		return nil, changed(snapState, "was modified")
 	}
@@ -338,16 +338,21 @@ func openVerified(dir string, meta *snapshotMeta) (*os.File, error) {
 	return f, nil
 }
 
-// fileSHA256 is the hex sha256 of the file at path.
-func fileSHA256(path string) (string, error) {
+// digestFile is the hex sha256 of the file at path.
+func digestFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
+	return digest(f)
+}
+
+// digest is the hex sha256 of what is left to read in f.
+func digest(f *os.File) (string, error) {
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return "", err
+		return "", fmt.Errorf("reading %s: %w", f.Name(), err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
