@@ -78,6 +78,14 @@ func TestStageCommitForkStack(t *testing.T) {
 	lg := e2e.Isopod(t, nil, "stage", "log", two)
 	if ls, _ := lg.JSON["layers"].([]any); len(ls) != 2 || !strings.Contains(string(lg.Stdout), "two.txt") {
 		t.Errorf("stage log: %s", lg.Stdout)
+	} else {
+		// Each layer: the command that made it, when, and its size.
+		for i, l := range ls {
+			m, _ := l.(map[string]any)
+			if argv, _ := m["argv"].([]any); len(argv) == 0 || m["created"] == "" || m["created"] == nil || m["allocated_bytes"] == nil || m["size_bytes"] == nil {
+				t.Errorf("stage log layer %d lacks argv, created or size: %v", i, m)
+			}
+		}
 	}
 	// stage diff: one added, one changed, one removed file.
 	d := e2e.Isopod(t, nil, "stage", "diff", one, two)
