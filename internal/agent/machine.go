@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -71,16 +72,40 @@ func (c *conn) configureNet(m *agentproto.Msg) {
 		c.replyErr(m.ID, fmt.Errorf("configure_net: %w", err))
 		return
 	}
-	if err := sys.ConfigureNet(*m.Net); err != nil {
-		c.log.Error("configure_net failed", "err", err)
-		c.replyErr(m.ID, fmt.Errorf("configure_net: %w", err))
-		return
+	// A clone resumed from a snapshot is sent the configuration its
+	// snapshot already applied (every run's private network looks the
+	// same). Re-addressing the interface would drop and re-add the address
+	// and its routes for nothing, so only the env changes then.
+	want := *m.Net
+	want.Env = nil
+	c.srv.mu.Lock()
+	inForce := c.srv.netApplied != nil && sameNet(*c.srv.netApplied, want)
+	c.srv.mu.Unlock()
+	if !inForce {
+		if err := sys.ConfigureNet(*m.Net); err != nil {
+			// The interface may be half configured now: nothing is known
+			// to be in force.
+			c.srv.mu.Lock()
+			c.srv.netApplied = nil
+			c.srv.mu.Unlock()
+			c.log.Error("configure_net failed", "err", err)
+			c.replyErr(m.ID, fmt.Errorf("configure_net: %w", err))
+			return
+		}
 	}
 	c.srv.mu.Lock()
+	c.srv.netApplied = &want
 	c.srv.netEnv = append([]string(nil), m.Net.Env...)
 	c.srv.mu.Unlock()
-	c.log.Info("network configured", "address", m.Net.Address, "gateway", m.Net.Gateway)
+	c.log.Info("network configured", "address", m.Net.Address, "gateway", m.Net.Gateway, "already_in_force", inForce)
 	c.replyOK(m.ID)
+}
+
+// sameNet reports whether two network configurations (env aside) are the
+// same.
+func sameNet(a, b agentproto.NetConfig) bool {
+	return a.Interface == b.Interface && a.Address == b.Address && a.Gateway == b.Gateway &&
+		a.MAC == b.MAC && slices.Equal(a.DNS, b.DNS)
 }
 
 func (c *conn) syncClock(m *agentproto.Msg) {

@@ -53,8 +53,9 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 
-	mu     sync.Mutex
-	netEnv []string
+	mu         sync.Mutex
+	netEnv     []string
+	netApplied *agentproto.NetConfig // the last configuration applied, env aside
 }
 
 // NewServer returns a Server with opts.

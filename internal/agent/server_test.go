@@ -222,6 +222,24 @@ func TestConfigureNet(t *testing.T) {
 		t.Errorf("exec env: got %q; want %q", got, want)
 	}
 
+	// The same configuration again (a resumed clone's) is already in
+	// force: the system is not asked again, but the new env applies.
+	sys.mu.Lock()
+	sys.net = nil
+	sys.mu.Unlock()
+	again := *cfg
+	again.Env = []string{"HTTP_PROXY=http://10.0.2.2:8080"}
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), agentproto.KindOK, "")
+	if sys.net != nil {
+		t.Errorf("the configuration in force was applied again: %+v", sys.net)
+	}
+	r = c.exec(agentproto.Exec{Argv: []string{"sh", "-c", `echo "$HTTP_PROXY"`}})
+	if got := string(r.stdout); got != "http://10.0.2.2:8080\n" {
+		t.Errorf("env after a repeated configure: got %q", got)
+	}
+	again.Env = cfg.Env
+	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), agentproto.KindOK, "")
+
 	// A failure of the system is reported and keeps the old env.
 	sys.mu.Lock()
 	sys.fail = errors.New("no such device")
