@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -122,29 +121,6 @@ func octal(b []byte) string {
 	return sb.String()
 }
 
-// helloFor is the first flight of a crypto/tls client for serverName (X25519
-// only, to keep it small).
-func helloFor(t *testing.T, serverName string) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer b.Close()
-	go func() {
-		c := tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true, CurvePreferences: []tls.CurveID{tls.X25519}})
-		c.Handshake()
-		a.Close()
-	}()
-	var head []byte
-	buf := make([]byte, 4096)
-	b.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for {
-		k, err := b.Read(buf)
-		head = append(head, buf[:k]...)
-		if _, perr := egress.ParseClientHelloSNI(head); !egress.NeedMore(perr) || err != nil {
-			return head
-		}
-	}
-}
-
 // exfilLabel is a fixed random-looking 60-byte label (the doc must not
 // change from run to run).
 func exfilLabel() string {
@@ -168,7 +144,7 @@ type ledgerCase struct {
 }
 
 func ledgerCases(t *testing.T) []ledgerCase {
-	hello := func(name string) string { return octal(helloFor(t, name)) }
+	hello := func(name string) string { return octal(testnet.ClientHello(t, name)) }
 	connect := octal([]byte("CONNECT test.example:443 HTTP/1.1\r\nHost: test.example:443\r\n\r\n"))
 	socks := octal(append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len("blocked-socks.example"))}, append([]byte("blocked-socks.example"), 1, 187)...))
 	exfil := exfilLabel() + ".exfil.example"

@@ -2,18 +2,16 @@ package egress
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/miekg/dns"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/testnet"
 )
 
 func TestParsePattern(t *testing.T) {
@@ -286,27 +284,8 @@ func TestFilterDenyAllAndPrivate(t *testing.T) {
 	}
 }
 
-// clientHello returns the first flight crypto/tls sends for serverName.
-func clientHello(t testing.TB, serverName string) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer b.Close()
-	go func() {
-		c := tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true})
-		c.Handshake()
-		a.Close()
-	}()
-	var head []byte
-	buf := make([]byte, 4096)
-	b.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for {
-		n, err := b.Read(buf)
-		head = append(head, buf[:n]...)
-		if _, perr := ParseClientHelloSNI(head); !NeedMore(perr) || err != nil {
-			return head
-		}
-	}
-}
+// clientHello returns the first TLS record crypto/tls sends for serverName.
+func clientHello(t testing.TB, serverName string) []byte { return testnet.ClientHello(t, serverName) }
 
 func TestParseClientHelloSNI(t *testing.T) {
 	for _, name := range []string{"allowed.example", "xn--bcher-kva.example"} {
