@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -260,3 +261,19 @@ func FileSHA(t testing.TB, path string) string {
 
 // BenchEnabled reports whether benchmark-only tests should run.
 func BenchEnabled() bool { return os.Getenv("ISOPOD_BENCH") == "1" }
+
+// Parallel runs call(0) … call(n-1) at once and returns their results in
+// order.
+func Parallel(n int, call func(i int) *Result) []*Result {
+	rs := make([]*Result, n)
+	var wg sync.WaitGroup
+	for i := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs[i] = call(i)
+		}()
+	}
+	wg.Wait()
+	return rs
+}

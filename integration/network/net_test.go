@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -133,16 +132,9 @@ func TestNetworkPublicOnly(t *testing.T) {
 	})
 
 	t.Run("four networked runs in parallel", func(t *testing.T) {
-		var wg sync.WaitGroup
-		rs := make([]*e2e.Result, 4)
-		for i := range rs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rs[i] = e2e.NSIsopod(t, n, "run", "--", "wget", "-q", "-O-", "http://test.example"+testnet.HelloPath)
-			}()
-		}
-		wg.Wait()
+		rs := e2e.Parallel(4, func(int) *e2e.Result {
+			return e2e.NSIsopod(t, n, "run", "--", "wget", "-q", "-O-", "http://test.example"+testnet.HelloPath)
+		})
 		for i, r := range rs {
 			if r.Code != 0 || e2e.Str(r.JSON, "stdout") != testnet.HelloBody {
 				t.Errorf("run %d:\n%s", i, r)

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -235,16 +234,9 @@ func vmCount(t *testing.T) int {
 
 func TestRunParallel(t *testing.T) {
 	e2e.RequireVM(t)
-	var wg sync.WaitGroup
-	results := make([]*e2e.Result, 2)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = e2e.Isopod(t, nil, "run", "--no-network", "--", "sh", "-c", "echo run-"+e2e.Itoa(int64(i)))
-		}()
-	}
-	wg.Wait()
+	results := e2e.Parallel(2, func(i int) *e2e.Result {
+		return e2e.Isopod(t, nil, "run", "--no-network", "--", "sh", "-c", "echo run-"+e2e.Itoa(int64(i)))
+	})
 	for i, r := range results {
 		if r.Code != 0 || e2e.Str(r.JSON, "stdout") != "run-"+e2e.Itoa(int64(i))+"\n" {
 			t.Errorf("parallel run %d:\n%s", i, r)

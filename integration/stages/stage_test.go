@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -155,16 +154,9 @@ func TestStageParallelForksAndLabelRace(t *testing.T) {
 	layer := stageInfo(t, parent)["layer_paths"].([]any)[0].(string)
 	before := e2e.FileSHA(t, layer)
 
-	var wg sync.WaitGroup
-	forks := make([]*e2e.Result, 4)
-	for i := range forks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			forks[i] = e2e.Isopod(t, nil, "run", "--no-network", "--stage", parent, "--", "sh", "-c", "cat /root/p; echo mine > /root/p")
-		}()
-	}
-	wg.Wait()
+	forks := e2e.Parallel(4, func(int) *e2e.Result {
+		return e2e.Isopod(t, nil, "run", "--no-network", "--stage", parent, "--", "sh", "-c", "cat /root/p; echo mine > /root/p")
+	})
 	for i, r := range forks {
 		if r.Code != 0 || e2e.Str(r.JSON, "stdout") != "p\n" {
 			t.Errorf("fork %d:\n%s", i, r)
@@ -177,15 +169,9 @@ func TestStageParallelForksAndLabelRace(t *testing.T) {
 	// Two commits racing on one label: exactly one wins.
 	race := label(t, "race")
 	rmStages(t, race)
-	var results [2]*e2e.Result
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = e2e.Isopod(t, nil, "run", "--no-network", "--commit-as", race, "--", "sh", "-c", "echo "+e2e.Itoa(int64(i))+" > /root/r")
-		}()
-	}
-	wg.Wait()
+	results := e2e.Parallel(2, func(i int) *e2e.Result {
+		return e2e.Isopod(t, nil, "run", "--no-network", "--commit-as", race, "--", "sh", "-c", "echo "+e2e.Itoa(int64(i))+" > /root/r")
+	})
 	won := 0
 	for _, r := range results {
 		if r.Code == 0 && e2e.Str(r.JSON, "stage_id") != "" {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -115,19 +114,11 @@ func TestWarmPool(t *testing.T) {
 	})
 
 	t.Run("clone safety across parallel resumes", func(t *testing.T) {
-		const n = 3
-		results := make([]*e2e.Result, n)
 		before := time.Now()
-		var wg sync.WaitGroup
-		for i := range results {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i] = e2e.Isopod(t, env, "run", "--", "sh", "-c",
-					"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat /proc/sys/kernel/random/boot_id; touch /tmp/now; stat -c %Y.%y /tmp/now")
-			}()
-		}
-		wg.Wait()
+		results := e2e.Parallel(3, func(int) *e2e.Result {
+			return e2e.Isopod(t, env, "run", "--", "sh", "-c",
+				"cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat /proc/sys/kernel/random/boot_id; touch /tmp/now; stat -c %Y.%y /tmp/now")
+		})
 		after := time.Now()
 		seen := map[string]int{}
 		for i, r := range results {
@@ -190,16 +181,7 @@ func TestWarmPool(t *testing.T) {
 		}
 		// Two eligible runs at once: one builds, the other does not race
 		// it (it boots cold, or resumes if the build was already done).
-		var wg sync.WaitGroup
-		results := make([]*e2e.Result, 2)
-		for i := range results {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i] = e2e.Isopod(t, env, "run", "--", "true")
-			}()
-		}
-		wg.Wait()
+		results := e2e.Parallel(2, func(int) *e2e.Result { return e2e.Isopod(t, env, "run", "--", "true") })
 		built := 0
 		for i, r := range results {
 			if r.Code != 0 || r.JSON["ok"] != true {
