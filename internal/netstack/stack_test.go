@@ -275,6 +275,9 @@ func TestStackLoopback(t *testing.T) {
 		if _, err := g.udpExchange("127.0.0.1:7", []byte("ping"), 300*time.Millisecond); err == nil {
 			t.Error("UDP to loopback got an answer")
 		}
+		if _, err := g.udpExchange("239.1.2.3:7", []byte("ping"), 300*time.Millisecond); err == nil {
+			t.Error("UDP to a multicast group got an answer")
+		}
 	})
 
 	t.Run("sniff", func(t *testing.T) {
@@ -343,6 +346,7 @@ func TestStackLoopback(t *testing.T) {
 		{"tcp", "198.51.100.99", 22, false, egress.ReasonHost},
 		{"tcp", "10.0.2.1", 22, false, egress.ReasonGatewayPort},
 		{"udp", "127.0.0.1", 7, false, egress.ReasonLoopback},
+		{"udp", "239.1.2.3", 7, false, egress.ReasonMulticast},
 		{"udp", "203.0.113.10", 7, true, "redirected"},
 		{"tcp", "203.0.113.10", 80, true, "redirected"},
 		{"dns", "10.0.2.1", 53, true, egress.ReasonDNS},
