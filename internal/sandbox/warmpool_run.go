@@ -287,8 +287,6 @@ func (r *run) configureResumed(ctx context.Context) error {
 		}{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: nc}, nil})
 	}
 	errs := make([]error, len(calls))
-	took := make([]any, 0, 2*len(calls))
-	var mu sync.Mutex
 	var wg sync.WaitGroup
 	t := time.Now()
 	for i, c := range calls {
@@ -298,13 +296,10 @@ func (r *run) configureResumed(ctx context.Context) error {
 			if err := r.client.Call(cctx, c.msg, c.payload); err != nil {
 				errs[i] = fmt.Errorf("%s after resume: %w", c.what, err)
 			}
-			mu.Lock()
-			took = append(took, string(c.msg.Kind), time.Since(t).Milliseconds())
-			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	r.s.log.Debug("warm pool: clone configured", append([]any{"ms", time.Since(t).Milliseconds()}, took...)...)
+	r.s.log.Debug("warm pool: clone configured", "ms", time.Since(t).Milliseconds())
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
