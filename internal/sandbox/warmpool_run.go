@@ -355,7 +355,8 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	bootMS := time.Since(t0).Milliseconds()
 	// The NIC is brought up (and addressed like every run's private
 	// network) before the snapshot: the link coming up is the slow part
-	// of configuring it, and a resumed run then only re-addresses it.
+	// of configuring it, and a resumed run's agent then finds the same
+	// configuration already in force.
 	var netUp time.Time
 	if b.agentNet != nil {
 		nc := *b.agentNet
