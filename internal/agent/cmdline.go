@@ -2,22 +2,14 @@ package agent
 
 import (
 	"fmt"
+	"isopod/internal/agentproto"
 	"os"
 	"strconv"
 	"strings"
 )
 
-// Kernel command line keys the agent reads.
-const (
-	cmdHostname = "isopod.hostname" // sethostname at boot
-	cmdLayers   = "isopod.layers"   // how many stage layer disks to wait for
-	cmdUpper    = "isopod.upper"    // "ram": the upper layer is a tmpfs, no scratch disk
-	cmdDebug    = "isopod.debug"    // "1": debug log lines on the console
-)
-
-// MaxLayers is how many stage layer disks the guest supports (serials
-// isopod-l0 .. isopod-l9).
-const MaxLayers = 10
+// MaxLayers is how many stage layer disks the guest supports.
+const MaxLayers = agentproto.MaxLayers
 
 // bootParams are the isopod.* keys of the kernel command line.
 type bootParams struct {
@@ -38,26 +30,26 @@ func parseCmdline(line string) (bootParams, []error) {
 			continue
 		}
 		switch k {
-		case cmdHostname:
+		case agentproto.CmdlineHostname:
 			if err := validHostname(v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", k, err))
 				continue
 			}
 			p.hostname = v
-		case cmdLayers:
+		case agentproto.CmdlineLayers:
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > MaxLayers {
 				errs = append(errs, fmt.Errorf("%s=%q: want a number from 0 to %d", k, v, MaxLayers))
 				continue
 			}
 			p.layers = n
-		case cmdUpper:
-			if v != "ram" && v != "disk" {
+		case agentproto.CmdlineUpper:
+			if v != agentproto.UpperRAM && v != "disk" {
 				errs = append(errs, fmt.Errorf("%s=%q: want ram or disk", k, v))
 				continue
 			}
-			p.ramUpper = v == "ram"
-		case cmdDebug:
+			p.ramUpper = v == agentproto.UpperRAM
+		case agentproto.CmdlineDebug:
 			p.debug = v == "1" || v == "true"
 		default:
 			errs = append(errs, fmt.Errorf("unknown kernel command line key %s", k))

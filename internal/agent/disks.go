@@ -2,21 +2,21 @@ package agent
 
 import (
 	"fmt"
+	"isopod/internal/agentproto"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 )
 
-// Disk serials (see docs/architecture.md, "The guest contract").
+// Disk serials (see agentproto's guest contract).
 const (
-	SerialBase    = "isopod-base"
-	SerialScratch = "isopod-scratch"
-	serialLayer   = "isopod-l" // + index 0..9
+	SerialBase    = agentproto.SerialBase
+	SerialScratch = agentproto.SerialScratch
 )
 
 // LayerSerial is the serial of stage layer i (0 is the oldest).
-func LayerSerial(i int) string { return fmt.Sprintf("%s%d", serialLayer, i) }
+func LayerSerial(i int) string { return agentproto.LayerSerial(i) }
 
 // diskWant says which disks boot waits for.
 type diskWant struct {

@@ -41,9 +41,9 @@ func Main() {
 	runPID1()
 }
 
-// FloorArg, given to init on the kernel command line ("-- isopod-floor"),
-// makes PID 1 power off at once: the floor isopod's boot is measured against.
-const FloorArg = "isopod-floor"
+// FloorArg, given to init on the kernel command line, makes PID 1 power off
+// at once: the floor isopod's boot is measured against.
+const FloorArg = agentproto.FloorArg
 
 type stdio struct {
 	io.Reader

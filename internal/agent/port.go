@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"isopod/internal/agentproto"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +10,7 @@ import (
 )
 
 // PortName is the name of the virtio-serial port the agent serves on.
-const PortName = "isopod.agent"
+const PortName = agentproto.PortName
 
 // findPort returns the device node of the virtio-serial port named name:
 // the vportNpM directory under sysPorts (/sys/class/virtio-ports) whose

@@ -3,11 +3,12 @@ package cli
 import (
 	"github.com/spf13/cobra"
 
+	"isopod/internal/bench"
 	"isopod/internal/sandbox"
 )
 
 func newBenchCmd(e *env) *cobra.Command {
-	var o sandbox.BenchOptions
+	var o bench.Options
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure isopod against its floor, side by side in one run",
@@ -17,7 +18,7 @@ networked run, a fork of a 3-layer stage, a 100 MiB commit and, where the
 warm pool applies, warm runs. Prints p50/p90 per series and their ratios.`,
 		Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.BenchResult, error) { return s.Bench(cmd.Context(), o) })
+			return call(e, func(s *sandbox.Service) (*bench.Result, error) { return bench.Run(cmd.Context(), s, e.log, o) })
 		},
 	}
 	c.Flags().IntVarP(&o.N, "n", "n", 10, "samples per series")

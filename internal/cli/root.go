@@ -10,13 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
 	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
 
@@ -28,7 +27,7 @@ type env struct {
 	svc            *sandbox.Service
 	stdout, stderr io.Writer
 	log            *slog.Logger
-	paths          config.Paths
+	settings       config.Settings
 	// result is the one JSON object to print on success.
 	result any
 }
@@ -39,12 +38,7 @@ func (e *env) service() (*sandbox.Service, error) {
 	if e.svc != nil {
 		return e.svc, nil
 	}
-	svc, err := sandbox.New(sandbox.Options{
-		Paths:         e.paths,
-		Logger:        e.log,
-		Version:       Version,
-		AllowBaseSkew: os.Getenv(config.EnvAllowBaseSkew) == "1",
-	})
+	svc, err := e.settings.NewService(e.log, Version)
 	if err != nil {
 		return nil, err
 	}
@@ -55,12 +49,19 @@ func (e *env) service() (*sandbox.Service, error) {
 
 // Main runs the CLI and returns the process exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr, log: newLogger(stderr)}
+	e := &env{stdout: stdout, stderr: stderr}
+	settings, err := config.Load(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "isopod: error: %v\n", err)
+		writeJSON(stdout, failure{OK: false, Error: err.Error(), Class: errdefs.Class(err)})
+		return 1
+	}
+	e.settings, e.log = settings, settings.Logger(stderr)
 	root := newRoot(e)
 	root.SetArgs(args)
 	root.SetOut(stderr) // help and usage go to stderr; stdout is the JSON
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	err = root.ExecuteContext(ctx)
 	if e.svc != nil {
 		// The JSON goes out first; the process exits once cleanup is done.
 		defer e.svc.Wait()
@@ -91,19 +92,6 @@ func writeJSON(w io.Writer, v any) {
 	enc.Encode(v)
 }
 
-func newLogger(w io.Writer) *slog.Logger {
-	level := slog.LevelInfo
-	switch strings.ToLower(os.Getenv(config.EnvLogLevel)) {
-	case "debug":
-		level = slog.LevelDebug
-	case "warn":
-		level = slog.LevelWarn
-	case "error":
-		level = slog.LevelError
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
 func newRoot(e *env) *cobra.Command {
 	var kernel string
 	root := &cobra.Command{
@@ -117,23 +105,11 @@ func newRoot(e *env) *cobra.Command {
 		Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if kernel != "" {
-				// One knob for every layer that picks the kernel.
-				abs, err := filepath.Abs(kernel)
-				if err != nil {
-					return fmt.Errorf("--kernel: %w", err)
-				}
-				os.Setenv(config.EnvKernel, abs)
-			}
-			p, err := config.DefaultPaths()
-			if err != nil {
-				return err
-			}
-			e.paths = p
-			return nil
+			// --kernel wins over ISOPOD_KERNEL.
+			return e.settings.SetKernel(kernel)
 		},
 	}
-	root.PersistentFlags().StringVar(&kernel, "kernel", "", "use this guest kernel (every driver built in; no modules are loaded) instead of the fetched one; also "+config.EnvKernel)
+	root.PersistentFlags().StringVar(&kernel, "kernel", "", "use this guest kernel (every driver built in; no modules are loaded) instead of the fetched one; also "+knobs.Kernel)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%s: %w: %w", cmd.CommandPath(), err, errdefs.ErrInvalidArgument)
 	})

@@ -1,71 +1,133 @@
-// Package config knows where isopod keeps its state and which environment
-// knobs it reads. Every environment variable isopod honours is named here.
+// Package config reads isopod's settings once, at the front ends: the
+// environment knobs named in internal/knobs (and the flags that override
+// them) become one typed Settings value, and both front ends build the core
+// from it with NewService. Nothing below the front ends reads the
+// environment or imports this package.
 package config
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
+	"isopod/internal/paths"
+	"isopod/internal/sandbox"
+	"isopod/internal/vmm"
 )
 
-// Environment knobs.
-const (
-	EnvHome          = "ISOPOD_HOME"            // state root; default ~/.isopod
-	EnvKernel        = "ISOPOD_KERNEL"          // a kernel with every driver built in
-	EnvQEMU          = "ISOPOD_QEMU"            // qemu-system-x86_64 to use
-	EnvAgentBin      = "ISOPOD_AGENT_BIN"       // isopod-agent binary for image builds
-	EnvAccel         = "ISOPOD_ACCEL"           // force "kvm" or "tcg"
-	EnvAllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW" // "1": fork stages made over another base build
-	EnvLogLevel      = "ISOPOD_LOG"             // debug|info|warn|error (stderr)
-	EnvMCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
-	EnvMCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
-	EnvMCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"
-)
+// Settings are everything isopod's behaviour depends on outside a request.
+type Settings struct {
+	Paths    paths.Paths
+	LogLevel slog.Level
+	// Kernel is a custom guest kernel (--kernel or ISOPOD_KERNEL), made
+	// absolute; empty: the fetched one.
+	Kernel   string
+	QEMU     string
+	AgentBin string
+	Accel    vmm.Accel
+	// AllowBaseSkew: ISOPOD_ALLOW_BASE_SKEW=1.
+	AllowBaseSkew bool
 
-// Paths lays out the state root.
-//
-//	kernels/<version>/     vmlinuz, modules/, kernel.json (version, sha256)
-//	images/                initramfs-*.cpio, base-*.sqfs and their .json sidecars,
-//	                       scratch templates
-//	vms/<id>/              record.json, vmm.pid, console.log, stdout.log, stderr.log,
-//	                       net.jsonl, egress.jsonl
-//	stages/<id>/           layer.ext4, meta.json
-//	snapshots/<key>/       warm-pool snapshots
-//	locks/                 lock files for shared state
-type Paths struct {
-	Home string
+	// raw keeps every knob as read, for front-end policies that interpret
+	// their own (the MCP server's host-I/O switches).
+	raw map[string]string
 }
 
-// DefaultPaths resolves the state root from $ISOPOD_HOME or the home directory.
-func DefaultPaths() (Paths, error) {
-	if h := os.Getenv(EnvHome); h != "" {
-		abs, err := filepath.Abs(h)
+// Load reads the settings through lookup (os.LookupEnv in production).
+// A value that can never work is an invalid-argument error naming the
+// variable and what it accepts.
+func Load(lookup func(string) (string, bool)) (Settings, error) {
+	s := Settings{raw: map[string]string{}}
+	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
+		if v, ok := lookup(k); ok {
+			s.raw[k] = v
+		}
+	}
+	home := s.raw[knobs.Home]
+	if home == "" {
+		h, err := os.UserHomeDir()
 		if err != nil {
-			return Paths{}, fmt.Errorf("resolving %s: %w", EnvHome, err)
+			return s, fmt.Errorf("finding the home directory (set %s): %w", knobs.Home, err)
 		}
-		return Paths{Home: abs}, nil
+		home = filepath.Join(h, ".isopod")
 	}
-	home, err := os.UserHomeDir()
+	p, err := paths.New(home)
 	if err != nil {
-		return Paths{}, fmt.Errorf("finding home directory (set %s): %w", EnvHome, err)
+		return s, fmt.Errorf("%s: %w", knobs.Home, err)
 	}
-	return Paths{Home: filepath.Join(home, ".isopod")}, nil
+	s.Paths = p
+	if s.LogLevel, err = parseLevel(s.raw[knobs.LogLevel]); err != nil {
+		return s, err
+	}
+	if err := s.SetKernel(s.raw[knobs.Kernel]); err != nil {
+		return s, err
+	}
+	s.QEMU, s.AgentBin = s.raw[knobs.QEMU], s.raw[knobs.AgentBin]
+	switch a := vmm.Accel(strings.TrimSpace(s.raw[knobs.Accel])); a {
+	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
+		s.Accel = a
+	default:
+		return s, fmt.Errorf("%s=%q: use kvm or tcg, or unset it for auto: %w", knobs.Accel, a, errdefs.ErrInvalidArgument)
+	}
+	s.AllowBaseSkew = s.raw[knobs.AllowBaseSkew] == "1"
+	return s, nil
 }
 
-func (p Paths) Kernels() string     { return filepath.Join(p.Home, "kernels") }
-func (p Paths) Images() string      { return filepath.Join(p.Home, "images") }
-func (p Paths) VMs() string         { return filepath.Join(p.Home, "vms") }
-func (p Paths) VM(id string) string { return filepath.Join(p.Home, "vms", id) }
-func (p Paths) Stages() string      { return filepath.Join(p.Home, "stages") }
-func (p Paths) Snapshots() string   { return filepath.Join(p.Home, "snapshots") }
-func (p Paths) Locks() string       { return filepath.Join(p.Home, "locks") }
-
-// Ensure creates the state directories (mode 0700).
-func (p Paths) Ensure() error {
-	for _, d := range []string{p.Home, p.Kernels(), p.Images(), p.VMs(), p.Stages(), p.Snapshots(), p.Locks()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("creating state directory: %w", err)
-		}
+// SetKernel sets the custom guest kernel (a --kernel flag wins over
+// ISOPOD_KERNEL); empty keeps the fetched one.
+func (s *Settings) SetKernel(path string) error {
+	if path == "" {
+		return nil
 	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("--kernel/%s %q: %w: %w", knobs.Kernel, path, err, errdefs.ErrInvalidArgument)
+	}
+	s.Kernel = abs
 	return nil
+}
+
+// Lookup returns a knob's value as read by Load.
+func (s Settings) Lookup(name string) (string, bool) {
+	v, ok := s.raw[name]
+	return v, ok
+}
+
+func parseLevel(v string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return slog.LevelInfo, fmt.Errorf("%s=%q: use debug, info, warn or error: %w", knobs.LogLevel, v, errdefs.ErrInvalidArgument)
+}
+
+// Logger is a text logger to w at the settings' level.
+func (s Settings) Logger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: s.LogLevel}))
+}
+
+// NewService builds the core from the settings.
+func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service, error) {
+	return sandbox.New(sandbox.Options{
+		Paths:         s.Paths,
+		Logger:        log,
+		Version:       version,
+		AllowBaseSkew: s.AllowBaseSkew,
+		Kernel:        s.Kernel,
+		AgentBin:      s.AgentBin,
+		QEMU:          s.QEMU,
+		Accel:         s.Accel,
+	})
 }

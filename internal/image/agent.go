@@ -8,23 +8,21 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 )
 
 // AgentBinaryName is the guest agent's file name.
 const AgentBinaryName = "isopod-agent"
 
-const agentBuildHint = "build it with `CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent` and put it next to isopod or set " + config.EnvAgentBin
+const agentBuildHint = "build it with `CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent` and put it next to isopod or set " + knobs.AgentBin
 
-// LocateAgent finds the guest agent binary: explicit if set, else
-// $ISOPOD_AGENT_BIN, else isopod-agent next to the running executable, else
-// on PATH. It checks that the file is a static x86-64 ELF executable.
+// LocateAgent finds the guest agent binary: explicit (from
+// $ISOPOD_AGENT_BIN, read by the front ends) if set, else isopod-agent next
+// to the running executable, else on PATH. It checks that the file is a
+// static x86-64 ELF executable.
 func LocateAgent(explicit string) (string, error) {
-	p, from := explicit, "agent binary"
-	if p == "" {
-		p, from = os.Getenv(config.EnvAgentBin), config.EnvAgentBin
-	}
+	p, from := explicit, knobs.AgentBin
 	if p == "" {
 		from = AgentBinaryName
 		if exe, err := os.Executable(); err == nil {
@@ -40,7 +38,7 @@ func LocateAgent(explicit string) (string, error) {
 		}
 		if p == "" {
 			return "", fmt.Errorf("guest agent %s not found (not in %s, next to the isopod binary, or on PATH); %s: %w",
-				AgentBinaryName, config.EnvAgentBin, agentBuildHint, errdefs.ErrFailedPrecondition)
+				AgentBinaryName, knobs.AgentBin, agentBuildHint, errdefs.ErrFailedPrecondition)
 		}
 	}
 	abs, err := filepath.Abs(p)

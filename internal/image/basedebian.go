@@ -18,14 +18,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // BuildBaseDebian builds base-debian with debootstrap (minbase plus
 // DebianPackages) from the host's configured Debian mirror. It takes
 // minutes; progress goes to the logger.
-func BuildBaseDebian(ctx context.Context, paths config.Paths, opts BuildOptions) (BaseInfo, error) {
+func BuildBaseDebian(ctx context.Context, paths paths.Paths, opts BuildOptions) (BaseInfo, error) {
 	log := logger(opts.Logger)
 	if !opts.Force {
 		if info, ok := currentBase(paths, FlavorBaseDebian, nil); ok {

@@ -58,7 +58,7 @@ func TestBaseDebianBuild(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(paths.Images(), "base-debian.json")); err != nil {
 		t.Error(err)
 	}
-	if info2, err := ListImages(paths); err != nil {
+	if info2, err := ListImages(paths, "", ""); err != nil {
 		t.Error(err)
 	} else {
 		t.Logf("images: %+v", info2)

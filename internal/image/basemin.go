@@ -13,13 +13,13 @@ import (
 	"sort"
 	"strings"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // BuildBaseMin builds base-min: the pinned static busybox with a link for
 // every applet, and the skeleton every base has.
-func BuildBaseMin(ctx context.Context, paths config.Paths, opts BuildOptions) (BaseInfo, error) {
+func BuildBaseMin(ctx context.Context, paths paths.Paths, opts BuildOptions) (BaseInfo, error) {
 	log := logger(opts.Logger)
 	pin := BusyboxPin
 	if !opts.Force {

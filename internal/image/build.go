@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // Flavors are what Build accepts, in the order BuildAll builds them.
@@ -25,7 +25,7 @@ type BuildResult struct {
 }
 
 // Build builds one flavor (initramfs, base-min or base-debian).
-func Build(ctx context.Context, paths config.Paths, flavor string, opts BuildOptions) (BuildResult, error) {
+func Build(ctx context.Context, paths paths.Paths, flavor string, opts BuildOptions) (BuildResult, error) {
 	start := time.Now()
 	var r BuildResult
 	switch flavor {
@@ -55,7 +55,7 @@ func Build(ctx context.Context, paths config.Paths, flavor string, opts BuildOpt
 // BuildAll builds the initramfs and every base, fetching the pinned kernel
 // first when none is installed and no custom kernel is set. It stops at the
 // first failure and returns what it built so far.
-func BuildAll(ctx context.Context, paths config.Paths, opts BuildOptions) ([]BuildResult, error) {
+func BuildAll(ctx context.Context, paths paths.Paths, opts BuildOptions) ([]BuildResult, error) {
 	if err := paths.Ensure(); err != nil {
 		return nil, err
 	}

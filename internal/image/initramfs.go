@@ -12,9 +12,10 @@ import (
 	"time"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
 	"isopod/internal/image/cpio"
+	"isopod/internal/knobs"
+	"isopod/internal/paths"
 )
 
 // Flavor names of what Build makes.
@@ -62,7 +63,7 @@ const ModulesListPath = "etc/isopod/modules"
 
 // InitramfsPath is the initramfs for a kernel: one with modules for a
 // fetched kernel, one without for a kernel with every driver built in.
-func InitramfsPath(paths config.Paths, builtIn bool) string {
+func InitramfsPath(paths paths.Paths, builtIn bool) string {
 	if builtIn {
 		return filepath.Join(paths.Images(), "initramfs-builtin.cpio")
 	}
@@ -75,7 +76,7 @@ func sidecarPath(artifact string) string {
 
 // BuildInitramfs writes the initramfs for the resolved kernel: the agent at
 // /init, the kernel's modules and their load order.
-func BuildInitramfs(ctx context.Context, paths config.Paths, opts BuildOptions) (InitramfsInfo, error) {
+func BuildInitramfs(ctx context.Context, paths paths.Paths, opts BuildOptions) (InitramfsInfo, error) {
 	log := logger(opts.Logger)
 	bk, err := ResolveKernel(paths, opts.Kernel)
 	if err != nil {
@@ -184,7 +185,7 @@ type Boot struct {
 // ResolveBoot picks the kernel (see ResolveKernel) and its initramfs, and
 // refuses an initramfs that is missing, made for another kernel, or speaks
 // another protocol version.
-func ResolveBoot(paths config.Paths, kernelOverride string) (Boot, error) {
+func ResolveBoot(paths paths.Paths, kernelOverride string) (Boot, error) {
 	bk, err := ResolveKernel(paths, kernelOverride)
 	if err != nil {
 		return Boot{}, err
@@ -197,7 +198,7 @@ func ResolveBoot(paths config.Paths, kernelOverride string) (Boot, error) {
 	defer unlock()
 	hint := "run `isopod image build initramfs`"
 	if bk.BuiltIn {
-		hint += " with the same --kernel or " + config.EnvKernel
+		hint += " with the same --kernel or " + knobs.Kernel
 	}
 	var info InitramfsInfo
 	if err := readJSON(sidecarPath(p), &info); err != nil {

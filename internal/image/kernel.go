@@ -18,8 +18,9 @@ import (
 
 	"github.com/ulikunitz/xz"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
+	"isopod/internal/paths"
 )
 
 // FetchOptions tunes FetchKernel.
@@ -62,7 +63,7 @@ type kernelSource struct {
 }
 
 // FetchKernel installs the guest kernel and its modules under kernels/.
-func FetchKernel(ctx context.Context, paths config.Paths, opts FetchOptions) (KernelInfo, error) {
+func FetchKernel(ctx context.Context, paths paths.Paths, opts FetchOptions) (KernelInfo, error) {
 	log := logger(opts.Logger)
 	if err := os.MkdirAll(paths.Kernels(), 0o755); err != nil {
 		return KernelInfo{}, fmt.Errorf("creating kernels directory: %w", err)
@@ -387,14 +388,11 @@ type BootKernel struct {
 	Modules []string
 }
 
-// ResolveKernel picks the guest kernel: override (a --kernel flag) if set,
-// else $ISOPOD_KERNEL, else the fetched kernel (the pinned version when
-// present, else the most recently fetched one).
-func ResolveKernel(paths config.Paths, override string) (BootKernel, error) {
-	custom, from := override, "--kernel"
-	if custom == "" {
-		custom, from = os.Getenv(config.EnvKernel), config.EnvKernel
-	}
+// ResolveKernel picks the guest kernel: custom (from --kernel or
+// $ISOPOD_KERNEL, read by the front ends) if set, else the fetched kernel
+// (the pinned version when present, else the most recently fetched one).
+func ResolveKernel(paths paths.Paths, custom string) (BootKernel, error) {
+	from := "--kernel/" + knobs.Kernel
 	if custom != "" {
 		abs, err := filepath.Abs(custom)
 		if err != nil {
@@ -420,7 +418,7 @@ func ResolveKernel(paths config.Paths, override string) (BootKernel, error) {
 		}
 		if len(found) == 0 {
 			return BootKernel{}, fmt.Errorf("no guest kernel in %s: run `isopod image fetch-kernel` (or pass --kernel / set %s to a kernel with the virtio drivers built in): %w",
-				paths.Kernels(), config.EnvKernel, errdefs.ErrFailedPrecondition)
+				paths.Kernels(), knobs.Kernel, errdefs.ErrFailedPrecondition)
 		}
 		sort.Slice(found, func(i, j int) bool { return found[i].FetchedUnix > found[j].FetchedUnix })
 		ki = found[0]

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 const realDeb = "/tmp/k/linux-image-6.1.0-50-cloud-amd64_6.1.176-1_amd64.deb"
@@ -97,9 +97,9 @@ func fakeApt(t *testing.T, getScript, cacheScript string) *Apt {
 	return a
 }
 
-func testPaths(t *testing.T) config.Paths {
+func testPaths(t *testing.T) paths.Paths {
 	t.Helper()
-	p := config.Paths{Home: t.TempDir()}
+	p := paths.Paths{Home: t.TempDir()}
 	if err := p.Ensure(); err != nil {
 		t.Fatal(err)
 	}
@@ -178,9 +178,7 @@ func TestFetchKernelFromRealDeb(t *testing.T) {
 		t.Errorf("resolved %+v", bk)
 	}
 
-	t.Setenv(config.EnvKernel, "")
-	t.Setenv(config.EnvAgentBin, buildStaticBinary(t, t.TempDir(), "agent", "hi"))
-	info, err := BuildInitramfs(context.Background(), paths, BuildOptions{})
+	info, err := BuildInitramfs(context.Background(), paths, BuildOptions{AgentBin: buildStaticBinary(t, t.TempDir(), "agent", "hi")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,16 +300,14 @@ esac`
 
 func TestResolveKernel(t *testing.T) {
 	paths := testPaths(t)
-	t.Setenv(config.EnvKernel, "")
 	if _, err := ResolveKernel(paths, ""); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "fetch-kernel") {
 		t.Errorf("no kernel: %v", err)
 	}
 	k := filepath.Join(t.TempDir(), "bzImage")
 	os.WriteFile(k, []byte("k"), 0o644)
-	t.Setenv(config.EnvKernel, k)
-	bk, err := ResolveKernel(paths, "")
+	bk, err := ResolveKernel(paths, k)
 	if err != nil || !bk.BuiltIn || bk.Path != k || len(bk.Modules) != 0 {
-		t.Errorf("env kernel: %+v %v", bk, err)
+		t.Errorf("custom kernel: %+v %v", bk, err)
 	}
 	if _, err := ResolveKernel(paths, k+".missing"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("missing override: %v", err)

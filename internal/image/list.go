@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // BaseFlavors are the base images isopod knows how to build.
@@ -29,9 +29,10 @@ type ImageInfo struct {
 }
 
 // ListImages reports the initramfs of the current kernel and every base
-// flavor, built or not.
-func ListImages(paths config.Paths) ([]ImageInfo, error) {
-	out := []ImageInfo{initramfsStatus(paths)}
+// flavor, built or not. kernel and agentBin are the custom kernel and agent
+// binary in use, if any (see ResolveKernel and LocateAgent).
+func ListImages(paths paths.Paths, kernel, agentBin string) ([]ImageInfo, error) {
+	out := []ImageInfo{initramfsStatus(paths, kernel, agentBin)}
 	for _, f := range BaseFlavors {
 		info, err := baseStatus(paths, f)
 		if err != nil {
@@ -42,8 +43,8 @@ func ListImages(paths config.Paths) ([]ImageInfo, error) {
 	return out, nil
 }
 
-func initramfsStatus(paths config.Paths) ImageInfo {
-	bk, kerr := ResolveKernel(paths, "")
+func initramfsStatus(paths paths.Paths, kernel, agentBin string) ImageInfo {
+	bk, kerr := ResolveKernel(paths, kernel)
 	builtIn := kerr == nil && bk.BuiltIn
 	p := InitramfsPath(paths, builtIn)
 	ii := ImageInfo{Flavor: FlavorInitramfs, Path: p}
@@ -61,7 +62,7 @@ func initramfsStatus(paths config.Paths) ImageInfo {
 	if side.ProtocolVersion != agentproto.Version {
 		reasons = append(reasons, fmt.Sprintf("protocol %d, isopod speaks %d", side.ProtocolVersion, agentproto.Version))
 	}
-	if agent, err := LocateAgent(""); err == nil {
+	if agent, err := LocateAgent(agentBin); err == nil {
 		if sum, err := sha256File(agent); err == nil && sum != side.AgentSHA256 {
 			reasons = append(reasons, "agent binary "+agent+" changed since the build")
 		}
@@ -84,7 +85,7 @@ func knownBase(flavor string) bool {
 	return false
 }
 
-func baseStatus(paths config.Paths, flavor string) (ImageInfo, error) {
+func baseStatus(paths paths.Paths, flavor string) (ImageInfo, error) {
 	if !knownBase(flavor) {
 		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
 	}
@@ -112,7 +113,7 @@ func baseStatus(paths config.Paths, flavor string) (ImageInfo, error) {
 // LookupBase returns the built base image of flavor for a run. A base that
 // is not built or is stale is refused with errdefs.ErrFailedPrecondition and
 // the command that builds it.
-func LookupBase(paths config.Paths, flavor string) (ImageInfo, error) {
+func LookupBase(paths paths.Paths, flavor string) (ImageInfo, error) {
 	if !knownBase(flavor) {
 		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
 	}

@@ -11,12 +11,12 @@ import (
 	"testing"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // fakeBase publishes a base sidecar and image the way packAndPublish does.
-func fakeBase(t *testing.T, paths config.Paths, flavor string, proto int) {
+func fakeBase(t *testing.T, paths paths.Paths, flavor string, proto int) {
 	t.Helper()
 	p := BasePath(paths, flavor)
 	data := []byte("sqsh" + flavor)
@@ -31,11 +31,9 @@ func fakeBase(t *testing.T, paths config.Paths, flavor string, proto int) {
 
 func TestListImagesAndLookupBase(t *testing.T) {
 	paths := testPaths(t)
-	t.Setenv(config.EnvKernel, "")
-	t.Setenv(config.EnvAgentBin, filepath.Join(t.TempDir(), "none"))
 	fakeBase(t, paths, FlavorBaseMin, agentproto.Version)
 	fakeBase(t, paths, FlavorBaseDebian, agentproto.Version+1)
-	list, err := ListImages(paths)
+	list, err := ListImages(paths, "", filepath.Join(t.TempDir(), "none"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,37 +89,35 @@ func TestInitramfsBuildAndStaleness(t *testing.T) {
 	kernel := filepath.Join(dir, "bzImage")
 	os.WriteFile(kernel, []byte("kernel"), 0o644)
 	paths := testPaths(t)
-	t.Setenv(config.EnvKernel, kernel)
-	t.Setenv(config.EnvAgentBin, agent)
-
-	if _, err := ResolveBoot(paths, ""); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	opts := BuildOptions{Kernel: kernel, AgentBin: agent}
+	if _, err := ResolveBoot(paths, kernel); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("boot before build: %v", err)
 	}
-	info, err := BuildInitramfs(t.Context(), paths, BuildOptions{})
+	info, err := BuildInitramfs(t.Context(), paths, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !info.BuiltInKernel || len(info.Modules) != 0 || info.ProtocolVersion != agentproto.Version || filepath.Base(info.Path) != "initramfs-builtin.cpio" {
 		t.Errorf("info %+v", info)
 	}
-	boot, err := ResolveBoot(paths, "")
+	boot, err := ResolveBoot(paths, kernel)
 	if err != nil || boot.Kernel != kernel || boot.Initramfs != info.Path {
 		t.Errorf("boot %+v %v", boot, err)
 	}
-	if again, err := BuildInitramfs(t.Context(), paths, BuildOptions{}); err != nil || !again.Cached {
+	if again, err := BuildInitramfs(t.Context(), paths, opts); err != nil || !again.Cached {
 		t.Errorf("rebuild with same inputs: cached=%v %v", again.Cached, err)
 	}
 	// Reproducible: a forced rebuild from the same inputs is byte-identical.
-	if forced, err := BuildInitramfs(t.Context(), paths, BuildOptions{Force: true}); err != nil || forced.Cached || forced.ContentSHA256 != info.ContentSHA256 {
+	if forced, err := BuildInitramfs(t.Context(), paths, BuildOptions{Kernel: kernel, AgentBin: agent, Force: true}); err != nil || forced.Cached || forced.ContentSHA256 != info.ContentSHA256 {
 		t.Errorf("forced rebuild: cached=%v sha %s, first %s (%v)", forced.Cached, forced.ContentSHA256, info.ContentSHA256, err)
 	}
-	ii := initramfsStatus(paths)
+	ii := initramfsStatus(paths, kernel, agent)
 	if !ii.Built || ii.Stale {
 		t.Errorf("fresh initramfs: %+v", ii)
 	}
 	// A new agent build makes the initramfs stale.
-	t.Setenv(config.EnvAgentBin, buildStaticBinary(t, dir, "agent2", "two"))
-	if ii := initramfsStatus(paths); !ii.Stale || !strings.Contains(ii.StaleReason, "agent") {
+	agent2 := buildStaticBinary(t, dir, "agent2", "two")
+	if ii := initramfsStatus(paths, kernel, agent2); !ii.Stale || !strings.Contains(ii.StaleReason, "agent") {
 		t.Errorf("after agent change: %+v", ii)
 	}
 	// Extract with the cpio tool and check the layout the agent expects.
@@ -165,7 +161,6 @@ func TestLocateAgentRejectsDynamic(t *testing.T) {
 	if _, err := LocateAgent(txt); err == nil || !strings.Contains(err.Error(), "not an ELF") {
 		t.Errorf("script: %v", err)
 	}
-	t.Setenv(config.EnvAgentBin, "")
 	t.Setenv("PATH", t.TempDir())
 	if _, err := LocateAgent(""); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Errorf("missing agent: %v", err)

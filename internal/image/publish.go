@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"isopod/internal/paths"
 	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/gofrs/flock"
-
-	"isopod/internal/config"
 )
 
 func logger(l *slog.Logger) *slog.Logger {
@@ -24,16 +23,16 @@ func logger(l *slog.Logger) *slog.Logger {
 }
 
 // lock takes the exclusive lock locks/<name>.lock and returns its release.
-func lock(paths config.Paths, name string) (func(), error) {
+func lock(paths paths.Paths, name string) (func(), error) {
 	return takeLock(paths, name, false)
 }
 
 // rlock takes the shared lock locks/<name>.lock.
-func rlock(paths config.Paths, name string) (func(), error) {
+func rlock(paths paths.Paths, name string) (func(), error) {
 	return takeLock(paths, name, true)
 }
 
-func takeLock(paths config.Paths, name string, shared bool) (func(), error) {
+func takeLock(paths paths.Paths, name string, shared bool) (func(), error) {
 	if err := os.MkdirAll(paths.Locks(), 0o700); err != nil {
 		return nil, fmt.Errorf("creating lock directory: %w", err)
 	}

@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // Fixed identity of every scratch file system, so templates are
@@ -33,14 +33,14 @@ const (
 )
 
 // ScratchTemplatePath is where the template for sizeMiB lives.
-func ScratchTemplatePath(paths config.Paths, sizeMiB int) string {
+func ScratchTemplatePath(paths paths.Paths, sizeMiB int) string {
 	return filepath.Join(paths.Images(), "scratch-"+strconv.Itoa(sizeMiB)+".ext4")
 }
 
 // ScratchTemplate returns a sparse, empty ext4 file system of sizeMiB,
 // making it once (under a lock, published by rename). It has no journal: the
 // guest syncs before power-off. Copy it per run with CopySparse.
-func ScratchTemplate(paths config.Paths, sizeMiB int) (string, error) {
+func ScratchTemplate(paths paths.Paths, sizeMiB int) (string, error) {
 	if sizeMiB < MinScratchTemplateMiB || sizeMiB > MaxScratchTemplateMiB {
 		return "", fmt.Errorf("scratch size %d MiB out of range [%d, %d]: %w", sizeMiB, MinScratchTemplateMiB, MaxScratchTemplateMiB, errdefs.ErrInvalidArgument)
 	}

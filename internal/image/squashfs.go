@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 // BaseInfo is a base image sidecar (images/base-<flavor>.json).
@@ -39,7 +39,7 @@ type BaseInfo struct {
 const baseRecipe = 1
 
 // BasePath is where a base flavor's squashfs lives.
-func BasePath(paths config.Paths, flavor string) string {
+func BasePath(paths paths.Paths, flavor string) string {
 	return filepath.Join(paths.Images(), flavor+".sqfs")
 }
 
@@ -137,7 +137,7 @@ func writeFixed(path string, data []byte, perm os.FileMode) error {
 
 // packAndPublish packs root into the flavor's squashfs and publishes it with
 // its sidecar under the flavor's lock.
-func packAndPublish(ctx context.Context, paths config.Paths, root string, info *BaseInfo) error {
+func packAndPublish(ctx context.Context, paths paths.Paths, root string, info *BaseInfo) error {
 	dst := BasePath(paths, info.Flavor)
 	tmp := filepath.Join(filepath.Dir(root), "image.sqfs")
 	if err := mksquashfs(ctx, root, tmp); err != nil {
@@ -173,7 +173,7 @@ func packAndPublish(ctx context.Context, paths config.Paths, root string, info *
 
 // currentBase returns the published sidecar of flavor when it is built for
 // this protocol and matches inputs (nil inputs: any).
-func currentBase(paths config.Paths, flavor string, inputs []Pin) (BaseInfo, bool) {
+func currentBase(paths paths.Paths, flavor string, inputs []Pin) (BaseInfo, bool) {
 	var info BaseInfo
 	p := BasePath(paths, flavor)
 	if err := readJSON(sidecarPath(p), &info); err != nil {

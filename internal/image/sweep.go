@@ -1,13 +1,12 @@
 package image
 
 import (
+	"isopod/internal/paths"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"isopod/internal/config"
 )
 
 // TempMaxAge is how old a build's temporary entry must be before SweepTemp
@@ -24,7 +23,7 @@ var tempPrefixes = []string{".tmp-", ".download-"}
 // modified more than maxAge ago. Mounts a build left below an entry are
 // detached first; an entry that still has one is kept. It returns the
 // paths it removed.
-func SweepTemp(paths config.Paths, maxAge time.Duration, log *slog.Logger) []string {
+func SweepTemp(paths paths.Paths, maxAge time.Duration, log *slog.Logger) []string {
 	log = logger(log)
 	var removed []string
 	for _, dir := range []string{paths.Kernels(), paths.Images()} {

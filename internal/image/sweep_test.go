@@ -1,17 +1,16 @@
 package image
 
 import (
+	"isopod/internal/paths"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
-
-	"isopod/internal/config"
 )
 
 func TestSweepTemp(t *testing.T) {
-	paths := config.Paths{Home: t.TempDir()}
+	paths := paths.Paths{Home: t.TempDir()}
 	old := time.Now().Add(-TempMaxAge - time.Hour)
 	mk := func(dir, name string, age time.Time, isDir bool) string {
 		t.Helper()
@@ -59,7 +58,12 @@ func TestSweepTemp(t *testing.T) {
 		}
 	}
 	// A missing state root is not an error.
-	if got := SweepTemp(config.Paths{Home: filepath.Join(t.TempDir(), "none")}, TempMaxAge, nil); len(got) != 0 {
+	if got := SweepTemp(emptyRoot(t), TempMaxAge, nil); len(got) != 0 {
 		t.Errorf("sweep of an empty root removed %q", got)
 	}
+}
+
+func emptyRoot(t *testing.T) paths.Paths {
+	t.Helper()
+	return paths.Paths{Home: filepath.Join(t.TempDir(), "none")}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/config"
+	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
 
@@ -109,7 +110,7 @@ func startStdio(t *testing.T, dir string, env map[string]string) *stdioServer {
 
 func TestStdioServer(t *testing.T) {
 	h := newHostTree(t)
-	s := startStdio(t, h.root, map[string]string{config.EnvHome: h.home})
+	s := startStdio(t, h.root, map[string]string{knobs.Home: h.home})
 	ctx := context.Background()
 
 	res, err := s.cs.ListTools(ctx, nil)
@@ -137,7 +138,7 @@ func TestStdioServer(t *testing.T) {
 		args map[string]any
 		want string
 	}{
-		{"dotdot", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}}, config.EnvMCPHostIORoot},
+		{"dotdot", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}}, knobs.MCPHostIORoot},
 		{"absolute outside", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": h.secret}}}, h.root},
 		{"symlink out", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}}, h.root},
 		{"dangling link/", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "dangling/"}}}, "does not resolve"},
@@ -168,15 +169,15 @@ func TestStdioServer(t *testing.T) {
 
 func TestStdioCopyOutOff(t *testing.T) {
 	h := newHostTree(t)
-	s := startStdio(t, h.root, map[string]string{config.EnvHome: h.home, config.EnvMCPCopyOut: "off"})
+	s := startStdio(t, h.root, map[string]string{knobs.Home: h.home, knobs.MCPCopyOut: "off"})
 	if !strings.Contains(s.stderr.String(), "copy_out=off") {
 		t.Errorf("policy line does not say copy_out=off:\n%s", s.stderr)
 	}
 	before := snapshotDir(t, h.root)
 	r := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true",
 		"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "new.txt"}}}, nil)
-	if !r.IsError || !strings.Contains(resultText(r), config.EnvMCPCopyOut+"=off") {
-		t.Errorf("copy_out with %s=off: %q", config.EnvMCPCopyOut, resultText(r))
+	if !r.IsError || !strings.Contains(resultText(r), knobs.MCPCopyOut+"=off") {
+		t.Errorf("copy_out with %s=off: %q", knobs.MCPCopyOut, resultText(r))
 	}
 	after := snapshotDir(t, h.root)
 	if _, ok := after[filepath.Join(h.root, "new.txt")]; ok {
@@ -205,11 +206,12 @@ func vmBase(t *testing.T) string {
 
 // findVMBase returns a built, current base, or "" and why there is none.
 func findVMBase() (base, why string) {
-	paths, err := config.DefaultPaths()
+	settings, err := config.Load(os.LookupEnv)
 	if err != nil {
-		return "", fmt.Sprintf("no state root: %v", err)
+		return "", fmt.Sprintf("no settings: %v", err)
 	}
-	svc, err := sandbox.New(sandbox.Options{Paths: paths})
+	paths := settings.Paths
+	svc, err := settings.NewService(nil, "test")
 	if err != nil {
 		return "", fmt.Sprintf("sandbox core unavailable: %v", err)
 	}

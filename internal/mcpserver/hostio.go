@@ -10,8 +10,8 @@ import (
 	"strings"
 	"syscall"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 )
 
 // MaxStdinFileBytes caps a stdin_file read through the MCP server.
@@ -44,12 +44,12 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 	var warns []string
 	h := HostIO{Home: canonicalOrAbs(home)}
 
-	h.StdinFile, warns = readSwitch(lookup, config.EnvMCPStdinFile, warns)
-	h.CopyOut, warns = readSwitch(lookup, config.EnvMCPCopyOut, warns)
+	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
+	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
 
-	root, set := lookup(config.EnvMCPHostIORoot)
+	root, set := lookup(knobs.MCPHostIORoot)
 	if set && strings.TrimSpace(root) == "" {
-		warns = append(warns, fmt.Sprintf("%s is set but empty; using the working directory", config.EnvMCPHostIORoot))
+		warns = append(warns, fmt.Sprintf("%s is set but empty; using the working directory", knobs.MCPHostIORoot))
 		set = false
 	}
 	if !set {
@@ -57,7 +57,7 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 	}
 	switch {
 	case !filepath.IsAbs(root):
-		h.rootErr = fmt.Errorf("%s=%q is not an absolute path; host file I/O is refused until it names an existing directory", config.EnvMCPHostIORoot, root)
+		h.rootErr = fmt.Errorf("%s=%q is not an absolute path; host file I/O is refused until it names an existing directory", knobs.MCPHostIORoot, root)
 	default:
 		canon, err := filepath.EvalSymlinks(root)
 		if err == nil {
@@ -67,7 +67,7 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 			}
 		}
 		if err != nil {
-			h.rootErr = fmt.Errorf("host-I/O root %s is unusable (%v); host file I/O is refused until %s names an existing directory", root, err, config.EnvMCPHostIORoot)
+			h.rootErr = fmt.Errorf("host-I/O root %s is unusable (%v); host file I/O is refused until %s names an existing directory", root, err, knobs.MCPHostIORoot)
 		} else {
 			h.Root = canon
 		}
@@ -101,7 +101,7 @@ func (h HostIO) String() string {
 	case h.rootErr != nil:
 		where = "refused (" + h.rootErr.Error() + ")"
 	case h.Root == "/":
-		where = "UNCONFINED (" + config.EnvMCPHostIORoot + "=/)"
+		where = "UNCONFINED (" + knobs.MCPHostIORoot + "=/)"
 	}
 	return fmt.Sprintf("host file I/O: %s; stdin_file=%s, copy_out=%s; always refused under %s",
 		where, onOff(h.StdinFile), onOff(h.CopyOut), h.Home)
@@ -121,7 +121,7 @@ func onOff(b bool) string {
 func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err error) {
 	if !h.StdinFile {
 		return nil, "", fmt.Errorf("stdin_file is disabled on this server (%s=off); pass the input inline with stdin instead: %w",
-			config.EnvMCPStdinFile, errdefs.ErrInvalidArgument)
+			knobs.MCPStdinFile, errdefs.ErrInvalidArgument)
 	}
 	abs, err := h.absolute("stdin_file", arg)
 	if err != nil {
@@ -188,7 +188,7 @@ func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err err
 func (h HostIO) ResolveCopyOut(arg string) (string, error) {
 	if !h.CopyOut {
 		return "", fmt.Errorf("copy_out is disabled on this server (%s=off); print small results to stdout instead: %w",
-			config.EnvMCPCopyOut, errdefs.ErrInvalidArgument)
+			knobs.MCPCopyOut, errdefs.ErrInvalidArgument)
 	}
 	abs, err := h.absolute("copy_out host", arg)
 	if err != nil {
@@ -221,7 +221,7 @@ func (h HostIO) absolute(what, arg string) (string, error) {
 	if h.Root == "" {
 		// The zero policy fails closed.
 		return "", fmt.Errorf("%s refused: this server has no host-I/O root (set %s to an existing directory): %w",
-			what, config.EnvMCPHostIORoot, errdefs.ErrFailedPrecondition)
+			what, knobs.MCPHostIORoot, errdefs.ErrFailedPrecondition)
 	}
 	switch {
 	case arg == "":
@@ -248,7 +248,7 @@ func (h HostIO) allowed(what, arg, resolved string) error {
 	}
 	if !within(h.Root, resolved) {
 		return fmt.Errorf("%s %q resolves to %s, outside the host-I/O root %s; use a path under %s (the root is the server's working directory unless %s moves it): %w",
-			what, arg, resolved, h.Root, h.Root, config.EnvMCPHostIORoot, errdefs.ErrInvalidArgument)
+			what, arg, resolved, h.Root, h.Root, knobs.MCPHostIORoot, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

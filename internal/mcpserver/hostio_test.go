@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 )
 
 // hostTree is a confinement fixture: a root holding the state directory (as
@@ -136,9 +136,9 @@ func TestResolveCopyOut(t *testing.T) {
 		{"dotdot over existing dir", "sub/../ok.txt", filepath.Join(h.root, "ok.txt"), nil},
 		{"missing parents", "new/dir/x.txt", filepath.Join(h.root, "new", "dir", "x.txt"), nil},
 		{"symlink inside to inside", "in-link", filepath.Join(h.root, "ok.txt"), nil},
-		{"dotdot escape", "../outside/x", "", []string{h.root, config.EnvMCPHostIORoot}},
-		{"deep dotdot escape", "sub/../../outside/secret.txt", "", []string{h.root, config.EnvMCPHostIORoot}},
-		{"absolute outside", filepath.Join(h.outside, "new.txt"), "", []string{h.root, config.EnvMCPHostIORoot}},
+		{"dotdot escape", "../outside/x", "", []string{h.root, knobs.MCPHostIORoot}},
+		{"deep dotdot escape", "sub/../../outside/secret.txt", "", []string{h.root, knobs.MCPHostIORoot}},
+		{"absolute outside", filepath.Join(h.outside, "new.txt"), "", []string{h.root, knobs.MCPHostIORoot}},
 		{"absolute etc", "/etc/passwd", "", []string{"outside the host-I/O root"}},
 		{"symlink pointing out", "out-link", "", []string{h.secret, h.root}},
 		{"symlinked dir pointing out", "outdir-link/new.txt", "", []string{h.root}},
@@ -197,8 +197,8 @@ func TestReadStdinFile(t *testing.T) {
 		{"relative", "ok.txt", "hello from the host", nil, nil},
 		{"through a symlink inside", "in-link", "hello from the host", nil, nil},
 		{"exactly 4 MiB", "exact", "yyyy", nil, nil},
-		{"dotdot escape", "../outside/secret.txt", "", errdefs.ErrInvalidArgument, []string{h.root, config.EnvMCPHostIORoot}},
-		{"absolute outside", h.secret, "", errdefs.ErrInvalidArgument, []string{h.root, config.EnvMCPHostIORoot}},
+		{"dotdot escape", "../outside/secret.txt", "", errdefs.ErrInvalidArgument, []string{h.root, knobs.MCPHostIORoot}},
+		{"absolute outside", h.secret, "", errdefs.ErrInvalidArgument, []string{h.root, knobs.MCPHostIORoot}},
 		{"symlink pointing out", "out-link", "", errdefs.ErrInvalidArgument, []string{h.root}},
 		{"state dir", ".isopod/credentials.json", "", errdefs.ErrInvalidArgument, []string{"state directory"}},
 		{"state dir via link", "home-link/credentials.json", "", errdefs.ErrInvalidArgument, []string{"state directory"}},
@@ -271,10 +271,10 @@ func TestHostIODisabled(t *testing.T) {
 	h := newHostTree(t)
 	p := h.policy()
 	p.StdinFile, p.CopyOut = false, false
-	if _, _, err := p.ReadStdinFile("ok.txt"); err == nil || !strings.Contains(err.Error(), config.EnvMCPStdinFile+"=off") {
+	if _, _, err := p.ReadStdinFile("ok.txt"); err == nil || !strings.Contains(err.Error(), knobs.MCPStdinFile+"=off") {
 		t.Errorf("stdin_file with the switch off: %v", err)
 	}
-	if _, err := p.ResolveCopyOut("out.txt"); err == nil || !strings.Contains(err.Error(), config.EnvMCPCopyOut+"=off") {
+	if _, err := p.ResolveCopyOut("out.txt"); err == nil || !strings.Contains(err.Error(), knobs.MCPCopyOut+"=off") {
 		t.Errorf("copy_out with the switch off: %v", err)
 	}
 }
@@ -293,16 +293,16 @@ func TestHostIOFromEnv(t *testing.T) {
 		warn       string
 	}{
 		{"defaults", nil, h.root, true, true, ""},
-		{"cwd through a symlink is canonical", map[string]string{config.EnvMCPHostIORoot: viaLink}, h.root, true, true, ""},
-		{"moved root", map[string]string{config.EnvMCPHostIORoot: h.outside}, h.outside, true, true, ""},
-		{"copy_out off", map[string]string{config.EnvMCPCopyOut: "off"}, h.root, true, false, ""},
-		{"stdin_file off", map[string]string{config.EnvMCPStdinFile: "0"}, h.root, false, true, ""},
-		{"unknown switch value is off", map[string]string{config.EnvMCPCopyOut: "maybe"}, h.root, true, false, "treating it as off"},
-		{"explicit on", map[string]string{config.EnvMCPCopyOut: "Yes"}, h.root, true, true, ""},
-		{"blank root falls back", map[string]string{config.EnvMCPHostIORoot: "  "}, h.root, true, true, "set but empty"},
-		{"relative root fails closed", map[string]string{config.EnvMCPHostIORoot: "proj"}, "", true, true, "not an absolute path"},
-		{"missing root fails closed", map[string]string{config.EnvMCPHostIORoot: filepath.Join(h.base, "nope")}, "", true, true, "unusable"},
-		{"file root fails closed", map[string]string{config.EnvMCPHostIORoot: h.secret}, "", true, true, "unusable"},
+		{"cwd through a symlink is canonical", map[string]string{knobs.MCPHostIORoot: viaLink}, h.root, true, true, ""},
+		{"moved root", map[string]string{knobs.MCPHostIORoot: h.outside}, h.outside, true, true, ""},
+		{"copy_out off", map[string]string{knobs.MCPCopyOut: "off"}, h.root, true, false, ""},
+		{"stdin_file off", map[string]string{knobs.MCPStdinFile: "0"}, h.root, false, true, ""},
+		{"unknown switch value is off", map[string]string{knobs.MCPCopyOut: "maybe"}, h.root, true, false, "treating it as off"},
+		{"explicit on", map[string]string{knobs.MCPCopyOut: "Yes"}, h.root, true, true, ""},
+		{"blank root falls back", map[string]string{knobs.MCPHostIORoot: "  "}, h.root, true, true, "set but empty"},
+		{"relative root fails closed", map[string]string{knobs.MCPHostIORoot: "proj"}, "", true, true, "not an absolute path"},
+		{"missing root fails closed", map[string]string{knobs.MCPHostIORoot: filepath.Join(h.base, "nope")}, "", true, true, "unusable"},
+		{"file root fails closed", map[string]string{knobs.MCPHostIORoot: h.secret}, "", true, true, "unusable"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -319,7 +319,7 @@ func TestHostIOFromEnv(t *testing.T) {
 				t.Errorf("unexpected warnings %q", warns)
 			}
 			if tc.wantRoot == "" {
-				if _, err := p.ResolveCopyOut(filepath.Join(h.root, "x")); err == nil || !strings.Contains(err.Error(), config.EnvMCPHostIORoot) {
+				if _, err := p.ResolveCopyOut(filepath.Join(h.root, "x")); err == nil || !strings.Contains(err.Error(), knobs.MCPHostIORoot) {
 					t.Errorf("fail-closed policy allowed a write or did not name the variable: %v", err)
 				}
 				if _, _, err := p.ReadStdinFile(filepath.Join(h.root, "ok.txt")); err == nil {
@@ -355,7 +355,7 @@ func TestZeroHostIOFailsClosed(t *testing.T) {
 func TestHostIOUnconfinedStillGuardsState(t *testing.T) {
 	h := newHostTree(t)
 	lookup := func(k string) (string, bool) {
-		if k == config.EnvMCPHostIORoot {
+		if k == knobs.MCPHostIORoot {
 			return "/", true
 		}
 		return "", false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"isopod/internal/knobs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"isopod/internal/config"
 )
 
 // interopDir finds test/mcp-interop from the package directory.
@@ -65,7 +64,7 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if base == "" {
 		// No VMs here: keep the server's state in the fixture.
-		cmd.Env = append(cmd.Env, config.EnvHome+"="+h.home)
+		cmd.Env = append(cmd.Env, knobs.Home+"="+h.home)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -111,7 +110,7 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	if len(out.Results) != len(calls) {
 		t.Fatalf("%d results for %d calls", len(out.Results), len(calls))
 	}
-	if r := out.Results[0]; !r.IsError || !strings.Contains(r.Text, config.EnvMCPHostIORoot) {
+	if r := out.Results[0]; !r.IsError || !strings.Contains(r.Text, knobs.MCPHostIORoot) {
 		t.Errorf("confinement refusal as the TypeScript client sees it: %+v", r)
 	}
 	if base != "" {

@@ -18,8 +18,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
 
@@ -425,17 +425,17 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 		want   []string
 	}{
 		{"copy_out escape", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}},
-			[]string{h.root, config.EnvMCPHostIORoot}},
+			[]string{h.root, knobs.MCPHostIORoot}},
 		{"copy_out through a symlink out", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}},
-			[]string{h.root, config.EnvMCPHostIORoot}},
+			[]string{h.root, knobs.MCPHostIORoot}},
 		{"copy_out dangling link/", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "dangling/"}}},
 			[]string{"does not resolve"}},
 		{"copy_out into the state dir", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": ".isopod/credentials.json"}}},
 			[]string{"state directory"}},
 		{"copy_out switched off", func(p HostIO) HostIO { p.CopyOut = false; return p },
 			map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "fine.txt"}}},
-			[]string{config.EnvMCPCopyOut + "=off"}},
-		{"stdin_file outside", nil, map[string]any{"stdin_file": h.secret}, []string{h.root, config.EnvMCPHostIORoot}},
+			[]string{knobs.MCPCopyOut + "=off"}},
+		{"stdin_file outside", nil, map[string]any{"stdin_file": h.secret}, []string{h.root, knobs.MCPHostIORoot}},
 		{"stdin_file FIFO", nil, map[string]any{"stdin_file": "fifo"}, []string{"a FIFO"}},
 		{"stdin_file 5 MiB", nil, map[string]any{"stdin_file": "big"}, []string{"4 MiB"}},
 		{"stdin and stdin_file", nil, map[string]any{"stdin_file": "ok.txt", "stdin": "x"}, []string{"give one"}},

@@ -8,8 +8,8 @@ import (
 	"slices"
 	"testing"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 )
 
 func TestProxyEnv(t *testing.T) {
@@ -39,7 +39,7 @@ func TestProxyEnv(t *testing.T) {
 
 func TestEgressSuggestErrors(t *testing.T) {
 	home := t.TempDir()
-	s := &Service{opts: Options{Paths: config.Paths{Home: home}}}
+	s := &Service{opts: Options{Paths: paths.Paths{Home: home}}}
 	ctx := context.Background()
 	for _, tt := range []struct {
 		id   string

@@ -3,10 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
-	"isopod/internal/config"
 	"isopod/internal/image"
 )
 
@@ -19,9 +17,14 @@ func (s *Service) lookupBase(flavor string) (baseImage, error) {
 	return baseImage{Flavor: flavor, Path: ii.Path, SHA256: ii.ContentSHA256}, nil
 }
 
+// resolveBoot picks the guest kernel and its initramfs.
+func (s *Service) resolveBoot() (image.Boot, error) {
+	return image.ResolveBoot(s.opts.Paths, s.opts.Kernel)
+}
+
 // resolveKernel picks the guest kernel and its initramfs.
 func (s *Service) resolveKernel(ctx context.Context) (kernelFiles, error) {
-	b, err := image.ResolveBoot(s.opts.Paths, os.Getenv(config.EnvKernel))
+	b, err := s.resolveBoot()
 	if err != nil {
 		return kernelFiles{}, err
 	}
@@ -81,7 +84,7 @@ func (s *Service) BuildImages(ctx context.Context, flavors []string) (*BuildImag
 	if err := s.opts.Paths.Ensure(); err != nil {
 		return nil, err
 	}
-	opts := image.BuildOptions{Logger: s.log, Kernel: os.Getenv(config.EnvKernel), AgentBin: os.Getenv(config.EnvAgentBin)}
+	opts := image.BuildOptions{Logger: s.log, Kernel: s.opts.Kernel, AgentBin: s.opts.AgentBin}
 	res := &BuildImagesResult{OK: true}
 	if len(flavors) == 0 {
 		built, err := image.BuildAll(ctx, s.opts.Paths, opts)
@@ -117,7 +120,7 @@ func (s *Service) BuildImages(ctx context.Context, flavors []string) (*BuildImag
 
 // ImageList lists the bases a run accepts.
 func (s *Service) ImageList(ctx context.Context) (*ImageListResult, error) {
-	all, err := image.ListImages(s.opts.Paths)
+	all, err := image.ListImages(s.opts.Paths, s.opts.Kernel, s.opts.AgentBin)
 	if err != nil {
 		return nil, err
 	}

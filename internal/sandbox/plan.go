@@ -6,12 +6,14 @@ import (
 	"strconv"
 	"strings"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/store"
 	"isopod/internal/vmm"
 )
 
 // MaxChainDepth caps a stage chain (each layer is one virtio disk).
-const MaxChainDepth = 10
+const MaxChainDepth = store.MaxChainDepth
 
 // baseImage is the base a run boots over.
 type baseImage struct {
@@ -133,17 +135,17 @@ func (pl *plan) cmdline(hostname string) string {
 		// that preempt it cost more than they give; its children start
 		// from an environment of their own.
 		"GODEBUG=asyncpreemptoff=1",
-		"isopod.hostname=" + hostname,
-		"isopod.layers=" + strconv.Itoa(len(pl.layers)),
+		agentproto.CmdlineHostname + "=" + hostname,
+		agentproto.CmdlineLayers + "=" + strconv.Itoa(len(pl.layers)),
 	}
 	return strings.Join(args, " ")
 }
 
 // disks are the base, the layers (root first) and the scratch.
 func (pl *plan) disks(scratch string) []vmm.Disk {
-	d := []vmm.Disk{{Path: pl.base.Path, ReadOnly: true, Serial: "isopod-base"}}
+	d := []vmm.Disk{{Path: pl.base.Path, ReadOnly: true, Serial: agentproto.SerialBase}}
 	for i, l := range pl.layers {
-		d = append(d, vmm.Disk{Path: l, ReadOnly: true, Serial: "isopod-l" + strconv.Itoa(i)})
+		d = append(d, vmm.Disk{Path: l, ReadOnly: true, Serial: agentproto.LayerSerial(i)})
 	}
-	return append(d, vmm.Disk{Path: scratch, Serial: "isopod-scratch"})
+	return append(d, vmm.Disk{Path: scratch, Serial: agentproto.SerialScratch})
 }

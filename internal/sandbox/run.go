@@ -14,14 +14,12 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
-	"isopod/internal/vmm"
 )
 
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
 	controlTimeout = 10 * time.Second // one control message (hostname, clock, net, halt)
 	execGrace      = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
-	exitWait       = 300 * time.Millisecond
 )
 
 // run is the state of one call to Run, torn down by cleanup.
@@ -30,23 +28,20 @@ type run struct {
 	req    Request
 	rep    *Report
 	t0     time.Time
-	dir    string
-	rec    *vmRecord
 	plan   *plan
+	dir    *vmDir
 	stdout *capture
 	stderr *capture
-	serial *cappedWriter
 
-	machine vmm.Machine
-	client  *agentclient.Client
-	network *runNetwork
+	// vm owns the VMM, the agent client and the network.
+	vm      *vm
+	client  *agentclient.Client // vm's, once the guest answered
 	scratch string
 
-	// Warm pool (warmpool_run.go): warm is set for an eligible run;
-	// resumed once its VM came from a snapshot.
-	warm      *warmState
-	resumed   bool
-	netClosed bool
+	// Warm pool (warm.go): warm is set for an eligible run; resumed once
+	// its VM came from a snapshot.
+	warm    *warmState
+	resumed bool
 }
 
 // Run boots a fresh microVM, runs req.Argv in it, optionally copies files out
@@ -77,7 +72,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		}
 	}
 
-	r := &run{s: s, req: req, t0: t0, plan: pl}
+	r := &run{s: s, req: req, t0: t0, plan: pl, vm: &vm{log: s.log}}
 	r.warm = s.warmFor(ctx, req, pl)
 	defer func() {
 		// The report is complete once the VMM is killed and the network
@@ -144,47 +139,29 @@ func (r *run) deadline() time.Time {
 
 // prepare makes the VM directory, its record, logs and scratch disk.
 func (r *run) prepare() error {
-	p := r.s.opts.Paths
-	if err := p.Ensure(); err != nil {
+	d, err := r.s.newVMDir(r.req.Argv, r.plan.base.Flavor, r.req.Stage)
+	if err != nil {
 		return err
 	}
-	id := newVMID()
-	r.dir = p.VM(id)
-	if err := os.Mkdir(r.dir, 0o700); err != nil {
-		return fmt.Errorf("creating vm directory: %w", err)
-	}
-	r.rec = &vmRecord{
-		ID: id, Name: vanityName(id), Created: time.Now().UTC(), Argv: r.req.Argv,
-		Base: r.plan.base.Flavor, Stage: r.req.Stage,
-		OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid()),
-	}
-	if err := writeRecord(r.dir, r.rec); err != nil {
-		return err
-	}
+	r.dir = d
 	r.rep = &Report{
-		OK: true, VMID: id, Name: r.rec.Name, Path: "cold",
+		OK: true, VMID: d.rec.ID, Name: d.rec.Name, Path: "cold",
 		VCPUs: r.req.VCPUs, MemMiB: r.req.MemMiB, ScratchMiB: r.plan.scratchMiB,
 		RootfsFlavor: r.plan.base.Flavor, BaseSHA256: r.plan.base.SHA256,
-		SerialLogPath: filepath.Join(r.dir, "console.log"),
-		StdoutLogPath: filepath.Join(r.dir, "stdout.log"),
-		StderrLogPath: filepath.Join(r.dir, "stderr.log"),
+		SerialLogPath: d.consolePath(),
+		StdoutLogPath: filepath.Join(d.path, "stdout.log"),
+		StderrLogPath: filepath.Join(d.path, "stderr.log"),
 		Warnings:      r.plan.warnings,
 	}
 	if r.plan.stage != nil {
 		r.rep.ForkedFrom = r.plan.stage.ID
 	}
-	var err error
 	if r.stdout, err = newCapture(r.rep.StdoutLogPath, LogCap); err != nil {
 		return err
 	}
 	if r.stderr, err = newCapture(r.rep.StderrLogPath, LogCap); err != nil {
 		return err
 	}
-	con, err := os.OpenFile(r.rep.SerialLogPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating console log: %w", err)
-	}
-	r.serial = &cappedWriter{w: con, cap: SerialLogCap}
 	if r.warm == nil {
 		// A warm-eligible run needs a scratch disk only if it falls back
 		// to a plain cold boot.
@@ -198,143 +175,11 @@ func (r *run) ensureScratch() error {
 	if r.scratch != "" {
 		return nil
 	}
-	scratch := filepath.Join(r.dir, "scratch.ext4")
+	scratch := filepath.Join(r.dir.path, "scratch.ext4")
 	if err := r.s.prepareScratch(scratch, r.plan.scratchMiB); err != nil {
 		return err
 	}
 	r.scratch = scratch
-	return nil
-}
-
-// boot starts the VMM and waits for the agent's hello: resumed from the warm
-// pool when the run is eligible (warmpool_run.go), else a cold boot.
-func (r *run) boot(ctx context.Context) error {
-	if !r.req.NoNetwork {
-		n, err := r.s.startNetwork(r.rec.ID, r.dir, r.req, r.t0)
-		if err != nil {
-			return err
-		}
-		r.network = n
-	}
-	drv, err := r.s.driver(ctx)
-	if err != nil {
-		return err
-	}
-	// The VMM's version is asked in parallel with the start (a resume
-	// takes it from the snapshot's record instead).
-	if r.warm == nil || r.warm.meta == nil || r.warm.meta.VMM.Name == "" {
-		infoDone := make(chan struct{})
-		go func() {
-			defer close(infoDone)
-			if info, err := drv.Info(ctx); err == nil {
-				r.rep.VMM = info
-			}
-		}()
-		defer func() { <-infoDone }()
-	} else {
-		r.rep.VMM = r.warm.meta.VMM
-	}
-	if r.warm != nil {
-		if done, err := r.bootWarm(ctx, drv); done || err != nil {
-			return err
-		}
-		if err := r.ensureScratch(); err != nil {
-			return err
-		}
-	}
-	cfg := vmm.Config{
-		ID:        r.rec.ID,
-		Dir:       r.dir,
-		Kernel:    r.plan.kernel.Kernel,
-		Initrd:    r.plan.kernel.Initramfs,
-		Cmdline:   r.plan.cmdline(r.rec.Name),
-		VCPUs:     r.req.VCPUs,
-		MemMiB:    r.req.MemMiB,
-		Disks:     r.plan.disks(r.scratch),
-		SerialLog: r.serial,
-		Logger:    r.s.log,
-	}
-	if r.network != nil {
-		cfg.Net = r.network.vmmNet()
-	}
-	return r.bootCold(ctx, drv, cfg)
-}
-
-// bootCold starts the VMM with cfg and waits for the agent's hello.
-func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) error {
-	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
-	defer cancel()
-	tBoot := time.Now()
-	m, err := drv.Start(bootCtx, cfg)
-	if err != nil {
-		if ctx.Err() == nil && bootCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return fmt.Errorf("starting the VM: %w", err)
-	}
-	r.machine = m
-	r.rep.Accel = m.Accel()
-	r.rec.VMMPID, r.rec.VMMStartTime = m.Pid(), m.StartTime()
-	writeRecord(r.dir, r.rec)
-
-	r.client = agentclient.New(m.Agent(), r.s.log)
-	helloCtx, cancelHello := context.WithDeadline(ctx, r.deadline())
-	defer cancelHello()
-	hello, err := r.waitHello(helloCtx)
-	if err != nil {
-		if ctx.Err() == nil && helloCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return err
-	}
-	if hello.BootError != "" {
-		return fmt.Errorf("the guest could not assemble its root filesystem (%s); see %s: %w",
-			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
-	}
-	boot := time.Since(tBoot).Milliseconds()
-	r.rep.BootMS = &boot
-	return nil
-}
-
-// waitHello waits for the guest's hello, failing early if the VMM exits.
-func (r *run) waitHello(ctx context.Context) (agentproto.Hello, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-r.machine.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	h, err := r.client.WaitHello(ctx)
-	if err != nil {
-		select {
-		case <-r.machine.Done():
-			return h, fmt.Errorf("the VM exited before its agent was ready (%v); see %s", r.machine.Wait(), r.rep.SerialLogPath)
-		default:
-		}
-	}
-	return h, err
-}
-
-// configure sends the clock, the network and fresh entropy.
-func (r *run) configure(ctx context.Context) error {
-	if r.resumed {
-		return r.configureResumed(ctx)
-	}
-	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
-	defer cancel()
-	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
-		return fmt.Errorf("setting the guest clock: %w", err)
-	}
-	if r.network != nil {
-		nc := r.network.agentConfig()
-		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: nc}, nil); err != nil {
-			return fmt.Errorf("configuring the guest network: %w", err)
-		}
-		r.rep.GuestIP = r.network.guestIP()
-	}
 	return nil
 }
 
@@ -427,31 +272,13 @@ func (r *run) halt(ctx context.Context) {
 		}
 		cancel()
 	}
-	r.stopMachine()
+	r.vm.stop()
 	r.rep.TeardownMS = time.Since(t).Milliseconds()
-}
-
-// stopMachine waits briefly for the VMM to exit on its own, then kills it.
-// Idempotent.
-func (r *run) stopMachine() {
-	if r.machine == nil {
-		return
-	}
-	select {
-	case <-r.machine.Done():
-	case <-time.After(exitWait):
-		r.machine.Kill()
-	}
-	r.machine.Wait()
-	if r.client != nil {
-		r.client.Close()
-	}
-	r.machine = nil
 }
 
 // finishTimedOut reports a run whose guest never became ready in time.
 func (r *run) finishTimedOut() *Report {
-	r.stopMachine()
+	r.vm.drop()
 	r.rep.TimedOut = true
 	r.warnNothingCommitted()
 	r.fillOutput()
@@ -459,65 +286,39 @@ func (r *run) finishTimedOut() *Report {
 }
 
 // stopCritical is the part of the teardown a report waits for: the VMM is
-// killed (not waited for) and the network stack closed, its totals put in
-// the report. Idempotent.
+// killed (not waited for) and the network closed, its totals put in the
+// report. Idempotent.
 func (r *run) stopCritical() {
-	if r.machine != nil {
-		r.machine.Kill()
-	}
-	if r.network != nil && !r.netClosed {
-		r.netClosed = true
-		r.network.close()
-		if r.rep != nil {
-			r.rep.Net = r.network.report()
-			if e := r.network.egressReport(); e != nil {
-				r.rep.Egress = e
-			}
+	r.vm.kill()
+	if r.vm.closeNet() && r.rep != nil {
+		n := r.vm.net
+		r.rep.Net = n.report()
+		if e := n.egressReport(); e != nil {
+			r.rep.Egress = e
 		}
 	}
 }
 
 // cleanup runs on every exit path, after stopCritical and possibly after
-// the report was returned (Service.Wait waits for it): the VMM is reaped,
-// the scratch disk removed, the logs closed, the record finished.
+// the report was returned (Service.Wait waits for it): the VM is ended, the
+// scratch disk removed, the logs closed, the record finished.
 func (r *run) cleanup() {
-	if r.machine != nil {
-		r.machine.Kill()
-		r.machine.Wait()
-		r.machine = nil
-	}
-	if r.client != nil {
-		r.client.Close()
-	}
-	if r.network != nil && !r.netClosed {
-		r.netClosed = true
-		r.network.close()
-	}
-	for _, c := range []io.Closer{r.stdout, r.stderr, r.serial} {
-		if c != nil && !isNilCloser(c) {
+	r.vm.close()
+	for _, c := range []*capture{r.stdout, r.stderr} {
+		if c != nil {
 			c.Close()
 		}
 	}
 	if r.scratch != "" {
 		os.Remove(r.scratch)
 	}
-	if r.rec != nil {
-		r.rec.Finished = true
+	if r.dir != nil {
+		var code *int
 		if r.rep != nil {
-			r.rec.ExitCode = r.rep.ExitCode
+			code = r.rep.ExitCode
 		}
-		writeRecord(r.dir, r.rec)
+		r.dir.finish(code)
 	}
-}
-
-func isNilCloser(c io.Closer) bool {
-	switch v := c.(type) {
-	case *capture:
-		return v == nil
-	case *cappedWriter:
-		return v == nil
-	}
-	return false
 }
 
 // randomBytes returns n bytes from the host's CSPRNG.

@@ -7,21 +7,31 @@ import (
 	"path/filepath"
 	"sync"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/qemu"
+	"isopod/internal/warmpool"
 )
 
 // Options configures a Service.
 type Options struct {
-	Paths   config.Paths
+	Paths   paths.Paths
 	Logger  *slog.Logger // nil: discard
 	Driver  vmm.Driver   // nil: QEMU
 	Version string       // isopod version, recorded in stages and reports
 	// AllowBaseSkew lets forks boot over a rebuilt base (ISOPOD_ALLOW_BASE_SKEW=1).
-	// Front ends read it from their own environment only.
 	AllowBaseSkew bool
+	// Kernel is a custom guest kernel with every driver built in
+	// (--kernel, ISOPOD_KERNEL); empty: the fetched one.
+	Kernel string
+	// AgentBin is the guest agent for image builds (ISOPOD_AGENT_BIN);
+	// empty: next to the running binary, else on PATH.
+	AgentBin string
+	// QEMU is the VMM binary (ISOPOD_QEMU); empty: qemu-system-x86_64 on PATH.
+	QEMU string
+	// Accel forces an accelerator (ISOPOD_ACCEL); empty: KVM when usable.
+	Accel vmm.Accel
 }
 
 // Service is the core both front ends call. It is safe for concurrent use.
@@ -29,7 +39,8 @@ type Service struct {
 	opts Options
 	log  *slog.Logger
 
-	td teardownState
+	td   teardownState
+	warm *warmpool.Catalog
 
 	driverOnce sync.Once
 	drv        vmm.Driver
@@ -43,7 +54,10 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 			s.drv = s.opts.Driver
 			return
 		}
-		d, err := qemu.New(qemu.Config{Logger: s.log, ProbeCache: filepath.Join(s.opts.Paths.Home, "accel-probe.json")})
+		d, err := qemu.New(qemu.Config{
+			Binary: s.opts.QEMU, Accel: s.opts.Accel, Logger: s.log,
+			ProbeCache: filepath.Join(s.opts.Paths.Home, "accel-probe.json"),
+		})
 		if err != nil {
 			s.drvErr = err
 			return
@@ -62,5 +76,5 @@ func New(opts Options) (*Service, error) {
 	if opts.Paths.Home == "" {
 		return nil, fmt.Errorf("sandbox: no state root: %w", errdefs.ErrInvalidArgument)
 	}
-	return &Service{opts: opts, log: log}, nil
+	return &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log)}, nil
 }

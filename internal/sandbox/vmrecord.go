@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"isopod/internal/store"
+	"isopod/internal/vmm"
 )
 
 // vmRecord is vms/<id>/record.json: enough to list a run and to find its VMM
@@ -101,3 +102,56 @@ func alive(pid int, startTime uint64) bool {
 
 // vanityName is the VM's hostname and display name.
 func vanityName(id string) string { return store.VanityName(id) }
+
+// vmDir is a VM's directory under vms/ with its record and console log,
+// made the same way for runs and snapshot builds.
+type vmDir struct {
+	path   string
+	rec    *vmRecord
+	serial *cappedWriter
+}
+
+// newVMDir creates a VM directory, its record (owned by this process) and
+// its console log.
+func (s *Service) newVMDir(argv []string, base, stage string) (*vmDir, error) {
+	p := s.opts.Paths
+	if err := p.Ensure(); err != nil {
+		return nil, err
+	}
+	id := newVMID()
+	d := &vmDir{path: p.VM(id)}
+	if err := os.Mkdir(d.path, 0o700); err != nil {
+		return nil, fmt.Errorf("creating vm directory: %w", err)
+	}
+	d.rec = &vmRecord{
+		ID: id, Name: vanityName(id), Created: time.Now().UTC(), Argv: argv,
+		Base: base, Stage: stage,
+		OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid()),
+	}
+	if err := writeRecord(d.path, d.rec); err != nil {
+		return nil, err
+	}
+	con, err := os.OpenFile(d.consolePath(), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating console log: %w", err)
+	}
+	d.serial = &cappedWriter{w: con, cap: SerialLogCap}
+	return d, nil
+}
+
+func (d *vmDir) consolePath() string { return filepath.Join(d.path, "console.log") }
+
+// started records the VMM process, so that `isopod vm gc` finds it should
+// this process die.
+func (d *vmDir) started(m vmm.Machine) {
+	d.rec.VMMPID, d.rec.VMMStartTime = m.Pid(), m.StartTime()
+	writeRecord(d.path, d.rec)
+}
+
+// finish closes the console log and marks the record finished.
+func (d *vmDir) finish(exitCode *int) {
+	d.serial.Close()
+	d.rec.Finished = true
+	d.rec.ExitCode = exitCode
+	writeRecord(d.path, d.rec)
+}

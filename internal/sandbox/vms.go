@@ -2,8 +2,8 @@ package sandbox
 
 import (
 	"context"
-	"io/fs"
 	"isopod/internal/image"
+	"isopod/internal/paths"
 	"os"
 	"path/filepath"
 	"sort"
@@ -24,7 +24,7 @@ func (s *Service) VMList(ctx context.Context) (*VMListResult, error) {
 	for _, r := range recs {
 		res.VMs = append(res.VMs, VMEntry{
 			ID: r.ID, Name: r.Name, Created: r.Created.Format(time.RFC3339), Argv: r.Argv,
-			Live: recordLive(r), DirBytes: dirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
+			Live: recordLive(r), DirBytes: paths.DirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
 		})
 	}
 	return res, nil
@@ -84,7 +84,7 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 			res.Kept++
 			continue
 		}
-		freed := dirBytes(dir)
+		freed := paths.DirBytes(dir)
 		if err := os.RemoveAll(dir); err != nil {
 			s.log.Warn("removing vm record", "vm", r.ID, "err", err)
 			res.Kept++
@@ -134,23 +134,6 @@ func (s *Service) gcExtra(res *VMGCResult) {
 		res.SnapshotsRemoved = append(res.SnapshotsRemoved, name)
 	}
 	res.BuildLeftovers = image.SweepTemp(s.opts.Paths, image.TempMaxAge, s.log)
-}
-
-// dirBytes is the allocated size of everything under dir.
-func dirBytes(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if info, err := d.Info(); err == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return n
 }
 
 var _ = strconv.Itoa

@@ -4,22 +4,17 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
-	"path/filepath"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/gofrs/flock"
-
 	"isopod/internal/agent"
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/paths"
+	"isopod/internal/warmpool"
 )
 
 func TestWarmEligible(t *testing.T) {
@@ -46,56 +41,11 @@ func TestWarmEligible(t *testing.T) {
 	}
 }
 
-func sampleKey() WarmKey {
-	return WarmKey{
-		Format: warmFormat, VMM: "qemu /usr/bin/qemu:1:2", HostKernel: "6.1", CPUModel: "cpu flags:00",
-		Accel: "tcg", GuestKernel: "sha256:aa", Initramfs: "bb", Base: "base-min", BaseSHA256: "cc",
-		VCPUs: 1, MemMiB: 512, Protocol: 1,
-	}
-}
-
-func TestWarmKeyChangesWithEveryPart(t *testing.T) {
-	k := sampleKey()
-	id := k.ID()
-	if id != sampleKey().ID() || !strings.HasPrefix(id, warmKeyPrefix) || len(id) != len(warmKeyPrefix)+16 {
-		t.Fatalf("ID %q: not stable or not wk-<16 hex>", id)
-	}
-	changes := map[string]func(*WarmKey){
-		"format":       func(k *WarmKey) { k.Format++ },
-		"vmm":          func(k *WarmKey) { k.VMM += "x" },
-		"host kernel":  func(k *WarmKey) { k.HostKernel += "x" },
-		"cpu model":    func(k *WarmKey) { k.CPUModel += "x" },
-		"accel":        func(k *WarmKey) { k.Accel = "kvm" },
-		"guest kernel": func(k *WarmKey) { k.GuestKernel += "x" },
-		"initramfs":    func(k *WarmKey) { k.Initramfs += "x" },
-		"base build":   func(k *WarmKey) { k.BaseSHA256 += "x" },
-		"vcpus":        func(k *WarmKey) { k.VCPUs = 2 },
-		"memory":       func(k *WarmKey) { k.MemMiB = 256 },
-		"protocol":     func(k *WarmKey) { k.Protocol++ },
-	}
-	for name, change := range changes {
-		o := sampleKey()
-		change(&o)
-		if o.ID() == id {
-			t.Errorf("changing %s keeps the key", name)
-		}
-		if d := k.diff(o); len(d) != 1 || d[0] != name {
-			t.Errorf("changing %s: diff says %v", name, d)
-		}
-	}
-}
-
-func TestTmpKey(t *testing.T) {
-	if got := tmpKey(".tmp-wk-0123456789abcdef-deadbeef"); got != "wk-0123456789abcdef" {
-		t.Errorf("tmpKey: %q", got)
-	}
-}
-
 // newTestService returns a Service over a fresh home with its directories
 // made; it boots nothing.
 func newTestService(t *testing.T) *Service {
 	t.Helper()
-	s, err := New(Options{Paths: config.Paths{Home: t.TempDir()}})
+	s, err := New(Options{Paths: paths.Paths{Home: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,93 +53,6 @@ func newTestService(t *testing.T) *Service {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// fakeSnapshot writes a complete snapshot directory for k (no VM needed for
-// the store's bookkeeping) under a temporary name, as a builder would.
-func fakeSnapshot(t *testing.T, s *Service, k WarmKey, buildID string) string {
-	t.Helper()
-	tmp := filepath.Join(s.opts.Paths.Snapshots(), warmTmpPrefix+k.ID()+"-"+randomHex(4))
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(tmp, "memory"), []byte("ram"), 0o600)
-	if err := writeJSONFile(filepath.Join(tmp, warmMetaFile), &warmMeta{Key: k.ID(), Parts: k, BuildID: buildID, Built: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	return tmp
-}
-
-func listSnapshots(t *testing.T, s *Service) []string {
-	t.Helper()
-	ents, _ := os.ReadDir(s.opts.Paths.Snapshots())
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	sort.Strings(names)
-	return names
-}
-
-func TestWarmPublishReplaceRetire(t *testing.T) {
-	s := newTestService(t)
-	k := sampleKey()
-	if err := s.publishWarm(fakeSnapshot(t, s, k, "one"), k.ID()); err != nil {
-		t.Fatal(err)
-	}
-	m, err := readWarm(s.warmDir(k.ID()))
-	if err != nil || m.BuildID != "one" {
-		t.Fatalf("after publish: %+v, %v", m, err)
-	}
-	// A rebuild replaces it; nothing else is left behind.
-	if err := s.publishWarm(fakeSnapshot(t, s, k, "two"), k.ID()); err != nil {
-		t.Fatal(err)
-	}
-	if m, _ := readWarm(s.warmDir(k.ID())); m == nil || m.BuildID != "two" {
-		t.Fatalf("after replace: %+v", m)
-	}
-	if got := listSnapshots(t, s); len(got) != 1 || got[0] != k.ID() {
-		t.Errorf("after replace: %v", got)
-	}
-	// Retiring the build a run tried leaves a newer build alone.
-	if ok, _ := s.retireWarm(k.ID(), "one"); ok {
-		t.Error("retired a newer build than the one named")
-	}
-	if ok, _ := s.retireWarm(k.ID(), "two"); !ok {
-		t.Error("did not retire the named build")
-	}
-	if got := listSnapshots(t, s); len(got) != 0 {
-		t.Errorf("after retire: %v", got)
-	}
-}
-
-func TestWarmRetireWaitsForResumers(t *testing.T) {
-	s := newTestService(t)
-	k := sampleKey()
-	if err := s.publishWarm(fakeSnapshot(t, s, k, "one"), k.ID()); err != nil {
-		t.Fatal(err)
-	}
-	// A run loading the snapshot holds the shared lock.
-	reader := flock.New(s.warmLockPath(k.ID(), "lock"))
-	if err := reader.RLock(); err != nil {
-		t.Fatal(err)
-	}
-	var retired atomic.Bool
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ok, _ := s.retireWarm(k.ID(), "")
-		retired.Store(ok)
-	}()
-	time.Sleep(100 * time.Millisecond)
-	if _, err := os.Stat(s.warmDir(k.ID())); err != nil {
-		t.Fatal("the snapshot was removed while a run was loading it")
-	}
-	reader.Unlock()
-	<-done
-	if !retired.Load() {
-		t.Error("retire did not happen after the run finished loading")
-	}
 }
 
 func TestWarmRemoveArguments(t *testing.T) {
@@ -209,38 +72,20 @@ func TestWarmRemoveArguments(t *testing.T) {
 			t.Errorf("WarmRemove(%q, %v): %v; want %v", tt.key, tt.all, err, tt.want)
 		}
 	}
-	k := sampleKey()
-	s.publishWarm(fakeSnapshot(t, s, k, "one"), k.ID())
-	res, err := s.WarmRemove(ctx, "", true)
-	if err != nil || len(res.Removed) != 1 || res.Removed[0] != k.ID() {
-		t.Errorf("rm --all: %+v, %v", res, err)
-	}
-}
-
-func TestWarmGC(t *testing.T) {
-	s := newTestService(t)
-	k := sampleKey()
-	// A snapshot whose base is not built here, a builder's leftover, a
-	// replaced snapshot, and a live builder's temporary directory.
-	s.publishWarm(fakeSnapshot(t, s, k, "one"), k.ID())
-	leftover := fakeSnapshot(t, s, k, "two")
-	os.Mkdir(filepath.Join(s.opts.Paths.Snapshots(), warmOldPrefix+k.ID()+"-00000000"), 0o700)
-	live := sampleKey()
-	live.MemMiB = 256
-	liveTmp := fakeSnapshot(t, s, live, "three")
-	lk := flock.New(s.warmLockPath(live.ID(), "build"))
-	if err := lk.Lock(); err != nil {
+	k := warmpool.Key{Base: "base-min", VCPUs: 1, MemMiB: 512}
+	tmp, err := s.warm.Stage(k.ID())
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer lk.Unlock()
-
-	removed := s.gcWarm()
-	sort.Strings(removed)
-	if got := listSnapshots(t, s); len(got) != 1 || got[0] != filepath.Base(liveTmp) {
-		t.Errorf("after gc: %v (removed %v); want only the live builder's %s", got, removed, filepath.Base(liveTmp))
+	if err := s.warm.Publish(tmp, &warmpool.Meta{Key: k.ID(), Parts: k}); err != nil {
+		t.Fatal(err)
 	}
-	if len(removed) != 3 || !strings.Contains(strings.Join(removed, " "), filepath.Base(leftover)) {
-		t.Errorf("removed %v", removed)
+	res, err := s.WarmRemove(ctx, k.ID()[:8], false)
+	if err != nil || len(res.Removed) != 1 || res.Removed[0] != k.ID() {
+		t.Errorf("rm by prefix: %+v, %v", res, err)
+	}
+	if res, err := s.WarmRemove(ctx, "", true); err != nil || len(res.Removed) != 0 {
+		t.Errorf("rm --all of nothing: %+v, %v", res, err)
 	}
 }
 
@@ -325,7 +170,7 @@ func TestConfigureResumed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.close)
-	r := &run{s: s, rec: &vmRecord{Name: "brave-otter"}, rep: &Report{}, network: n,
+	r := &run{s: s, dir: &vmDir{rec: &vmRecord{Name: "brave-otter"}}, rep: &Report{}, vm: &vm{net: n},
 		client: agentclient.New(hostEnd, nil)}
 	t.Cleanup(func() { r.client.Close() })
 	if _, err := r.client.Hello(ctx); err != nil {
@@ -359,37 +204,5 @@ func TestConfigureResumed(t *testing.T) {
 	}
 	if string(first) == string(sys.seed) {
 		t.Error("two resumes sent the same entropy")
-	}
-}
-
-// TestWarmKeyHostParts: the parts read from the host are filled in and
-// follow what they name (the VMM binary's size and time).
-func TestWarmKeyHostParts(t *testing.T) {
-	if rel, build, _ := strings.Cut(hostKernelID(), " "); rel == "" || build == "" {
-		t.Errorf("host kernel id %q lacks the release or the build", hostKernelID())
-	}
-	if m := cpuModelID(); !strings.Contains(m, "flags:") || strings.HasPrefix(m, " ") {
-		t.Errorf("cpu model id %q", m)
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "qemu-system-x86_64")
-	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(config.EnvQEMU, bin)
-	s := newTestService(t)
-	before, err := s.vmmIdentity(context.Background())
-	if err != nil || !strings.Contains(before, bin) {
-		t.Fatalf("vmm identity %q (%v); want it to name %s", before, err, bin)
-	}
-	if err := os.WriteFile(bin, []byte("#!/bin/sh\n# rebuilt\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if after, _ := s.vmmIdentity(context.Background()); after == before {
-		t.Errorf("vmm identity %q did not change with the binary", after)
-	}
-	t.Setenv(config.EnvAccel, "tcg")
-	if a := s.expectedAccel(); a != "tcg" {
-		t.Errorf("expected accel %q under %s=tcg", a, config.EnvAccel)
 	}
 }

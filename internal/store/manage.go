@@ -13,8 +13,8 @@ import (
 
 	"github.com/gofrs/flock"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 )
 
 // Resolve finds the stage ref names. It tries, in order: an exact stage id,
@@ -95,7 +95,7 @@ func CheckBase(chain []Meta, flavor, currentSHA string, allowSkew bool) (warning
 			msg := fmt.Sprintf("stage %s was made over %s build %s, but the installed build is %s",
 				m, flavor, m.BaseSHA256, currentSHA)
 			if allowSkew {
-				warnings = append(warnings, msg+" (allowed by "+config.EnvAllowBaseSkew+"=1)")
+				warnings = append(warnings, msg+" (allowed by "+knobs.AllowBaseSkew+"=1)")
 			} else {
 				skewed = append(skewed, msg)
 			}
@@ -103,7 +103,7 @@ func CheckBase(chain []Meta, flavor, currentSHA string, allowSkew bool) (warning
 	}
 	if len(skewed) > 0 {
 		return warnings, fmt.Errorf("%s; rebuild the stage from a fresh `--stage %s` run, or set %s=1 to use it anyway: %w",
-			strings.Join(skewed, "; "), BaseRef, config.EnvAllowBaseSkew, errdefs.ErrFailedPrecondition)
+			strings.Join(skewed, "; "), BaseRef, knobs.AllowBaseSkew, errdefs.ErrFailedPrecondition)
 	}
 	return warnings, nil
 }

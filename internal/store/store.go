@@ -33,12 +33,13 @@ import (
 
 	"github.com/gofrs/flock"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 )
 
-// MaxChainDepth is the most layers one chain may hold (the guest has disk
-// serials isopod-l0 .. isopod-l9).
-const MaxChainDepth = 10
+// MaxChainDepth is the most layers one chain may hold: one disk per layer,
+// as many as the guest mounts.
+const MaxChainDepth = agentproto.MaxLayers
 
 // BaseRef is the reserved reference to the empty stage (no layers).
 const BaseRef = "base"

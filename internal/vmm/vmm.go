@@ -142,8 +142,23 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string) error
 }
 
+// SnapshotIdentity is what a snapshot taken by a Driver depends on besides
+// the guest: which VMM build made it and the acceleration a boot gets now.
+// A snapshot is only restored by a Driver of the same identity.
+type SnapshotIdentity struct {
+	// VMM names the VMM build (e.g. its binary's path, size and
+	// modification time); any change means another build.
+	VMM string
+	// Accel is the acceleration a boot would get now. It is a prediction
+	// that must not boot anything; a snapshot records what it really got.
+	Accel Accel
+}
+
 // Restorer is a Driver that can start a Machine from a snapshot.
 type Restorer interface {
+	// SnapshotIdentity reports the driver's identity for snapshot keys,
+	// cheaply and without starting a guest.
+	SnapshotIdentity(ctx context.Context) (SnapshotIdentity, error)
 	// Restore starts a Machine from the snapshot in dir, mapping its memory
 	// privately so that many Machines can share one snapshot. cfg supplies
 	// the disks, NIC and agent channel for the new Machine; sizes must match

@@ -9,15 +9,15 @@ import (
 	"strconv"
 	"strings"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/vmm"
 )
 
 // accelProbes are the host checks behind accel selection, injectable for
 // tests.
 type accelProbes struct {
-	// env returns $ISOPOD_ACCEL.
+	// env returns the accelerator forced by the settings ($ISOPOD_ACCEL).
 	env func() string
 	// openKVM reports whether /dev/kvm opens read-write.
 	openKVM func() error
@@ -40,10 +40,10 @@ func selectAccel(ctx context.Context, want vmm.Accel, p accelProbes) (accelChoic
 	if env := strings.TrimSpace(p.env()); env != "" {
 		switch vmm.Accel(env) {
 		case vmm.AccelKVM, vmm.AccelTCG:
-			want, source = vmm.Accel(env), "$"+config.EnvAccel
+			want, source = vmm.Accel(env), "$"+knobs.Accel
 		default:
 			return accelChoice{}, fmt.Errorf("qemu: %s=%q: use kvm or tcg, or unset it for auto: %w",
-				config.EnvAccel, env, errdefs.ErrInvalidArgument)
+				knobs.Accel, env, errdefs.ErrInvalidArgument)
 		}
 	}
 	switch want {

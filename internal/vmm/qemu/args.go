@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
@@ -17,7 +18,7 @@ const (
 )
 
 // AgentPortName is the virtio-serial port name the guest agent looks for.
-const AgentPortName = "isopod.agent"
+const AgentPortName = agentproto.PortName
 
 // machineOptions is the microvm configuration. ACPI on: the kernel finds the
 // virtio-mmio devices through ACPI (it is built without command-line

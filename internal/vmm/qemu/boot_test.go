@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
 
 	"isopod/internal/vmm"
@@ -121,7 +120,7 @@ func TestMachineDetails(t *testing.T) {
 func TestStartCancelled(t *testing.T) {
 	d := newTestDriver(t)
 	g := vmmtest.BuildGuest(t)
-	t.Setenv(config.EnvAccel, "tcg")
+	d.accel = vmm.AccelTCG
 	cfg := vmmtest.Config(t, g)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -29,8 +29,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/vmm"
 )
 
@@ -40,9 +40,12 @@ const DefaultBinary = "qemu-system-x86_64"
 
 // Config configures a Driver.
 type Config struct {
-	// Binary is the QEMU to run; default $ISOPOD_QEMU, else DefaultBinary
-	// on PATH.
+	// Binary is the QEMU to run (the front ends take $ISOPOD_QEMU);
+	// default DefaultBinary on PATH.
 	Binary string
+	// Accel, when set, forces an accelerator for every boot (the front
+	// ends take $ISOPOD_ACCEL); empty means KVM when it works, else TCG.
+	Accel vmm.Accel
 	// Logger receives start-up and accel decisions; nil discards.
 	Logger *slog.Logger
 	// ProbeCache, when set, is a file that remembers the KVM probe's outcome
@@ -67,6 +70,7 @@ func (c *Config) Validate() error {
 // Driver starts QEMU machines. It is safe for concurrent use.
 type Driver struct {
 	bin          string
+	accel        vmm.Accel // forced for every boot; "" is auto
 	log          *slog.Logger
 	probeCache   string
 	probeTimeout time.Duration
@@ -90,15 +94,12 @@ func New(cfg Config) (*Driver, error) {
 	}
 	bin := cfg.Binary
 	if bin == "" {
-		bin = os.Getenv(config.EnvQEMU)
-	}
-	if bin == "" {
 		bin = DefaultBinary
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %q not found (install qemu-system-x86 or set %s): %w",
-			bin, config.EnvQEMU, errdefs.ErrNotFound)
+			bin, knobs.QEMU, errdefs.ErrNotFound)
 	}
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
@@ -113,6 +114,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	return &Driver{
 		bin:          path,
+		accel:        cfg.Accel,
 		log:          log,
 		probeCache:   cfg.ProbeCache,
 		probeTimeout: timeout,
@@ -186,7 +188,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	} else {
 		var err error
 		choice, err = selectAccel(ctx, cfg.Accel, accelProbes{
-			env:     func() string { return os.Getenv(config.EnvAccel) },
+			env:     func() string { return string(d.accel) },
 			openKVM: d.openKVM,
 			bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
 		})

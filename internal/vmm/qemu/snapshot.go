@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/config"
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/vmm"
 )
 
@@ -251,8 +251,8 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if cfg.Accel != vmm.AccelAuto && cfg.Accel != meta.Accel {
 		return nil, fmt.Errorf("qemu restore: snapshot was taken under %s, not %s: %w", meta.Accel, cfg.Accel, errdefs.ErrFailedPrecondition)
 	}
-	if env := os.Getenv(config.EnvAccel); env != "" && vmm.Accel(env) != meta.Accel {
-		return nil, fmt.Errorf("qemu restore: %s=%s but the snapshot was taken under %s: %w", config.EnvAccel, env, meta.Accel, errdefs.ErrFailedPrecondition)
+	if d.accel != "" && d.accel != meta.Accel {
+		return nil, fmt.Errorf("qemu restore: %s=%s but the snapshot was taken under %s: %w", knobs.Accel, d.accel, meta.Accel, errdefs.ErrFailedPrecondition)
 	}
 	state, err := openVerified(dir, &meta)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sandbox
+package bench
 
 import (
 	"context"
@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 )
 
-// WarmBenchResult compares cold and warm runs of `true` side by side.
-type WarmBenchResult struct {
+// WarmResult compares cold and warm runs of `true` side by side.
+type WarmResult struct {
 	OK    bool      `json:"ok"`
 	N     int       `json:"n"`
 	Accel vmm.Accel `json:"accel"`
@@ -43,20 +44,21 @@ type WarmBenchResult struct {
 // default key (base-min, default sizes, networking on). The cold runs ask
 // for the default scratch size explicitly, which makes them ineligible but
 // otherwise identical.
-func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error) {
+func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
+	s := b.s
 	if n < 1 {
 		return nil, invalid("bench: n %d < 1", n)
 	}
-	res := &WarmBenchResult{OK: true, N: n}
-	b, err := s.WarmBuild(ctx, WarmBuildOptions{})
+	res := &WarmResult{OK: true, N: n}
+	wb, err := s.WarmBuild(ctx, sandbox.WarmBuildOptions{})
 	if err != nil {
 		return nil, err
 	}
-	if b.Built {
-		res.SnapshotBuildMS = b.BuildMS
+	if wb.Built {
+		res.SnapshotBuildMS = wb.BuildMS
 	}
-	res.Accel = b.Accel
-	one := func(req Request) (*Report, error) {
+	res.Accel = wb.Accel
+	one := func(req sandbox.Request) (*sandbox.Report, error) {
 		rep, err := s.Run(ctx, req)
 		if err != nil {
 			return nil, err
@@ -67,7 +69,7 @@ func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error
 		return rep, nil
 	}
 	for i := 0; i < n; i++ {
-		rep, err := one(Request{Argv: []string{"true"}, ScratchMiB: DefaultScratchMiB})
+		rep, err := one(sandbox.Request{Argv: []string{"true"}, ScratchMiB: sandbox.DefaultScratchMiB})
 		if err != nil {
 			return nil, err
 		}
@@ -75,7 +77,7 @@ func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error
 	}
 	t := time.Now()
 	for i := 0; i < n; i++ {
-		rep, err := one(Request{Argv: []string{"true"}})
+		rep, err := one(sandbox.Request{Argv: []string{"true"}})
 		if err != nil {
 			return nil, err
 		}
@@ -88,7 +90,7 @@ func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error
 	s.Wait()
 	res.WarmVMsPerMinute = float64(n) / time.Since(t).Minutes()
 	for i := 0; i < n; i++ {
-		ms, err := s.restoreFloor(ctx)
+		ms, err := b.restoreFloor(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -108,42 +110,27 @@ func (s *Service) benchWarm(ctx context.Context, n int) (*WarmBenchResult, error
 // restoreFloor times the VMM alone restoring the default snapshot: from the
 // Restore call to the guest running (Restore returns after the device state
 // is loaded and the guest continued).
-func (s *Service) restoreFloor(ctx context.Context) (int64, error) {
-	req, err := normalize(Request{Argv: []string{"true"}}, readHostLimits())
+func (b *bench) restoreFloor(ctx context.Context) (int64, error) {
+	drv, err := b.s.Driver(ctx)
 	if err != nil {
 		return 0, err
 	}
-	pl, err := s.planRun(ctx, req)
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
-	if err != nil {
-		return 0, err
-	}
-	drv, err := s.driver(ctx)
-	if err != nil {
-		return 0, err
+	restorer, ok := drv.(vmm.Restorer)
+	if !ok {
+		return 0, fmt.Errorf("bench: the VMM cannot restore snapshots: %w", errdefs.ErrNotSupported)
 	}
 	dir, err := os.MkdirTemp("", "isopod-floor-")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	id := "floor-" + randomHex(4)
-	n, err := s.startNetwork(id, dir, req, time.Now())
+	snap, cfg, closeNet, err := b.s.RestoreFloor(ctx, dir)
 	if err != nil {
 		return 0, err
 	}
-	defer n.close()
-	snap := s.warmDir(in.key.ID())
-	if _, err := readWarm(snap); err != nil {
-		return 0, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
-	}
-	cfg := warmConfig(in, id, dir, nil, n.vmmNet())
-	cfg.Logger = s.log
+	defer closeNet()
 	t := time.Now()
-	m, err := drv.(vmm.Restorer).Restore(ctx, cfg, snap)
+	m, err := restorer.Restore(ctx, cfg, snap)
 	ms := time.Since(t).Milliseconds()
 	if err != nil {
 		return 0, fmt.Errorf("bench: restore: %w", err)

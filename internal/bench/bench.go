@@ -1,9 +1,14 @@
-package sandbox
+// Package bench measures isopod side by side with its floor: the same VMM,
+// kernel and initramfs started directly, with nothing of a run around it.
+// Every ratio comes from series taken in one process, interleaved where
+// load drift could favour one side. It uses the core's public API only, plus
+// the floor hooks the core exposes for it.
+package bench
 
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,11 +18,11 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
-	"isopod/internal/vmm"
+	"isopod/internal/sandbox"
 )
 
-// BenchOptions selects what `isopod bench` measures.
-type BenchOptions struct {
+// Options selects what `isopod bench` measures.
+type Options struct {
 	N int // samples per series
 	// Series to run; empty means all that apply: cold, floor, network,
 	// fork, commit.
@@ -46,8 +51,8 @@ func stats(samples []float64) Stats {
 	return Stats{N: len(s), Min: s[0], P50: pick(0.5), P90: pick(0.9), Max: s[len(s)-1]}
 }
 
-// BenchResult is what `isopod bench` prints.
-type BenchResult struct {
+// Result is what `isopod bench` prints.
+type Result struct {
 	OK      bool               `json:"ok"`
 	Machine string             `json:"machine"`
 	Accel   string             `json:"accel"`
@@ -59,8 +64,27 @@ type BenchResult struct {
 // benchSeries are the series --series accepts.
 var benchSeries = []string{"cold", "floor", "network", "fork", "commit", "warm"}
 
-// Bench measures isopod side by side with its floor in one process.
-func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, error) {
+// Run measures isopod side by side with its floor in one process.
+func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (*Result, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &bench{s: s, log: log}
+	return b.run(ctx, o)
+}
+
+// bench is one benchmark invocation.
+type bench struct {
+	s   *sandbox.Service
+	log *slog.Logger
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+}
+
+func (b *bench) run(ctx context.Context, o Options) (*Result, error) {
+	s := b.s
 	if o.N < 1 {
 		return nil, invalid("bench -n %d: want at least 1 sample per series", o.N)
 	}
@@ -72,7 +96,7 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 		want[x] = true
 	}
 	all := len(want) == 0
-	res := &BenchResult{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
+	res := &Result{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
 	series := func(name string, fn func() (float64, error)) error {
 		if !all && !want[name] {
 			return nil
@@ -87,12 +111,12 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 				return fmt.Errorf("bench %s: %w", name, err)
 			}
 			xs = append(xs, x)
-			s.log.Info("bench sample", "series", name, "i", i, "ms", x)
+			b.log.Info("bench sample", "series", name, "i", i, "ms", x)
 		}
 		res.Series[name] = stats(xs)
 		return nil
 	}
-	total := func(req Request) func() (float64, error) {
+	total := func(req sandbox.Request) func() (float64, error) {
 		return func() (float64, error) {
 			rep, err := s.Run(ctx, req)
 			if err != nil {
@@ -109,21 +133,21 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 	if all || want["cold"] || want["floor"] {
 		var cold, floor []float64
 		for i := 0; i < o.N; i++ {
-			c, err := total(Request{Argv: []string{"true"}, NoNetwork: true})()
+			c, err := total(sandbox.Request{Argv: []string{"true"}, NoNetwork: true})()
 			if err != nil {
 				return nil, fmt.Errorf("bench cold: %w", err)
 			}
-			f, err := s.floor(ctx)
+			f, err := b.floor(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("bench floor: %w", err)
 			}
-			s.log.Info("bench sample", "i", i, "cold_ms", c, "floor_ms", f)
+			b.log.Info("bench sample", "i", i, "cold_ms", c, "floor_ms", f)
 			cold, floor = append(cold, c), append(floor, f)
 		}
 		res.Series["cold"], res.Series["floor"] = stats(cold), stats(floor)
 		res.Ratios["cold_p50_over_floor_p50"] = ratio(res.Series["cold"].P50, res.Series["floor"].P50)
 	}
-	if err := series("network", total(Request{Argv: []string{"true"}, ScratchMiB: DefaultScratchMiB})); err != nil {
+	if err := series("network", total(sandbox.Request{Argv: []string{"true"}, ScratchMiB: sandbox.DefaultScratchMiB})); err != nil {
 		return nil, err
 	}
 	if c, ok := res.Series["cold"]; ok {
@@ -132,7 +156,7 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 		}
 	}
 	if all || want["warm"] {
-		w, err := s.benchWarm(ctx, o.N)
+		w, err := b.warm(ctx, o.N)
 		if err != nil {
 			return nil, fmt.Errorf("bench warm: %w", err)
 		}
@@ -155,12 +179,12 @@ func (s *Service) Bench(ctx context.Context, o BenchOptions) (*BenchResult, erro
 		}
 	}
 	if all || want["fork"] {
-		if err := s.benchFork(ctx, o.N, res, total); err != nil {
+		if err := b.fork(ctx, o.N, res, total); err != nil {
 			return nil, err
 		}
 	}
 	if all || want["commit"] {
-		if err := s.benchCommit(ctx, res); err != nil {
+		if err := b.commit(ctx, res); err != nil {
 			return nil, err
 		}
 	}
@@ -174,32 +198,28 @@ func ratio(a, b float64) float64 {
 	return float64(int(a/b*1000+0.5)) / 1000
 }
 
-// floor boots the same QEMU, kernel and initramfs with an init that powers
+// floor boots the same VMM, kernel and initramfs with an init that powers
 // off at once, and returns the milliseconds from start to exit.
-func (s *Service) floor(ctx context.Context) (float64, error) {
-	k, err := s.resolveKernel(ctx)
+func (b *bench) floor(ctx context.Context) (float64, error) {
+	drv, err := b.s.Driver(ctx)
 	if err != nil {
 		return 0, err
 	}
-	drv, err := s.driver(ctx)
-	if err != nil {
-		return 0, err
-	}
-	dir, err := os.MkdirTemp(s.opts.Paths.VMs(), ".floor-")
+	dir, err := os.MkdirTemp("", "isopod-floor-")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	pl := &plan{}
-	t := time.Now()
-	m, err := drv.Start(ctx, vmm.Config{
-		ID: "floor", Dir: dir, Kernel: k.Kernel, Initrd: k.Initramfs,
-		Cmdline: pl.cmdline("floor") + " -- isopod-floor",
-		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
-	})
+	cfg, err := b.s.FloorConfig(ctx, dir)
 	if err != nil {
 		return 0, err
 	}
+	t := time.Now()
+	m, err := drv.Start(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Agent().Close()
 	select {
 	case <-m.Done():
 	case <-time.After(60 * time.Second):
@@ -208,14 +228,12 @@ func (s *Service) floor(ctx context.Context) (float64, error) {
 		return 0, fmt.Errorf("the floor VM did not power off within 60 s: %w", errdefs.ErrUnavailable)
 	}
 	m.Wait()
-	if c, ok := m.Agent().(io.Closer); ok {
-		c.Close()
-	}
 	return float64(time.Since(t).Microseconds()) / 1000, nil
 }
 
-// benchFork compares a run on a 3-layer stage with a run on base.
-func (s *Service) benchFork(ctx context.Context, n int, res *BenchResult, total func(Request) func() (float64, error)) error {
+// fork compares a run on a 3-layer stage with a run on base.
+func (b *bench) fork(ctx context.Context, n int, res *Result, total func(sandbox.Request) func() (float64, error)) error {
+	s := b.s
 	prefix := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().Unix())
 	var labels []string
 	defer func() {
@@ -223,10 +241,10 @@ func (s *Service) benchFork(ctx context.Context, n int, res *BenchResult, total 
 			s.StageRemove(context.WithoutCancel(ctx), labels[i])
 		}
 	}()
-	parent := BaseStage
+	parent := sandbox.BaseStage
 	for i := 0; i < 3; i++ {
 		l := fmt.Sprintf("%s/l%d", prefix, i)
-		rep, err := s.Run(ctx, Request{Argv: []string{"sh", "-c", fmt.Sprintf("head -c 1048576 /dev/urandom > /root/layer%d", i)}, NoNetwork: true, Stage: parent, CommitAs: l})
+		rep, err := s.Run(ctx, sandbox.Request{Argv: []string{"sh", "-c", fmt.Sprintf("head -c 1048576 /dev/urandom > /root/layer%d", i)}, NoNetwork: true, Stage: parent, CommitAs: l})
 		if err != nil {
 			return err
 		}
@@ -238,25 +256,26 @@ func (s *Service) benchFork(ctx context.Context, n int, res *BenchResult, total 
 	}
 	var base, fork []float64
 	for i := 0; i < n; i++ {
-		b, err := total(Request{Argv: []string{"true"}, NoNetwork: true})()
+		bt, err := total(sandbox.Request{Argv: []string{"true"}, NoNetwork: true})()
 		if err != nil {
 			return err
 		}
-		f, err := total(Request{Argv: []string{"true"}, NoNetwork: true, Stage: parent})()
+		f, err := total(sandbox.Request{Argv: []string{"true"}, NoNetwork: true, Stage: parent})()
 		if err != nil {
 			return err
 		}
-		base, fork = append(base, b), append(fork, f)
+		base, fork = append(base, bt), append(fork, f)
 	}
 	res.Series["fork_base"], res.Series["fork_3_layers"] = stats(base), stats(fork)
 	res.Ratios["fork_3_layers_p50_over_base_p50"] = ratio(res.Series["fork_3_layers"].P50, res.Series["fork_base"].P50)
 	return nil
 }
 
-// benchCommit commits a 100 MiB layer and reports where the time went.
-func (s *Service) benchCommit(ctx context.Context, res *BenchResult) error {
+// commit commits a 100 MiB layer and reports where the time went.
+func (b *bench) commit(ctx context.Context, res *Result) error {
+	s := b.s
 	l := fmt.Sprintf("bench-%d-%d/commit", os.Getpid(), time.Now().Unix())
-	rep, err := s.Run(ctx, Request{Argv: []string{"sh", "-c", "head -c 104857600 /dev/urandom > /root/big"}, NoNetwork: true, CommitAs: l, TimeoutS: 600})
+	rep, err := s.Run(ctx, sandbox.Request{Argv: []string{"sh", "-c", "head -c 104857600 /dev/urandom > /root/big"}, NoNetwork: true, CommitAs: l, TimeoutS: 600})
 	if err != nil {
 		return err
 	}
@@ -283,6 +302,6 @@ func machineDesc() string {
 		}
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	mem := readHostLimits().MemTotalMiB
+	mem := sandbox.Host().MemTotalMiB
 	return fmt.Sprintf("%s; %d CPUs; %d MiB; Linux %s; %s", model, runtime.NumCPU(), mem, strings.TrimSpace(string(kernel)), filepath.Base(os.Args[0]))
 }

@@ -1,0 +1,55 @@
+package agentproto
+
+import "strconv"
+
+// The guest contract beyond protocol messages: how the guest finds its agent
+// channel and its disks, and the kernel command-line keys the agent reads.
+// The host builds VMs from these names and the guest looks for them; both
+// read them from here only.
+
+// PortName is the name of the virtio-serial port the agent serves on
+// (/sys/class/virtio-ports/vport*/name).
+const PortName = "isopod.agent"
+
+// Disk serials, read by the guest from /sys/block/vdX/serial. Disks are found
+// by serial, never by order.
+const (
+	// SerialBase is the base image: squashfs, read-only.
+	SerialBase = "isopod-base"
+	// SerialScratch is the run's fresh ext4, read-write: the overlay's
+	// upper layer and, when committed, the new stage layer.
+	SerialScratch = "isopod-scratch"
+	// serialLayerPrefix + index is a stage layer (ext4, read-only).
+	serialLayerPrefix = "isopod-l"
+)
+
+// MaxLayers is how many stage layers one guest mounts (one virtio disk
+// each), so it caps a stage chain.
+const MaxLayers = 10
+
+// LayerSerial is the serial of stage layer i; 0 is the oldest, closest to
+// the base.
+func LayerSerial(i int) string { return serialLayerPrefix + strconv.Itoa(i) }
+
+// Kernel command-line keys the agent reads. Everything else (network,
+// clock, hostname, entropy) arrives as protocol messages so that a resumed
+// snapshot can be reconfigured.
+const (
+	// CmdlineHostname is the hostname set at boot.
+	CmdlineHostname = "isopod.hostname"
+	// CmdlineLayers is how many stage layer disks to wait for (0 to
+	// MaxLayers); always given.
+	CmdlineLayers = "isopod.layers"
+	// CmdlineUpper set to UpperRAM makes the overlay's upper layer a tmpfs
+	// in guest memory instead of the scratch disk.
+	CmdlineUpper = "isopod.upper"
+	// CmdlineDebug set to "1" adds debug lines to the console.
+	CmdlineDebug = "isopod.debug"
+)
+
+// UpperRAM is the CmdlineUpper value for a tmpfs upper layer.
+const UpperRAM = "ram"
+
+// FloorArg, given to the guest's init after "--" on the kernel command line,
+// makes it power off at once: the floor a boot is measured against.
+const FloorArg = "isopod-floor"

@@ -1,0 +1,17 @@
+// Package knobs names every environment variable isopod honours. It reads
+// nothing: internal/config reads them once, at the front ends, and the
+// packages below name them only in messages that tell a user what to set.
+package knobs
+
+const (
+	Home          = "ISOPOD_HOME"            // state root; default ~/.isopod
+	Kernel        = "ISOPOD_KERNEL"          // a kernel with every driver built in
+	QEMU          = "ISOPOD_QEMU"            // qemu-system-x86_64 to use
+	AgentBin      = "ISOPOD_AGENT_BIN"       // isopod-agent binary for image builds
+	Accel         = "ISOPOD_ACCEL"           // force "kvm" or "tcg"
+	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW" // "1": fork stages made over another base build
+	LogLevel      = "ISOPOD_LOG"             // debug|info|warn|error (stderr)
+	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
+	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
+	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"
+)

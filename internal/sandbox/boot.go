@@ -1,0 +1,134 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"isopod/internal/agentclient"
+	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// boot starts the run's network and VMM and waits for the agent's hello:
+// resumed from the warm pool when the run is eligible (warm.go), else a
+// cold boot.
+func (r *run) boot(ctx context.Context) error {
+	if !r.req.NoNetwork {
+		n, err := r.s.startNetwork(r.dir.rec.ID, r.dir.path, r.req, r.t0)
+		if err != nil {
+			return err
+		}
+		r.vm.net = n
+	}
+	drv, err := r.s.driver(ctx)
+	if err != nil {
+		return err
+	}
+	// The VMM's version is asked in parallel with the start (a resume
+	// takes it from the snapshot's record instead).
+	if r.warm == nil || r.warm.meta == nil || r.warm.meta.VMM.Name == "" {
+		infoDone := make(chan struct{})
+		go func() {
+			defer close(infoDone)
+			if info, err := drv.Info(ctx); err == nil {
+				r.rep.VMM = info
+			}
+		}()
+		defer func() { <-infoDone }()
+	} else {
+		r.rep.VMM = r.warm.meta.VMM
+	}
+	if r.warm != nil {
+		if done, err := r.bootWarm(ctx, drv); done || err != nil {
+			return err
+		}
+		if err := r.ensureScratch(); err != nil {
+			return err
+		}
+	}
+	return r.bootCold(ctx, drv, r.coldConfig())
+}
+
+// coldConfig is the run's VM: the plan's kernel, command line and disks,
+// and the network when it has one.
+func (r *run) coldConfig() vmm.Config {
+	cfg := vmm.Config{
+		ID:        r.dir.rec.ID,
+		Dir:       r.dir.path,
+		Kernel:    r.plan.kernel.Kernel,
+		Initrd:    r.plan.kernel.Initramfs,
+		Cmdline:   r.plan.cmdline(r.dir.rec.Name),
+		VCPUs:     r.req.VCPUs,
+		MemMiB:    r.req.MemMiB,
+		Disks:     r.plan.disks(r.scratch),
+		SerialLog: r.dir.serial,
+		Logger:    r.s.log,
+	}
+	if r.vm.net != nil {
+		cfg.Net = r.vm.net.vmmNet()
+	}
+	return cfg
+}
+
+// startMachine starts cfg's VMM as the run's machine and records it.
+func (r *run) startMachine(ctx context.Context, start func(context.Context) (vmm.Machine, error)) error {
+	m, err := start(ctx)
+	if err != nil {
+		return err
+	}
+	r.vm.attach(m)
+	r.rep.Accel = m.Accel()
+	r.dir.started(m)
+	return nil
+}
+
+// bootCold starts the VMM with cfg and waits for the agent's hello.
+func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) error {
+	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
+	defer cancel()
+	tBoot := time.Now()
+	err := r.startMachine(bootCtx, func(ctx context.Context) (vmm.Machine, error) { return drv.Start(ctx, cfg) })
+	if err != nil {
+		if ctx.Err() == nil && bootCtx.Err() != nil {
+			return errBootTimeout
+		}
+		return fmt.Errorf("starting the VM: %w", err)
+	}
+	hello, err := r.vm.hello(bootCtx, (*agentclient.Client).WaitHello)
+	if err != nil {
+		if ctx.Err() == nil && bootCtx.Err() != nil {
+			return errBootTimeout
+		}
+		return fmt.Errorf("%w; see %s", err, r.rep.SerialLogPath)
+	}
+	if hello.BootError != "" {
+		return fmt.Errorf("the guest could not assemble its root filesystem (%s); see %s: %w",
+			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
+	}
+	_, r.client = r.vm.current()
+	boot := time.Since(tBoot).Milliseconds()
+	r.rep.BootMS = &boot
+	return nil
+}
+
+// configure sends the clock and the network to a cold-booted guest; a
+// resumed one gets more (configureResumed).
+func (r *run) configure(ctx context.Context) error {
+	if r.resumed {
+		return r.configureResumed(ctx)
+	}
+	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
+		return fmt.Errorf("setting the guest clock: %w", err)
+	}
+	if n := r.vm.net; n != nil {
+		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil); err != nil {
+			return fmt.Errorf("configuring the guest network: %w", err)
+		}
+		r.rep.GuestIP = n.guestIP()
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"isopod/internal/agentproto"
+	"isopod/internal/vmm"
+)
+
+// What the benchmarks (internal/bench) measure isopod against: the same
+// VMM, started directly, with the same inputs as a run but none of the run
+// around it.
+
+// Driver returns the VMM driver runs use.
+func (s *Service) Driver(ctx context.Context) (vmm.Driver, error) { return s.driver(ctx) }
+
+// FloorConfig is a VM with a run's kernel, initramfs, command line and
+// sizes, whose init powers off at once. dir must exist.
+func (s *Service) FloorConfig(ctx context.Context, dir string) (vmm.Config, error) {
+	k, err := s.resolveKernel(ctx)
+	if err != nil {
+		return vmm.Config{}, err
+	}
+	pl := &plan{}
+	return vmm.Config{
+		ID: "floor", Dir: dir, Kernel: k.Kernel, Initrd: k.Initramfs,
+		Cmdline: pl.cmdline("floor") + " -- " + agentproto.FloorArg,
+		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
+	}, nil
+}
+
+// RestoreFloor is what a warm run of the defaults restores: the snapshot
+// directory and a VM configuration with a network of its own (close ends
+// it). The snapshot must exist (see WarmBuild). dir must exist.
+func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string, cfg vmm.Config, close func(), err error) {
+	req, err := normalize(Request{Argv: []string{"true"}}, readHostLimits())
+	if err != nil {
+		return "", vmm.Config{}, nil, err
+	}
+	pl, err := s.planRun(ctx, req)
+	if err != nil {
+		return "", vmm.Config{}, nil, err
+	}
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	if err != nil {
+		return "", vmm.Config{}, nil, err
+	}
+	if _, err := s.warm.Read(in.key.ID()); err != nil {
+		return "", vmm.Config{}, nil, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
+	}
+	id := "floor-" + newVMID()[3:]
+	n, err := s.startNetwork(id, dir, req, time.Now())
+	if err != nil {
+		return "", vmm.Config{}, nil, err
+	}
+	cfg = warmConfig(in, id, dir, nil, n.vmmNet())
+	cfg.Logger = s.log
+	return s.warm.Dir(in.key.ID()), cfg, n.close, nil
+}
+
+// HostLimits are the host facts that bound a run's sizes.
+type HostLimits struct {
+	CPUs        int
+	MemTotalMiB int
+}
+
+// Host reads the host's limits.
+func Host() HostLimits {
+	h := readHostLimits()
+	return HostLimits{CPUs: h.CPUs, MemTotalMiB: h.MemTotalMiB}
+}

@@ -1,0 +1,325 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"isopod/internal/agentclient"
+	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+	"isopod/internal/warmpool"
+)
+
+// The warm path of a run. An eligible run resumes from its key's snapshot
+// in the warm pool (internal/warmpool) instead of booting.
+//
+// Layout decision: a snapshot VM has the base disk and a NIC but no scratch
+// disk, and boots with the upper layer in RAM, so its overlay upper is a
+// tmpfs in guest memory. A resumed VM maps the snapshot's RAM privately
+// (copy-on-write), so its writes live in its own memory and no run ever
+// sees another's. Warm runs never commit, so nothing needs a scratch disk.
+const (
+	// warmFormat is the snapshot layout version; bump it when the snapshot
+	// VM's configuration (disks, command line, NIC) changes.
+	warmFormat = 2
+	// warmHostname is the snapshot VM's boot hostname; every resumed run
+	// sets its own.
+	warmHostname = "isopod-warm"
+	// warmEntropyBytes is how much host randomness a resumed guest gets.
+	warmEntropyBytes = 64
+	// resumeHelloTimeout bounds the hello after a restore: a healthy
+	// snapshot answers in milliseconds, a corrupt one may never.
+	resumeHelloTimeout = 10 * time.Second
+)
+
+// errWarmUnusable marks a snapshot that could not be resumed.
+var errWarmUnusable = errors.New("warm snapshot unusable")
+
+// warmInputs are a key and what a snapshot VM of it boots.
+type warmInputs struct {
+	key    warmpool.Key
+	kernel kernelFiles
+	base   baseImage
+}
+
+// warmState is an eligible run's view of the warm pool.
+type warmState struct {
+	in warmInputs
+	// meta is the key's snapshot when one was there at planning time.
+	meta *warmpool.Meta
+}
+
+// warmEligible reports whether req may resume from the warm pool: a fresh
+// base with no layers, networking on, no commit, the default scratch.
+// (Filtered egress is networked, so it is eligible.)
+func warmEligible(req Request, pl *plan) bool {
+	return req.Stage == BaseStage && len(pl.layers) == 0 && pl.stage == nil &&
+		!req.NoNetwork && req.CommitAs == "" && req.ScratchMiB == 0
+}
+
+// warmFor returns the warm-pool state of an eligible run, nil otherwise
+// (also when the driver cannot restore or the key cannot be computed; the
+// run then boots cold).
+func (s *Service) warmFor(ctx context.Context, req Request, pl *plan) *warmState {
+	if !warmEligible(req, pl) {
+		return nil
+	}
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	if err != nil {
+		s.log.Debug("warm pool: no key; booting cold", "err", err)
+		return nil
+	}
+	w := &warmState{in: in}
+	if m, err := s.warm.Read(in.key.ID()); err == nil {
+		w.meta = m
+	}
+	return w
+}
+
+// warmKeyFor computes the current key of base with sizes vcpus and memMiB
+// from the host, the boot files and the driver.
+func (s *Service) warmKeyFor(ctx context.Context, base baseImage, vcpus, memMiB int) (warmInputs, error) {
+	restorer, err := s.restorer(ctx)
+	if err != nil {
+		return warmInputs{}, err
+	}
+	id, err := restorer.SnapshotIdentity(ctx)
+	if err != nil {
+		return warmInputs{}, err
+	}
+	boot, err := s.resolveBoot()
+	if err != nil {
+		return warmInputs{}, err
+	}
+	k := warmpool.Key{
+		Format:     warmFormat,
+		VMM:        id.VMM,
+		HostKernel: warmpool.HostKernel(),
+		CPUModel:   warmpool.CPUModel(),
+		Accel:      string(id.Accel),
+		Initramfs:  boot.Info.ContentSHA256,
+		Base:       base.Flavor,
+		BaseSHA256: base.SHA256,
+		VCPUs:      vcpus,
+		MemMiB:     memMiB,
+		Protocol:   agentproto.Version,
+	}
+	if boot.BuiltInKernel {
+		k.GuestKernel = fileIdentity(boot.Kernel)
+	} else {
+		k.GuestKernel = "sha256:" + boot.Info.KernelSHA256
+	}
+	return warmInputs{key: k, kernel: kernelFiles{Kernel: boot.Kernel, Initramfs: boot.Initramfs}, base: base}, nil
+}
+
+// restorer is the driver when it can restore snapshots.
+func (s *Service) restorer(ctx context.Context) (vmm.Restorer, error) {
+	drv, err := s.driver(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := drv.(vmm.Restorer)
+	if !ok {
+		return nil, fmt.Errorf("the VMM cannot restore snapshots: %w", errdefs.ErrNotSupported)
+	}
+	return r, nil
+}
+
+// warmCmdline is the snapshot VM's kernel command line: the plan's, with
+// a neutral hostname and the overlay upper in RAM.
+func warmCmdline(pl *plan) string {
+	return pl.cmdline(warmHostname) + " " + agentproto.CmdlineUpper + "=" + agentproto.UpperRAM
+}
+
+// warmConfig is the VM configuration of key's snapshot: base disk, NIC, no
+// scratch. A restore must use the same shape.
+func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net) vmm.Config {
+	pl := &plan{base: in.base, kernel: in.kernel}
+	return vmm.Config{
+		ID:        id,
+		Dir:       dir,
+		Kernel:    in.kernel.Kernel,
+		Initrd:    in.kernel.Initramfs,
+		Cmdline:   warmCmdline(pl),
+		VCPUs:     in.key.VCPUs,
+		MemMiB:    in.key.MemMiB,
+		Disks:     []vmm.Disk{{Path: in.base.Path, ReadOnly: true, Serial: agentproto.SerialBase}},
+		Net:       net,
+		SerialLog: serial,
+	}
+}
+
+// bootWarm resumes the run from its key's snapshot, building the snapshot
+// first when there is none. done is false when the run must boot cold
+// instead (a warning in the report says why, when it is not the ordinary
+// "someone else is building").
+func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err error) {
+	key := r.warm.in.key.ID()
+	if meta := r.warm.meta; meta != nil {
+		err := r.resume(ctx, drv, meta)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, errWarmUnusable) {
+			return false, err
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			// Not merely removed since the run was planned: retire it.
+			r.s.warm.Retire(key, meta.BuildID)
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf(
+				"the warm-pool snapshot %s could not be resumed (%v); it was removed, this run cold-booted and rebuilt it", key, errors.Unwrap(err)))
+			r.s.log.Warn("warm pool: unusable snapshot retired", "key", key, "err", err)
+		}
+	}
+	return r.buildAndResume(ctx, drv)
+}
+
+// buildAndResume builds the run's snapshot (unless another builder holds the
+// key, in which case the run boots cold) and resumes the run from it.
+func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) {
+	key := r.warm.in.key.ID()
+	unlock, ok := r.s.warm.TryBuild(key)
+	if !ok {
+		r.s.log.Info("warm pool: another process is building the snapshot; booting cold", "key", key)
+		return false, nil
+	}
+	defer unlock()
+	if _, err := r.s.warm.Read(key); err != nil {
+		meta, bootMS, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
+			dir: r.dir, vm: r.vm, deadline: r.deadline(),
+			started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
+		})
+		if bootMS > 0 {
+			r.rep.BootMS = &bootMS
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			if time.Now().After(r.deadline()) {
+				return false, errBootTimeout
+			}
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot failed (%v); this run cold-booted", err))
+			return false, nil
+		}
+		r.rep.SnapshotBuilt = true
+		r.rep.SnapshotBuildMS = &meta.BuildMS
+		key = meta.Key
+	}
+	meta, err := r.s.warm.Read(key)
+	if err == nil {
+		err = r.resume(ctx, drv, meta)
+	}
+	if err != nil {
+		if !errors.Is(err, errWarmUnusable) && meta != nil {
+			return false, err
+		}
+		if meta != nil {
+			r.s.warm.Retire(key, meta.BuildID)
+		}
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("the freshly built warm-pool snapshot %s could not be resumed (%v); it was removed and this run cold-booted", key, err))
+		return false, nil
+	}
+	return true, nil
+}
+
+// resume starts the run's VM from the snapshot meta and says hello. A
+// failure that the snapshot may cause is wrapped in errWarmUnusable, with
+// the VMM already gone.
+func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) error {
+	var net *vmm.Net
+	if r.vm.net != nil {
+		net = r.vm.net.vmmNet()
+	}
+	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net)
+	cfg.Logger = r.s.log
+	rctx, cancel := context.WithDeadline(ctx, r.deadline())
+	defer cancel()
+	t := time.Now()
+	release, err := r.s.warm.Use(meta.Key)
+	if err != nil {
+		return err
+	}
+	err = r.startMachine(rctx, func(ctx context.Context) (vmm.Machine, error) {
+		return drv.(vmm.Restorer).Restore(ctx, cfg, r.s.warm.Dir(meta.Key))
+	})
+	release()
+	tRestore := time.Since(t)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(r.deadline()) {
+			return errBootTimeout
+		}
+		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+	}
+	hctx, cancelHello := context.WithTimeout(rctx, resumeHelloTimeout)
+	defer cancelHello()
+	h, err := r.vm.hello(hctx, (*agentclient.Client).Hello)
+	if err == nil && h.BootError != "" {
+		err = fmt.Errorf("the snapshot's guest reports a boot error: %s", h.BootError)
+	}
+	if err != nil {
+		r.vm.drop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+	}
+	_, r.client = r.vm.current()
+	ms := time.Since(t).Milliseconds()
+	r.s.log.Debug("warm pool: resumed", "restore_ms", tRestore.Milliseconds(), "total_ms", ms)
+	r.rep.ResumeMS = &ms
+	r.rep.Path = "warm"
+	r.resumed = true
+	return nil
+}
+
+// configureResumed makes a resumed clone its own machine before anything
+// runs: fresh entropy mixed into the kernel pool with a CRNG reseed, the
+// host's wall clock, the run's hostname and the run's network. The
+// requests are independent and go out together.
+func (r *run) configureResumed(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	type call struct {
+		what    string
+		msg     *agentproto.Msg
+		payload []byte
+	}
+	calls := []call{
+		{"adding entropy", &agentproto.Msg{Kind: agentproto.KindAddEntropy}, randomBytes(warmEntropyBytes)},
+		{"setting the guest clock", &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil},
+		{"setting the hostname", &agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: r.dir.rec.Name}, nil},
+	}
+	if n := r.vm.net; n != nil {
+		calls = append(calls, call{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil})
+	}
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	t := time.Now()
+	for i, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.client.Call(cctx, c.msg, c.payload); err != nil {
+				errs[i] = fmt.Errorf("%s after resume: %w", c.what, err)
+			}
+		}()
+	}
+	wg.Wait()
+	r.s.log.Debug("warm pool: clone configured", "ms", time.Since(t).Milliseconds())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if n := r.vm.net; n != nil {
+		r.rep.GuestIP = n.guestIP()
+	}
+	return nil
+}

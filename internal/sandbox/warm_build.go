@@ -1,0 +1,211 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"isopod/internal/agentclient"
+	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+	"isopod/internal/warmpool"
+)
+
+// Bounds of a snapshot build.
+const (
+	// linkSettle is how long the snapshot VM stays up after its NIC came
+	// up: the guest kernel's link-event batching interval (one second)
+	// with some margin.
+	linkSettle = 1200 * time.Millisecond
+	// snapshotTimeout bounds writing a snapshot.
+	snapshotTimeout = 2 * time.Minute
+)
+
+// warmBuild is where a snapshot VM runs: a VM directory and a vm whose
+// network (if any) the snapshot VM uses. The builder's machine is dropped
+// when the build ends.
+type warmBuild struct {
+	dir      *vmDir
+	vm       *vm
+	deadline time.Time
+	started  func(vmm.Machine) // called once the VMM runs; may be nil
+}
+
+// buildWarm cold-boots the snapshot VM of in, waits for its agent, snapshots
+// it and publishes the snapshot. The caller holds in's build lock. It
+// returns the published snapshot and the boot time.
+func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (*warmpool.Meta, int64, error) {
+	t0 := time.Now()
+	var net *vmm.Net
+	if b.vm.net != nil {
+		net = b.vm.net.vmmNet()
+	}
+	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net)
+	cfg.Logger = s.log
+	bctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	m, err := drv.Start(bctx, cfg)
+	if err != nil {
+		return nil, 0, fmt.Errorf("starting the snapshot VM: %w", err)
+	}
+	c := b.vm.attach(m)
+	defer b.vm.drop()
+	b.dir.started(m)
+	if b.started != nil {
+		b.started(m)
+	}
+	snapper, ok := m.(vmm.Snapshotter)
+	if !ok {
+		return nil, 0, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
+	}
+	h, err := b.vm.hello(bctx, (*agentclient.Client).WaitHello)
+	if err != nil {
+		return nil, 0, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
+	}
+	if h.BootError != "" {
+		return nil, 0, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
+	}
+	bootMS := time.Since(t0).Milliseconds()
+	netUp, err := s.prepareSnapshotGuest(bctx, c, b.vm.net)
+	if err != nil {
+		return nil, bootMS, err
+	}
+	info, err := drv.Info(ctx)
+	if err != nil {
+		return nil, bootMS, err
+	}
+	// The key records the accelerator the VM actually got.
+	key := in.key
+	key.Accel = string(m.Accel())
+	tmp, err := s.warm.Stage(in.key.ID())
+	if err != nil {
+		return nil, bootMS, err
+	}
+	published := false
+	defer func() {
+		if !published {
+			os.RemoveAll(tmp)
+		}
+	}()
+	// The guest kernel batches link events for up to a second after the
+	// NIC came up; a snapshot taken before that would leave every clone
+	// to process them while it answers its first request.
+	if wait := time.Until(netUp.Add(linkSettle)); !netUp.IsZero() && wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-bctx.Done():
+			return nil, bootMS, fmt.Errorf("waiting for the snapshot VM's link to settle: %w", bctx.Err())
+		}
+	}
+	sctx, cancelSnap := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancelSnap()
+	if err := snapper.Snapshot(sctx, tmp); err != nil {
+		return nil, bootMS, err
+	}
+	m.Kill()
+	meta := &warmpool.Meta{
+		Key: key.ID(), Parts: key, Built: time.Now().UTC(),
+		BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
+	}
+	if err := s.warm.Publish(tmp, meta); err != nil {
+		return nil, bootMS, err
+	}
+	published = true
+	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS)
+	return meta, bootMS, nil
+}
+
+// prepareSnapshotGuest does, before the snapshot, what every clone would
+// otherwise do first. The NIC is brought up (and addressed like every run's
+// private network): the link coming up is the slow part of configuring it,
+// and a resumed run's agent then finds the same configuration in force. The
+// shell binary, which nearly every command starts through, is read into the
+// guest's page cache. It returns when the NIC came up (zero without one).
+func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Client, n *runNetwork) (time.Time, error) {
+	var netUp time.Time
+	if n != nil {
+		nc := *n.agentConfig()
+		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
+		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
+			return netUp, fmt.Errorf("configuring the snapshot VM's network: %w", err)
+		}
+		netUp = time.Now()
+	}
+	if _, err := c.CopyOut(ctx, "/bin/sh", 64<<20, io.Discard); err != nil {
+		s.log.Debug("warm pool: prefetching /bin/sh", "err", err)
+	}
+	return netUp, nil
+}
+
+// WarmBuildOptions are `isopod warmpool build`'s flags; zero means the
+// run default.
+type WarmBuildOptions struct {
+	Base   string
+	VCPUs  int
+	MemMiB int
+}
+
+type WarmBuildResult struct {
+	OK      bool      `json:"ok"`
+	Key     string    `json:"key"`
+	Built   bool      `json:"built"` // false: a current snapshot was already there
+	BuildMS int64     `json:"build_ms,omitempty"`
+	Base    string    `json:"base"`
+	VCPUs   int       `json:"vcpus"`
+	MemMiB  int       `json:"mem_mib"`
+	Accel   vmm.Accel `json:"accel"`
+	Path    string    `json:"path"`
+}
+
+// WarmBuild makes sure the snapshot that eligible runs with these sizes
+// would use exists, building it when needed (waiting for another builder
+// of the same key rather than racing it).
+func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuildResult, error) {
+	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, VCPUs: o.VCPUs, MemMiB: o.MemMiB}, readHostLimits())
+	if err != nil {
+		return nil, err
+	}
+	pl, err := s.planRun(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	drv, err := s.driver(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	if err != nil {
+		return nil, fmt.Errorf("warmpool build: %w", err)
+	}
+	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB}
+	unlock, err := s.warm.Build(ctx, in.key.ID())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if m, err := s.warm.Read(in.key.ID()); err == nil {
+		res.Key, res.Accel, res.Path = m.Key, m.Accel, s.warm.Dir(m.Key)
+		return res, nil
+	}
+	// The snapshot VM gets a VM directory like a run, so that `isopod vm
+	// gc` finds its VMM should this process die.
+	d, err := s.newVMDir([]string{"isopod", "warmpool", "build"}, pl.base.Flavor, BaseStage)
+	if err != nil {
+		return nil, err
+	}
+	defer d.finish(nil)
+	v := &vm{log: s.log}
+	defer v.close()
+	if v.net, err = s.startNetwork(d.rec.ID, d.path, req, time.Now()); err != nil {
+		return nil, err
+	}
+	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotTimeout)})
+	if err != nil {
+		return nil, fmt.Errorf("warmpool build: %w (console: %s)", err, d.consolePath())
+	}
+	res.Key, res.Built, res.BuildMS, res.Accel, res.Path = meta.Key, true, meta.BuildMS, meta.Accel, s.warm.Dir(meta.Key)
+	return res, nil
+}
