@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 	"isopod/internal/testnet"
 )
 
@@ -31,24 +32,24 @@ const ledgerDoc = "../../docs/egress-ledger.md"
 
 // egRun is a run that must succeed as an isopod call; it returns the
 // report's egress block and every entry of the run's egress record.
-func egRun(t testing.TB, n *testnet.Net, args ...string) (*e2e.Result, egress.LedgerReport, []egress.Entry) {
+func egRun(t testing.TB, n *testnet.Net, args ...string) (*e2e.Result, flightrec.Report, []flightrec.Event) {
 	t.Helper()
 	r := e2e.NSIsopod(t, n, append([]string{"run"}, args...)...)
 	if r.Code != 0 || r.JSON["ok"] != true {
 		t.Fatalf("isopod run %v:\n%s", args, r)
 	}
 	var rep struct {
-		Egress *egress.LedgerReport `json:"egress"`
+		Egress *flightrec.Report `json:"egress"`
 	}
 	if err := json.Unmarshal(r.Stdout, &rep); err != nil || rep.Egress == nil {
-		return r, egress.LedgerReport{}, nil
+		return r, flightrec.Report{}, nil
 	}
 	f, err := os.Open(rep.Egress.EgressLogPath)
 	if err != nil {
 		t.Fatalf("egress record: %v", err)
 	}
 	defer f.Close()
-	entries, err := egress.ReadEntries(f)
+	entries, err := flightrec.ReadEvents(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func stepOutputs(out string) map[string]string {
 	return res
 }
 
-func findEntry(entries []egress.Entry, c ledgerCase) *egress.Entry {
+func findEntry(entries []flightrec.Event, c ledgerCase) *flightrec.Event {
 	for i, e := range entries {
 		if e.Proto == c.Proto && e.Host == c.Host && e.Port == c.Port && e.Reason == c.Reason {
 			return &entries[i]
@@ -275,7 +276,7 @@ func TestEgressLedger(t *testing.T) {
 		"--allow-cidr", "198.51.100.0/24", "--", "sh", "-c", ledgerScript(cases))
 	elapsed := time.Since(start)
 	steps := stepOutputs(e2e.Str(r.JSON, "stdout"))
-	if rep.Mode != egress.ModeFiltered || len(rep.AllowedRules) != 4 {
+	if rep.Mode != flightrec.ModeFiltered || len(rep.AllowedRules) != 4 {
 		t.Fatalf("egress block: mode %q rules %v\n%s", rep.Mode, rep.AllowedRules, r.Stdout)
 	}
 	var rows []string
@@ -528,7 +529,7 @@ func TestEgressTruncation(t *testing.T) {
 			ports[e.Port] = true
 		}
 	}
-	if len(ports) != 100 || len(rep.Denied) != egress.InlineCap || !rep.Truncated || rep.TotalEvents < 100 {
+	if len(ports) != 100 || len(rep.Denied) != flightrec.InlineCap || !rep.Truncated || rep.TotalEvents < 100 {
 		t.Errorf("record has %d distinct refused ports; inline denied %d, truncated %v, total %d",
 			len(ports), len(rep.Denied), rep.Truncated, rep.TotalEvents)
 	}

@@ -1,15 +1,3 @@
-// Package egress decides where a guest's traffic may go and records what it
-// did. It is pure: it never opens a socket, reads no host configuration and
-// is shared by every network path isopod has (the userspace stack today, a
-// tap device with a packet filter later).
-//
-// Three pieces:
-//   - [Category] classifies a destination address (public, private,
-//     loopback, ...).
-//   - [Policy] is the single decision point consulted for every new TCP
-//     connection, UDP flow and DNS query; [PublicOnly] is the default.
-//   - [Recorder] receives one [Event] per flow; [Log] writes them as JSON
-//     Lines (vms/<id>/net.jsonl) and keeps the totals a report carries.
 package egress
 
 import "net/netip"

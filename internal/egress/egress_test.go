@@ -1,18 +1,8 @@
 package egress
 
 import (
-	"bufio"
-	"encoding/json"
-	"errors"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"isopod/internal/errdefs"
 )
 
 func TestCategory(t *testing.T) {
@@ -116,108 +106,5 @@ func TestPublicOnly(t *testing.T) {
 	v := (&PublicOnly{}).Decide(Flow{Proto: ProtoDNS, Host: "example.com", QType: "A"})
 	if !v.Allow || v.Reason != ReasonDNS {
 		t.Errorf("DNS query: got %+v; want allowed", v)
-	}
-}
-
-func readEvents(t *testing.T, path string) []Event {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var evs []Event
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var ev Event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		evs = append(evs, ev)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return evs
-}
-
-func TestLogRecords(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "net.jsonl")
-	start := time.Now().Add(-time.Second)
-	l, err := OpenLog(LogConfig{Path: path, Start: start})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Record(Event{Time: start.Add(250 * time.Millisecond), Proto: ProtoTCP, Dst: netip.MustParseAddr("203.0.113.10"),
-		Port: 80, Allowed: true, Reason: ReasonPublic, BytesUp: 100, BytesDown: 5000, DurationMS: 12})
-	l.Record(Event{Proto: ProtoTCP, Dst: netip.MustParseAddr("169.254.169.254"), Port: 80, Reason: ReasonLinkLocal})
-	l.Record(Event{Proto: ProtoDNS, Host: strings.Repeat("a", 400), QType: "A", Allowed: true,
-		Answers: make([]string, 40), Error: strings.Repeat("e", 1000)})
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l.Record(Event{Proto: ProtoUDP, Allowed: true, BytesUp: 1}) // after Close: counted only
-	if err := l.Close(); err != nil {
-		t.Errorf("second Close: %v", err)
-	}
-
-	got := l.Totals()
-	want := Totals{Flows: 4, Denied: 1, BytesUp: 101, BytesDown: 5000, Dropped: 1}
-	if got != want {
-		t.Errorf("totals %+v; want %+v", got, want)
-	}
-	evs := readEvents(t, path)
-	if len(evs) != 3 {
-		t.Fatalf("%d lines; want 3", len(evs))
-	}
-	if evs[0].TS != 250 || evs[0].Dst.String() != "203.0.113.10" || evs[0].BytesDown != 5000 || !evs[0].Allowed {
-		t.Errorf("first event %+v", evs[0])
-	}
-	if evs[1].Allowed || evs[1].Reason != ReasonLinkLocal || evs[1].TS < 900 {
-		t.Errorf("second event %+v; want refused link_local about 1s in", evs[1])
-	}
-	if len(evs[2].Host) != MaxHostLen || len(evs[2].Answers) != MaxAnswers || len(evs[2].Error) != MaxErrLen {
-		t.Errorf("third event not trimmed: host %d answers %d error %d", len(evs[2].Host), len(evs[2].Answers), len(evs[2].Error))
-	}
-}
-
-func TestLogCapAndConcurrency(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "net.jsonl")
-	l, err := OpenLog(LogConfig{Path: path, MaxEvents: 50})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	const workers, each = 8, 40
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				l.Record(Event{Proto: ProtoTCP, Allowed: i%2 == 0, Port: uint16(w), BytesUp: 1, BytesDown: 2})
-			}
-		}()
-	}
-	wg.Wait()
-	got := l.Totals()
-	want := Totals{Flows: workers * each, Denied: workers * each / 2, BytesUp: workers * each, BytesDown: 2 * workers * each,
-		Dropped: workers*each - 50}
-	if got != want {
-		t.Errorf("totals %+v; want %+v", got, want)
-	}
-	if evs := readEvents(t, path); len(evs) != 50 {
-		t.Errorf("%d lines written; want the cap, 50", len(evs))
-	}
-}
-
-func TestLogConfigValidate(t *testing.T) {
-	for _, c := range []LogConfig{{}, {Path: "/x", MaxEvents: -1}} {
-		if _, err := OpenLog(c); !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("OpenLog(%+v) = %v; want ErrInvalidArgument", c, err)
-		}
-	}
-	if _, err := OpenLog(LogConfig{Path: filepath.Join(t.TempDir(), "missing", "net.jsonl")}); err == nil {
-		t.Error("OpenLog in a missing directory succeeded")
 	}
 }

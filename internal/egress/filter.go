@@ -6,47 +6,19 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
-
-	"github.com/miekg/dns"
 
 	"isopod/internal/errdefs"
 )
 
-// Reasons of the filtered policy. Together with the category reasons
-// (private_destination, link_local, host_address, ...) they form the
-// documented enum of the egress record.
-const (
-	ReasonAllowedHost  = "allowed_host"    // a name the allowlist matches, or an address handed out for one
-	ReasonAllowedCIDR  = "allowed_cidr"    // an address in an --allow-cidr range
-	ReasonNotAllowed   = "not_allowed"     // a name no rule matches (everything, with --deny-egress)
-	ReasonLiteral      = "literal_address" // an address no rule allows and no allowed name resolved to
-	ReasonSNIMismatch  = "sni_mismatch"    // TLS server_name missing or not the name the address belongs to
-	ReasonHostMismatch = "host_mismatch"   // HTTP Host missing or not the name the address belongs to
-	ReasonNonTCP       = "non_tcp"         // UDP other than DNS to the gateway, ICMP beyond it
-	ReasonIPv6         = "ipv6"            // IPv6 destinations: the guest has no IPv6 egress
-	ReasonInvalidName  = "invalid_name"    // not a well-formed host name
-	ReasonDNSType      = "dns_type"        // a DNS query type other than A and AAAA
-	ReasonBadRequest   = "bad_request"     // a malformed or unsupported proxy request
-)
-
-// Proxy flow kinds in [Event.Proto], beside ProtoTCP and friends.
-const (
-	ProtoHTTPProxy = "http_proxy"
-	ProtoSOCKS     = "socks5"
-)
-
-// ErrNoSuchHost is what a [FilterConfig.Lookup] returns for a name that
-// does not exist (the DNS answer is then NXDOMAIN, not SERVFAIL).
-var ErrNoSuchHost = errors.New("no such host")
-
-// Limits of the pinning table.
-const (
-	maxPinnedNames    = 1 << 16
-	maxNamesPerAddr   = 64
-	maxAddrsPerAnswer = 16
-	dnsAnswerTTL      = 30
+// Errors of a Filter's name service.
+var (
+	// ErrNoSuchHost is what a [FilterConfig.Lookup] returns for a name that
+	// does not exist (the DNS answer is then NXDOMAIN, not SERVFAIL).
+	ErrNoSuchHost = errors.New("no such host")
+	// ErrNotAllowed is what [Filter.ResolveDNS] returns for a query it does
+	// not answer (the DNS answer is then REFUSED).
+	ErrNotAllowed = errors.New("query not allowed")
 )
 
 // FilterConfig configures a [Filter].
@@ -109,10 +81,11 @@ func unmapBits(a netip.Addr) int {
 
 // Filter is the policy of filtered egress: default deny, names by
 // allowlist, addresses by CIDR or by having been handed out in a DNS answer
-// for an allowed name. It is a [Policy], a [Sniffer] (ports 80 and 443:
-// the TLS SNI or HTTP Host must be the name the address was handed out
-// for), and a DNS handler for the gateway resolver (its ServeDNS method has
-// the signature the network stack expects). Safe for concurrent use.
+// for an allowed name. It is a [Policy] and a [Sniffer] (on ports 80 and
+// 443 every name a connection carries must be a name its address was
+// handed out for); it answers the gateway resolver's queries
+// ([Filter.ResolveDNS]) and judges proxy requests ([Filter.Judge]). Safe
+// for concurrent use.
 type Filter struct {
 	patterns     []Pattern
 	cidrs        []netip.Prefix
@@ -121,10 +94,12 @@ type Filter struct {
 	hostAddrs    []netip.Addr
 	lookup       func(ctx context.Context, name string) ([]netip.Addr, error)
 
-	mu     sync.RWMutex
-	byAddr map[netip.Addr][]string // address -> allowed names it was handed out for
+	mu     sync.RWMutex // guards following
+	byAddr map[netip.Addr][]string
 	byName map[string][]netip.Addr
 }
+
+var _ Sniffer = (*Filter)(nil)
 
 // NewFilter builds a Filter.
 func NewFilter(cfg FilterConfig) (*Filter, error) {
@@ -222,22 +197,12 @@ func (f *Filter) addrVerdict(a netip.Addr, names []string) Verdict {
 func (f *Filter) Decide(fl Flow) Verdict {
 	switch fl.Proto {
 	case ProtoDNS:
-		name, err := NormalizeHost(fl.Host)
-		if err != nil {
-			return Verdict{Reason: ReasonInvalidName, Host: RecordHost(fl.Host)}
-		}
-		if !f.AllowsName(name) {
-			return Verdict{Reason: ReasonNotAllowed, Host: name}
-		}
-		if fl.QType != "A" && fl.QType != "AAAA" {
-			return Verdict{Reason: ReasonDNSType, Host: name}
-		}
-		return Verdict{Allow: true, Reason: ReasonAllowedHost, Host: name}
+		return f.decideDNS(fl)
 	case ProtoTCP:
 		dst := fl.Dst.Addr().Unmap()
 		names := f.PinnedNames(dst)
 		v := f.addrVerdict(dst, names)
-		if v.Allow && v.Reason == ReasonAllowedHost && sniffPort(fl.Dst.Port()) {
+		if v.Allow && v.Reason == ReasonAllowedHost && SniffPort(fl.Dst.Port()) {
 			v.Sniff = true
 		}
 		return v
@@ -250,181 +215,54 @@ func (f *Filter) Decide(fl Flow) Verdict {
 	}
 }
 
-func sniffPort(p uint16) bool { return p == 80 || p == 443 }
-
-// Sniff implements Sniffer: the TLS SNI or HTTP Host of a connection to an
-// address handed out for allowed names must be one of those names. The
-// connection then goes to the address the guest dialled, which is one of
-// the name's own addresses.
-func (f *Filter) Sniff(fl Flow, head []byte) (Verdict, bool) {
-	dst := fl.Dst.Addr().Unmap()
-	return f.matchHead(head, f.PinnedNames(dst), netip.AddrPortFrom(dst, fl.Dst.Port()))
+func (f *Filter) decideDNS(fl Flow) Verdict {
+	name, err := NormalizeHost(fl.Host)
+	switch {
+	case err != nil:
+		return Verdict{Reason: ReasonInvalidName, Host: RecordHost(fl.Host)}
+	case !f.AllowsName(name):
+		return Verdict{Reason: ReasonNotAllowed, Host: name}
+	case fl.QType != "A" && fl.QType != "AAAA", fl.QClass != "" && fl.QClass != "IN":
+		return Verdict{Reason: ReasonDNSType, Host: name}
+	}
+	return Verdict{Allow: true, Reason: ReasonAllowedHost, Host: name}
 }
 
-// matchHead judges a connection's first bytes against the names its
-// destination belongs to.
-func (f *Filter) matchHead(head []byte, names []string, dial netip.AddrPort) (Verdict, bool) {
-	raw, reason, err := headName(head)
-	if NeedMore(err) {
-		return Verdict{Reason: reason}, true
+// SniffPort reports whether connections to port p must carry the name they
+// are for (HTTP and HTTPS).
+func SniffPort(p uint16) bool { return p == 80 || p == 443 }
+
+// Sniff implements Sniffer: a name a connection to an address handed out
+// for allowed names carries must be one of those names. An allowed verdict
+// dials the address the guest dialled, which is one of the name's own
+// addresses.
+func (f *Filter) Sniff(fl Flow) Verdict {
+	dst := fl.Dst.Addr().Unmap()
+	v := MatchName(fl.Host, fl.HostFrom, f.PinnedNames(dst))
+	if v.Allow {
+		v.Dial = netip.AddrPortFrom(dst, fl.Dst.Port())
 	}
-	if err != nil || raw == "" {
-		return Verdict{Reason: reason}, false
+	return v
+}
+
+// MatchName judges a name a connection carries, raw as the guest sent it
+// ("" for none) and found where from says, against the names the
+// connection is for. A refusal is sni_mismatch or host_mismatch by from,
+// and names the offending name as the record shows it.
+func MatchName(raw, from string, names []string) Verdict {
+	reason := ReasonHostMismatch
+	if from == HostFromSNI {
+		reason = ReasonSNIMismatch
 	}
-	name, nerr := NormalizeHost(raw)
-	if nerr != nil {
-		return Verdict{Reason: reason, Host: RecordHost(raw)}, false
+	if raw == "" {
+		return Verdict{Reason: reason}
+	}
+	name, err := NormalizeHost(raw)
+	if err != nil {
+		return Verdict{Reason: reason, Host: RecordHost(raw)}
 	}
 	if !slices.Contains(names, name) {
-		return Verdict{Reason: reason, Host: name}, false
+		return Verdict{Reason: reason, Host: name}
 	}
-	return Verdict{Allow: true, Reason: ReasonAllowedHost, Host: name, Dial: dial}, false
-}
-
-// Pin remembers that addrs were handed out for the allowed name.
-func (f *Filter) Pin(name string, addrs []netip.Addr) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.byName[name]; !ok && len(f.byName) >= maxPinnedNames {
-		// Full: forget an arbitrary name. Its addresses stop being
-		// reachable until it is resolved again.
-		for old, oldAddrs := range f.byName {
-			delete(f.byName, old)
-			for _, a := range oldAddrs {
-				f.byAddr[a] = slices.DeleteFunc(f.byAddr[a], func(n string) bool { return n == old })
-				if len(f.byAddr[a]) == 0 {
-					delete(f.byAddr, a)
-				}
-			}
-			break
-		}
-	}
-	for _, a := range addrs {
-		a = a.Unmap()
-		if !slices.Contains(f.byName[name], a) {
-			f.byName[name] = append(f.byName[name], a)
-		}
-		if ns := f.byAddr[a]; !slices.Contains(ns, name) && len(ns) < maxNamesPerAddr {
-			f.byAddr[a] = append(ns, name)
-		}
-	}
-}
-
-// PinnedNames lists the allowed names a was handed out for.
-func (f *Filter) PinnedNames(a netip.Addr) []string {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return slices.Clone(f.byAddr[a.Unmap()])
-}
-
-// PinnedAddrs lists the addresses handed out for name.
-func (f *Filter) PinnedAddrs(name string) []netip.Addr {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return slices.Clone(f.byName[name])
-}
-
-// ServeDNS answers a query that Decide allowed (an A or AAAA question for
-// an allowed name). A: the name's IPv4 addresses through Lookup, each
-// remembered in the pinning table. AAAA: an empty answer (no IPv6 egress).
-// Anything else: REFUSED. Nil means SERVFAIL.
-func (f *Filter) ServeDNS(ctx context.Context, _ netip.AddrPort, q *dns.Msg) *dns.Msg {
-	reply := new(dns.Msg).SetReply(q)
-	reply.RecursionAvailable = true
-	if len(q.Question) != 1 {
-		return reply.SetRcode(q, dns.RcodeFormatError)
-	}
-	qq := q.Question[0]
-	name, err := NormalizeHost(qq.Name)
-	if err != nil || !f.AllowsName(name) || qq.Qclass != dns.ClassINET {
-		return reply.SetRcode(q, dns.RcodeRefused)
-	}
-	switch qq.Qtype {
-	case dns.TypeAAAA:
-		return reply
-	case dns.TypeA:
-	default:
-		return reply.SetRcode(q, dns.RcodeRefused)
-	}
-	addrs, err := f.resolve(ctx, name)
-	if errors.Is(err, ErrNoSuchHost) {
-		return reply.SetRcode(q, dns.RcodeNameError)
-	}
-	if err != nil {
-		return nil
-	}
-	hdr := dns.RR_Header{Name: qq.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: dnsAnswerTTL}
-	for _, a := range addrs {
-		reply.Answer = append(reply.Answer, &dns.A{Hdr: hdr, A: a.AsSlice()})
-	}
-	return reply
-}
-
-// resolve looks name up, keeps at most a few IPv4 addresses and pins them.
-func (f *Filter) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
-	addrs, err := f.lookup(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	var v4 []netip.Addr
-	for _, a := range addrs {
-		if a = a.Unmap(); a.Is4() && !slices.Contains(v4, a) {
-			v4 = append(v4, a)
-		}
-		if len(v4) == maxAddrsPerAnswer {
-			break
-		}
-	}
-	if len(v4) == 0 {
-		return nil, ErrNoSuchHost
-	}
-	f.Pin(name, v4)
-	return v4, nil
-}
-
-// Target is where a proxy request goes, once judged.
-type Target struct {
-	Host  string         // the name asked for (normalised), or the address's text
-	Dial  netip.AddrPort // zero unless allowed
-	Names []string       // names the destination belongs to (for the first-bytes check)
-}
-
-// Judge decides a proxy request for host:port, where host is a name or an
-// address literal as the guest wrote it. A name must match a rule; it is
-// resolved here and the proxy dials the first of its addresses that the
-// policy allows, never an address the guest chose. A literal address is
-// allowed only by a CIDR (handed-out addresses do not count here, so that
-// a tunnel cannot skip the SNI check). The returned Target carries the
-// recorded host whether or not the verdict allows.
-func (f *Filter) Judge(ctx context.Context, host string, port uint16) (Target, Verdict, error) {
-	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		a = a.Unmap()
-		t := Target{Host: a.String()}
-		v := f.addrVerdict(a, nil)
-		if v.Allow {
-			t.Dial = netip.AddrPortFrom(a, port)
-		}
-		return t, v, nil
-	}
-	name, err := NormalizeHost(host)
-	if err != nil {
-		return Target{Host: RecordHost(host)}, Verdict{Reason: ReasonInvalidName}, nil
-	}
-	t := Target{Host: name, Names: []string{name}}
-	if !f.AllowsName(name) {
-		return t, Verdict{Reason: ReasonNotAllowed, Host: name}, nil
-	}
-	addrs, err := f.resolve(ctx, name)
-	if err != nil {
-		return t, Verdict{Allow: true, Reason: ReasonDialFailed, Host: name}, fmt.Errorf("resolving %s: %w", name, err)
-	}
-	var last Verdict
-	for _, a := range addrs {
-		last = f.addrVerdict(a, []string{name})
-		if last.Allow {
-			t.Dial = netip.AddrPortFrom(a, port)
-			return t, last, nil
-		}
-	}
-	return t, last, nil
+	return Verdict{Allow: true, Reason: ReasonAllowedHost, Host: name}
 }

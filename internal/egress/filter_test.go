@@ -8,10 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/miekg/dns"
-
 	"isopod/internal/errdefs"
-	"isopod/internal/testnet"
 )
 
 func TestParsePattern(t *testing.T) {
@@ -146,14 +143,33 @@ func newTestFilter(t *testing.T, cfg FilterConfig) *Filter {
 	return f
 }
 
-// ask sends one DNS question through Decide and ServeDNS as the stack does.
-func ask(f *Filter, name string, qtype uint16) (Verdict, *dns.Msg) {
-	q := new(dns.Msg).SetQuestion(dns.Fqdn(name), qtype)
-	v := f.Decide(Flow{Proto: ProtoDNS, Host: strings.TrimSuffix(strings.ToLower(q.Question[0].Name), "."), QType: dns.TypeToString[qtype]})
+// dnsAnswer is what the gateway's resolver would reply.
+type dnsAnswer struct {
+	rcode string // NOERROR, NXDOMAIN, REFUSED, SERVFAIL
+	addrs []string
+}
+
+// ask sends one DNS question through Decide and ResolveDNS as the stack
+// does; a nil answer means Decide refused it.
+func ask(f *Filter, name, qtype string) (Verdict, *dnsAnswer) {
+	v := f.Decide(Flow{Proto: ProtoDNS, Host: strings.TrimSuffix(strings.ToLower(name), "."), QType: qtype})
 	if !v.Allow {
 		return v, nil
 	}
-	return v, f.ServeDNS(context.Background(), netip.AddrPort{}, q)
+	addrs, err := f.ResolveDNS(context.Background(), name, qtype)
+	a := &dnsAnswer{rcode: "NOERROR"}
+	switch {
+	case errors.Is(err, ErrNoSuchHost):
+		a.rcode = "NXDOMAIN"
+	case errors.Is(err, ErrNotAllowed):
+		a.rcode = "REFUSED"
+	case err != nil:
+		a.rcode = "SERVFAIL"
+	}
+	for _, ad := range addrs {
+		a.addrs = append(a.addrs, ad.String())
+	}
+	return v, a
 }
 
 func tcpFlow(addr string, port uint16) Flow {
@@ -175,37 +191,29 @@ func TestFilterDNSAndPinning(t *testing.T) {
 		t.Errorf("unresolved address: %+v; want literal_address", v)
 	}
 	for _, tt := range []struct {
-		name   string
-		qtype  uint16
-		reason string
-		rcode  int // -1: refused by Decide
-		answer string
+		name, qtype string
+		reason      string
+		rcode       string // "": refused by Decide
+		answer      string
 	}{
-		{"Allowed.Example.", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "203.0.113.10"},
-		{"allowed.example", dns.TypeAAAA, ReasonAllowedHost, dns.RcodeSuccess, ""},
-		{"allowed.example", dns.TypeTXT, ReasonDNSType, -1, ""},
-		{"other.example", dns.TypeA, ReasonNotAllowed, -1, ""},
-		{"wild.example", dns.TypeA, ReasonNotAllowed, -1, ""},
-		{"a.b.wild.example", dns.TypeA, ReasonNotAllowed, -1, ""},
-		{"a.wild.example", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "203.0.113.11"},
-		{"nx.wild.example", dns.TypeA, ReasonAllowedHost, dns.RcodeNameError, ""},
-		{"lan.example", dns.TypeA, ReasonAllowedHost, dns.RcodeSuccess, "192.168.77.10"},
-		{"aGVsbG8gd29ybGQgdGhpcyBpcyBleGZpbHRyYXRpb24.evil.example", dns.TypeA, ReasonNotAllowed, -1, ""},
+		{"Allowed.Example.", "A", ReasonAllowedHost, "NOERROR", "203.0.113.10"},
+		{"allowed.example", "AAAA", ReasonAllowedHost, "NOERROR", ""},
+		{"allowed.example", "TXT", ReasonDNSType, "", ""},
+		{"other.example", "A", ReasonNotAllowed, "", ""},
+		{"wild.example", "A", ReasonNotAllowed, "", ""},
+		{"a.b.wild.example", "A", ReasonNotAllowed, "", ""},
+		{"a.wild.example", "A", ReasonAllowedHost, "NOERROR", "203.0.113.11"},
+		{"nx.wild.example", "A", ReasonAllowedHost, "NXDOMAIN", ""},
+		{"lan.example", "A", ReasonAllowedHost, "NOERROR", "192.168.77.10"},
+		{"aGVsbG8gd29ybGQgdGhpcyBpcyBleGZpbHRyYXRpb24.evil.example", "A", ReasonNotAllowed, "", ""},
 	} {
-		v, m := ask(f, tt.name, tt.qtype)
-		if v.Reason != tt.reason || (m == nil) != (tt.rcode == -1) {
-			t.Errorf("%s %s: verdict %+v, reply %v; want reason %s rcode %d", tt.name, dns.TypeToString[tt.qtype], v, m, tt.reason, tt.rcode)
+		v, a := ask(f, tt.name, tt.qtype)
+		if v.Reason != tt.reason || (a == nil) != (tt.rcode == "") {
+			t.Errorf("%s %s: verdict %+v, answer %+v; want reason %s rcode %q", tt.name, tt.qtype, v, a, tt.reason, tt.rcode)
 			continue
 		}
-		if m == nil {
-			continue
-		}
-		var got []string
-		for _, rr := range m.Answer {
-			got = append(got, rr.(*dns.A).A.String())
-		}
-		if m.Rcode != tt.rcode || strings.Join(got, ",") != tt.answer {
-			t.Errorf("%s %s: rcode %d answers %v; want %d %q", tt.name, dns.TypeToString[tt.qtype], m.Rcode, got, tt.rcode, tt.answer)
+		if a != nil && (a.rcode != tt.rcode || strings.Join(a.addrs, ",") != tt.answer) {
+			t.Errorf("%s %s: %+v; want %s %q", tt.name, tt.qtype, a, tt.rcode, tt.answer)
 		}
 	}
 	if got := f.PinnedNames(netip.MustParseAddr("203.0.113.10")); !slices.Equal(got, []string{"allowed.example"}) {
@@ -256,7 +264,7 @@ func TestFilterDNSAndPinning(t *testing.T) {
 
 func TestFilterDenyAllAndPrivate(t *testing.T) {
 	deny := newTestFilter(t, FilterConfig{DenyAll: true})
-	if v, _ := ask(deny, "allowed.example", dns.TypeA); v.Allow || v.Reason != ReasonNotAllowed {
+	if v, _ := ask(deny, "allowed.example", "A"); v.Allow || v.Reason != ReasonNotAllowed {
 		t.Errorf("deny-all DNS: %+v", v)
 	}
 	if v := deny.Decide(tcpFlow("203.0.113.10", 443)); v.Allow {
@@ -266,7 +274,7 @@ func TestFilterDenyAllAndPrivate(t *testing.T) {
 		t.Errorf("deny-all with rules: %v", err)
 	}
 	lan := newTestFilter(t, FilterConfig{AllowHosts: []string{"lan.example"}, AllowPrivate: true})
-	ask(lan, "lan.example", dns.TypeA)
+	ask(lan, "lan.example", "A")
 	if v := lan.Decide(tcpFlow("192.168.77.10", 5432)); !v.Allow {
 		t.Errorf("allowed name on a private address with AllowPrivate: %+v", v)
 	}
@@ -284,103 +292,42 @@ func TestFilterDenyAllAndPrivate(t *testing.T) {
 	}
 }
 
-// clientHello returns the first TLS record crypto/tls sends for serverName.
-func clientHello(t testing.TB, serverName string) []byte { return testnet.ClientHello(t, serverName) }
-
-func TestParseClientHelloSNI(t *testing.T) {
-	for _, name := range []string{"allowed.example", "xn--bcher-kva.example"} {
-		hello := clientHello(t, name)
-		got, err := ParseClientHelloSNI(hello)
-		if err != nil || got != name {
-			t.Errorf("SNI of a crypto/tls hello for %s: %q, %v", name, got, err)
-		}
-		// Every strict prefix asks for more; never a wrong answer.
-		for i := 0; i < len(hello); i += max(1, len(hello)/40) {
-			if n, err := ParseClientHelloSNI(hello[:i]); !NeedMore(err) {
-				t.Fatalf("prefix of %d/%d bytes: %q, %v; want need-more", i, len(hello), n, err)
-			}
-		}
-		// The same hello split over two TLS records.
-		body := hello[5:]
-		split := append([]byte{0x16, 0x03, 0x01, 0, 10}, body[:10]...)
-		rest := body[10:]
-		split = append(split, 0x16, 0x03, 0x01, byte(len(rest)>>8), byte(len(rest)))
-		split = append(split, rest...)
-		if got, err := ParseClientHelloSNI(split); err != nil || got != name {
-			t.Errorf("hello over two records: %q, %v", got, err)
-		}
-	}
-	// An IP-address server name is never sent as SNI.
-	if got, err := ParseClientHelloSNI(clientHello(t, "203.0.113.10")); err == nil {
-		t.Errorf("hello to an address: SNI %q; want none", got)
-	}
-	for _, junk := range [][]byte{[]byte("GET / HTTP/1.1\r\n"), {0x16, 0x02, 0, 0, 1, 0}, {0x16, 0x03, 0x01, 0, 4, 2, 0, 0, 0}} {
-		if _, err := ParseClientHelloSNI(junk); err == nil || NeedMore(err) {
-			t.Errorf("junk %q: %v; want not TLS", junk, err)
-		}
-	}
-}
-
-func TestParseHTTPHost(t *testing.T) {
-	tests := []struct {
-		in, host  string
-		more, bad bool
-	}{
-		{"GET / HTTP/1.1\r\nHost: Allowed.Example\r\n\r\n", "Allowed.Example", false, false},
-		{"GET / HTTP/1.1\r\nHost: allowed.example:8080\r\nUser-Agent: x\r\n\r\n", "allowed.example", false, false},
-		{"GET http://other.example/ HTTP/1.1\r\nHost: allowed.example\r\n\r\n", "other.example", false, false},
-		{"POST /x HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n", "2001:db8::1", false, false},
-		{"GET / HTTP/1.0\r\n\r\n", "", false, false},
-		{"GET / HTTP/1.1\r\nHost: allowed.example\r\n", "", true, false},
-		{"GE", "", true, false},
-		{"SSH-2.0-OpenSSH_9.2\r\n", "", false, true},
-		{"\x00\x01binary", "", false, true},
-	}
-	for _, tt := range tests {
-		h, err := ParseHTTPHost([]byte(tt.in))
-		switch {
-		case tt.more && !NeedMore(err), tt.bad && (err == nil || NeedMore(err)), !tt.more && !tt.bad && (err != nil || h != tt.host):
-			t.Errorf("ParseHTTPHost(%q) = %q, %v; want %q more=%v bad=%v", tt.in, h, err, tt.host, tt.more, tt.bad)
-		}
-	}
-}
-
 func TestFilterSniff(t *testing.T) {
 	f := newTestFilter(t, FilterConfig{AllowHosts: []string{"allowed.example"}})
-	ask(f, "allowed.example", dns.TypeA)
+	ask(f, "allowed.example", "A")
 	fl := tcpFlow("203.0.113.10", 443)
 	for _, tt := range []struct {
-		head   []byte
-		allow  bool
-		reason string
-		host   string
+		name, from string
+		allow      bool
+		reason     string
+		host       string
 	}{
-		{clientHello(t, "allowed.example"), true, ReasonAllowedHost, "allowed.example"},
-		{clientHello(t, "ALLOWED.example"), true, ReasonAllowedHost, "allowed.example"},
-		{clientHello(t, "other.example"), false, ReasonSNIMismatch, "other.example"},
-		{clientHello(t, "203.0.113.10"), false, ReasonSNIMismatch, ""}, // no SNI at all
-		{[]byte("GET / HTTP/1.1\r\nHost: allowed.example\r\n\r\n"), true, ReasonAllowedHost, "allowed.example"},
-		{[]byte("GET / HTTP/1.1\r\nHost: other.example\r\n\r\n"), false, ReasonHostMismatch, "other.example"},
-		{[]byte("GET / HTTP/1.1\r\nHost: evil\x1b.example\r\n\r\n"), false, ReasonHostMismatch, ""}, // rejected as HTTP,
-		{[]byte("SSH-2.0-x\r\n"), false, ReasonHostMismatch, ""},
+		{"allowed.example", HostFromSNI, true, ReasonAllowedHost, "allowed.example"},
+		{"ALLOWED.example.", HostFromSNI, true, ReasonAllowedHost, "allowed.example"},
+		{"other.example", HostFromSNI, false, ReasonSNIMismatch, "other.example"},
+		{"", HostFromSNI, false, ReasonSNIMismatch, ""}, // no SNI at all
+		{"allowed.example", HostFromHTTP, true, ReasonAllowedHost, "allowed.example"},
+		{"other.example", HostFromHTTP, false, ReasonHostMismatch, "other.example"},
+		{"203.0.113.10", HostFromHTTP, false, ReasonHostMismatch, "203.0.113.10"},
+		{"evil\x1b.example", HostFromHTTP, false, ReasonHostMismatch, "<invalid:13>"},
+		{"", HostFromHTTP, false, ReasonHostMismatch, ""},
 	} {
-		v, more := f.Sniff(fl, tt.head)
-		if more || v.Allow != tt.allow || v.Reason != tt.reason || v.Host != tt.host {
-			t.Errorf("sniff %.30q: %+v more=%v; want allow=%v %s host %q", tt.head, v, more, tt.allow, tt.reason, tt.host)
+		in := fl
+		in.Host, in.HostFrom = tt.name, tt.from
+		v := f.Sniff(in)
+		if v.Allow != tt.allow || v.Reason != tt.reason || v.Host != tt.host {
+			t.Errorf("sniff %s %q: %+v; want allow=%v %s host %q", tt.from, tt.name, v, tt.allow, tt.reason, tt.host)
 		}
 		if v.Allow && v.Dial != fl.Dst {
 			t.Errorf("sniff allowed but dials %v, not %v", v.Dial, fl.Dst)
 		}
-	}
-	if _, more := f.Sniff(fl, clientHello(t, "allowed.example")[:20]); !more {
-		t.Error("a partial hello did not ask for more")
 	}
 }
 
 func BenchmarkFilterDecide(b *testing.B) {
 	f, _ := NewFilter(FilterConfig{AllowHosts: []string{"allowed.example", "*.wild.example"}, AllowCIDRs: []string{"198.51.100.0/24"},
 		Lookup: fixedLookup(testTable)})
-	ask(f, "allowed.example", dns.TypeA)
+	ask(f, "allowed.example", "A")
 	flows := []Flow{tcpFlow("203.0.113.10", 443), tcpFlow("203.0.113.99", 443), tcpFlow("198.51.100.10", 22)}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -388,13 +335,13 @@ func BenchmarkFilterDecide(b *testing.B) {
 	}
 }
 
-func BenchmarkSniffClientHello(b *testing.B) {
+func BenchmarkFilterSniff(b *testing.B) {
 	f, _ := NewFilter(FilterConfig{AllowHosts: []string{"allowed.example"}, Lookup: fixedLookup(testTable)})
-	ask(f, "allowed.example", dns.TypeA)
-	hello := clientHello(b, "allowed.example")
+	ask(f, "allowed.example", "A")
 	fl := tcpFlow("203.0.113.10", 443)
+	fl.Host, fl.HostFrom = "allowed.example", HostFromSNI
 	b.ReportAllocs()
 	for b.Loop() {
-		f.Sniff(fl, hello)
+		f.Sniff(fl)
 	}
 }

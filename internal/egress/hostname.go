@@ -11,6 +11,9 @@ import (
 	"isopod/internal/errdefs"
 )
 
+// MaxHostLen is the longest host name (RFC 1035, without the trailing dot).
+const MaxHostLen = 253
+
 // idnaProfile converts Unicode names to their ASCII (punycode) form the way
 // a resolver would look them up, and lower-cases them.
 var idnaProfile = idna.New(idna.MapForLookup(), idna.Transitional(false), idna.StrictDomainName(false))
@@ -102,8 +105,14 @@ func RecordHost(s string) string {
 // InvalidHost is the record's stand-in for a malformed name of n bytes.
 func InvalidHost(n int) string { return "<invalid:" + strconv.Itoa(n) + ">" }
 
-// IsInvalidHost reports whether h is an InvalidHost stand-in.
-func IsInvalidHost(h string) bool { return strings.HasPrefix(h, "<invalid:") }
+// MalformedHost is the record's stand-in for the name of a message whose
+// name could not be read at all (a DNS message that does not parse, or
+// asks several questions).
+const MalformedHost = "<malformed>"
+
+// IsPlaceholder reports whether h is a stand-in ([InvalidHost] or
+// [MalformedHost]) rather than a name or an address. No rule matches one.
+func IsPlaceholder(h string) bool { return strings.HasPrefix(h, "<") }
 
 // Pattern is one --allow-host rule: an exact name, or "*." followed by a
 // name, which matches exactly one more label in front of that name.

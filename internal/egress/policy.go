@@ -5,37 +5,21 @@ import (
 	"slices"
 )
 
-// Flow kinds, used in [Flow.Proto] and [Event.Proto].
+// Flow kinds, used in [Flow.Proto] and in records.
 const (
 	ProtoTCP  = "tcp"
 	ProtoUDP  = "udp"
 	ProtoDNS  = "dns"
 	ProtoICMP = "icmp"
+	// Requests to the gateway's proxies, in records only.
+	ProtoHTTPProxy = "http_proxy"
+	ProtoSOCKS     = "socks5"
 )
 
-// Reasons. A verdict or event carries one; allowed flows carry ReasonPublic
-// or ReasonLANAllowed so that the record shows why they went out.
+// Where a name a [Sniffer] judges was found, in [Flow.HostFrom].
 const (
-	ReasonPublic      = "public"
-	ReasonLANAllowed  = "lan_allowed" // private or CGNAT, allowed by AllowLAN
-	ReasonPrivate     = "private_destination"
-	ReasonCGNAT       = "cgnat_destination"
-	ReasonLoopback    = "loopback"
-	ReasonLinkLocal   = "link_local"
-	ReasonMulticast   = "multicast"
-	ReasonUnspecified = "unspecified"
-	ReasonBroadcast   = "broadcast"
-	ReasonReserved    = "reserved"
-	ReasonHost        = "host_address"
-	ReasonInvalid     = "invalid_destination"
-	ReasonDNS         = "dns" // a DNS query, answered at the gateway
-
-	// Reasons a network path adds on its own, outside any Policy.
-	ReasonGatewayPort  = "gateway_port"  // a port the gateway does not serve
-	ReasonFlowLimit    = "flow_limit"    // too many concurrent flows
-	ReasonNotForwarded = "not_forwarded" // a protocol the path never forwards (ICMP beyond the gateway)
-	ReasonDialFailed   = "dial_failed"   // allowed, but the host could not connect
-	ReasonShuttingDown = "shutting_down" // the network is being torn down
+	HostFromSNI  = "sni"  // a TLS ClientHello's server_name
+	HostFromHTTP = "http" // an HTTP request's Host, target authority or :authority
 )
 
 // Flow describes one new connection, UDP flow or DNS query as the guest
@@ -45,10 +29,15 @@ type Flow struct {
 	Src   netip.AddrPort // the guest's end
 	Dst   netip.AddrPort // where the guest sent it (the gateway, for DNS)
 	// Host is a name, when one is known: the queried name for ProtoDNS
-	// (lower case, no trailing dot), the HTTP Host or TLS SNI once a
-	// Sniffer has read it.
-	Host  string
-	QType string // ProtoDNS: the query type ("A", "AAAA", "TXT", ...)
+	// (lower case, no trailing dot), or, for [Sniffer.Sniff], a name the
+	// connection carries exactly as the guest sent it ("" when it carries
+	// none).
+	Host string
+	// HostFrom says where Host was found, for Sniff: HostFromSNI or
+	// HostFromHTTP.
+	HostFrom string
+	QType    string // ProtoDNS: the query type ("A", "AAAA", "TXT", ...)
+	QClass   string // ProtoDNS: the query class ("IN", "CH", ...); "" means IN
 }
 
 // Verdict is a Policy's answer for one Flow.
@@ -62,8 +51,8 @@ type Verdict struct {
 	// (for example from the DNS answers it handed out).
 	Host string
 	// Sniff asks the network path to accept a TCP connection in the guest's
-	// stack and pass its first bytes to the policy's [Sniffer] before
-	// anything is dialled. Ignored when the policy is not a Sniffer.
+	// stack and to have the policy's [Sniffer] judge the names it carries
+	// before anything is dialled. Ignored when the policy is not a Sniffer.
 	Sniff bool
 }
 
@@ -74,14 +63,15 @@ type Policy interface {
 	Decide(f Flow) Verdict
 }
 
-// Sniffer is a Policy that can judge a TCP connection by its first bytes (an
-// HTTP Host header, a TLS ClientHello's SNI). The network path calls Sniff
-// with everything read so far after a Decide verdict with Sniff set; more
-// asks for more bytes, and is ignored once the path's read cap or deadline
-// is reached (the last verdict then stands).
+// Sniffer is a Policy that also judges the names a TCP connection carries
+// (a TLS server_name, the Host and target of each HTTP request). After a
+// Decide verdict with Sniff set, the network path reads the connection's
+// bytes, and for each name it finds calls Sniff with the Decide flow, Host
+// set to the name and HostFrom to where it was found. Parsing the bytes is
+// the network path's business; a Sniffer only judges names.
 type Sniffer interface {
 	Policy
-	Sniff(f Flow, head []byte) (v Verdict, more bool)
+	Sniff(f Flow) Verdict
 }
 
 // PublicOnly is isopod's default policy: the guest may reach the public

@@ -6,6 +6,16 @@ import (
 	"strconv"
 )
 
+// Attempt is what [Suggest] reads of one recorded event.
+type Attempt struct {
+	Proto   string // ProtoTCP, ProtoDNS, ProtoHTTPProxy, ...
+	Host    string // as recorded: a normalised name, an address, or a placeholder
+	Port    uint16
+	Allowed bool
+	Reason  string
+	QType   string // ProtoDNS only
+}
+
 // Suggestion is the smallest allowlist that would have allowed what a
 // recorded run tried: exact names (never widened to wildcards) and single
 // addresses, as flags to pass to the next run.
@@ -14,8 +24,8 @@ type Suggestion struct {
 	AllowCIDRs []string `json:"allow_cidrs"`
 	Flags      []string `json:"flags"`
 	// Unallowable lists attempts no rule can allow (non-TCP traffic, the
-	// host's own or special addresses, malformed names), "proto host:port
-	// (reason)", deduplicated.
+	// host's own or special addresses, malformed names and messages),
+	// "proto host:port (reason)", deduplicated.
 	Unallowable []string `json:"unallowable"`
 	Events      int      `json:"events"`
 }
@@ -26,18 +36,22 @@ type Suggestion struct {
 // public address it dialled becomes an --allow-cidr of that one address.
 // Names that resolved to private addresses are included as names; reaching
 // those still needs an explicit CIDR, which is not suggested.
-func Suggest(entries []Entry) Suggestion {
-	s := Suggestion{AllowHosts: []string{}, AllowCIDRs: []string{}, Flags: []string{}, Unallowable: []string{}, Events: len(entries)}
+func Suggest(attempts []Attempt) Suggestion {
+	s := Suggestion{AllowHosts: []string{}, AllowCIDRs: []string{}, Flags: []string{}, Unallowable: []string{}, Events: len(attempts)}
 	hosts := map[string]bool{}
 	cidrs := map[string]bool{}
 	unallowable := map[string]bool{}
-	for _, e := range entries {
+	for _, e := range attempts {
 		a, aerr := netip.ParseAddr(e.Host)
 		isAddr := aerr == nil
 		switch {
 		case e.Host == "":
-		case IsInvalidHost(e.Host):
-			unallowable[e.Proto+" "+e.Host+" (invalid_name)"] = true
+		case IsPlaceholder(e.Host):
+			reason := ReasonInvalidName
+			if e.Host == MalformedHost {
+				reason = ReasonMalformed
+			}
+			unallowable[e.Proto+" "+e.Host+" ("+reason+")"] = true
 		case e.Proto == ProtoDNS:
 			if e.QType == "A" || e.QType == "AAAA" {
 				hosts[e.Host] = true
@@ -53,18 +67,9 @@ func Suggest(entries []Entry) Suggestion {
 			unallowable[e.Proto+" "+hostPort(e)+" ("+e.Reason+")"] = true
 		}
 	}
-	for h := range hosts {
-		s.AllowHosts = append(s.AllowHosts, h)
-	}
-	for c := range cidrs {
-		s.AllowCIDRs = append(s.AllowCIDRs, c)
-	}
-	for u := range unallowable {
-		s.Unallowable = append(s.Unallowable, u)
-	}
-	slices.Sort(s.AllowHosts)
-	slices.Sort(s.AllowCIDRs)
-	slices.Sort(s.Unallowable)
+	s.AllowHosts = sortedKeys(hosts)
+	s.AllowCIDRs = sortedKeys(cidrs)
+	s.Unallowable = sortedKeys(unallowable)
 	for _, h := range s.AllowHosts {
 		s.Flags = append(s.Flags, "--allow-host", h)
 	}
@@ -74,7 +79,16 @@ func Suggest(entries []Entry) Suggestion {
 	return s
 }
 
-func hostPort(e Entry) string {
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hostPort(e Attempt) string {
 	if e.Port == 0 {
 		return e.Host
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 	"isopod/internal/errdefs"
 )
 
@@ -67,7 +68,7 @@ type Config struct {
 	// addresses from HostAddrs.
 	Policy egress.Policy
 	// Recorder gets one event per flow (nil: counted in Summary only).
-	Recorder egress.Recorder
+	Recorder flightrec.Recorder
 	// Resolver answers A queries (and AAAA when IPv6Answers); nil: the
 	// host's resolver (net.DefaultResolver).
 	Resolver *net.Resolver

@@ -17,6 +17,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 )
 
 // DNS service limits.
@@ -131,7 +132,7 @@ func (s *Stack) answerDNS(src netip.AddrPort, wire []byte, udp bool) []byte {
 	if err := q.Unpack(wire); err != nil {
 		return nil
 	}
-	ev := egress.Event{Time: time.Now(), Proto: egress.ProtoDNS, Dst: s.cfg.Gateway, Port: 53, BytesUp: int64(len(wire))}
+	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoDNS, Dst: s.cfg.Gateway, Port: 53, BytesUp: int64(len(wire))}
 	s.bytesUp.Add(int64(len(wire)))
 	var reply *dns.Msg
 	switch {
@@ -196,7 +197,7 @@ func answerStrings(rrs []dns.RR) []string {
 			v = v[:dnsMaxAnswerStr]
 		}
 		out = append(out, v)
-		if len(out) == egress.MaxAnswers {
+		if len(out) == flightrec.MaxAnswers {
 			break
 		}
 	}
@@ -294,4 +295,44 @@ func (r *resolverDNS) relay(ctx context.Context, q *dns.Msg) *dns.Msg {
 		}
 	}
 	return nil
+}
+
+// AddrResolver answers the A and AAAA queries a Policy allowed with
+// addresses, as egress.Filter does: egress.ErrNoSuchHost for a name that
+// does not exist, egress.ErrNotAllowed for a query it does not answer.
+type AddrResolver interface {
+	ResolveDNS(ctx context.Context, name, qtype string) ([]netip.Addr, error)
+}
+
+// ResolverHandler is a DNSHandler that builds its replies from r's
+// addresses: NXDOMAIN for egress.ErrNoSuchHost, REFUSED for
+// egress.ErrNotAllowed, SERVFAIL for any other error.
+func ResolverHandler(r AddrResolver) DNSHandler { return addrHandler{r} }
+
+type addrHandler struct{ r AddrResolver }
+
+func (h addrHandler) ServeDNS(ctx context.Context, _ netip.AddrPort, q *dns.Msg) *dns.Msg {
+	reply := new(dns.Msg).SetReply(q)
+	reply.RecursionAvailable = true
+	qq := q.Question[0]
+	addrs, err := h.r.ResolveDNS(ctx, qq.Name, dns.Type(qq.Qtype).String())
+	switch {
+	case errors.Is(err, egress.ErrNoSuchHost):
+		return reply.SetRcode(q, dns.RcodeNameError)
+	case errors.Is(err, egress.ErrNotAllowed):
+		return reply.SetRcode(q, dns.RcodeRefused)
+	case err != nil:
+		return nil
+	}
+	hdr := dns.RR_Header{Name: qq.Name, Rrtype: qq.Qtype, Class: dns.ClassINET, Ttl: dnsTTL}
+	for _, a := range addrs {
+		a = a.Unmap()
+		switch {
+		case qq.Qtype == dns.TypeA && a.Is4():
+			reply.Answer = append(reply.Answer, &dns.A{Hdr: hdr, A: a.AsSlice()})
+		case qq.Qtype == dns.TypeAAAA && a.Is6():
+			reply.Answer = append(reply.Answer, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
+		}
+	}
+	return reply
 }

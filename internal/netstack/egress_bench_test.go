@@ -28,16 +28,16 @@ func (r *redirected) Decide(f egress.Flow) egress.Verdict {
 	return v
 }
 
-func (r *redirected) Sniff(f egress.Flow, head []byte) (egress.Verdict, bool) {
+func (r *redirected) Sniff(f egress.Flow) egress.Verdict {
 	sn, ok := r.inner.(egress.Sniffer)
 	if !ok {
-		return egress.Verdict{}, false
+		return egress.Verdict{}
 	}
-	v, more := sn.Sniff(f, head)
+	v := sn.Sniff(f)
 	if v.Allow {
 		v.Dial = r.to
 	}
-	return v, more
+	return v
 }
 
 // headServer answers each connection "ok" once it has read a request head,

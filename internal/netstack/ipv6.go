@@ -6,6 +6,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 )
 
 // icmpv6NeighborSolicit is the ICMPv6 type of a neighbour solicitation.
@@ -48,6 +49,6 @@ func (s *Stack) noteIPv6(pkt []byte) {
 		return
 	}
 	if s.quiet.first(proto, dst, port) {
-		s.refuse(egress.Event{Proto: proto, Dst: dst, Port: port, Reason: egress.ReasonIPv6})
+		s.refuse(flightrec.Event{Proto: proto, Dst: dst, Port: port, Reason: egress.ReasonIPv6})
 	}
 }

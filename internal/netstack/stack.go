@@ -8,7 +8,7 @@
 // destination. For each one it asks the [egress.Policy]; a refused TCP
 // connection gets a RST, an allowed one is dialled from the host as an
 // ordinary socket and spliced to the guest, and every flow ends as one
-// [egress.Event]. No tap device, no packet filter, no privileges.
+// [flightrec.Event]. No tap device, no packet filter, no privileges.
 //
 // Each VM has its own Stack, so guests cannot reach each other. IPv6 is not
 // offered to the guest; ICMP beyond the gateway is not forwarded.
@@ -38,6 +38,7 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 	"isopod/internal/errdefs"
 )
 
@@ -47,7 +48,7 @@ const nicID tcpip.NICID = 1
 // stack judged (TCP, UDP, DNS queries, ICMP beyond the gateway); bytes are
 // payload bytes, counted live.
 type Summary struct {
-	egress.Totals
+	flightrec.Totals
 	Active     int    `json:"active"`     // flows open now
 	FramesIn   uint64 `json:"frames_in"`  // from the guest
 	FramesOut  uint64 `json:"frames_out"` // to the guest
@@ -76,7 +77,7 @@ type Stack struct {
 	closed  bool
 
 	totalsMu sync.Mutex
-	totals   egress.Totals
+	totals   flightrec.Totals
 	bytesUp  atomic.Int64
 	bytesDn  atomic.Int64
 
@@ -254,7 +255,7 @@ func (s *Stack) filterFrame(frame []byte) bool {
 			return true
 		}
 		if s.quiet.first(egress.ProtoICMP, dst, 0) {
-			s.refuse(egress.Event{Proto: egress.ProtoICMP, Dst: dst, Reason: egress.ReasonNotForwarded})
+			s.refuse(flightrec.Event{Proto: egress.ProtoICMP, Dst: dst, Reason: egress.ReasonNotForwarded})
 		}
 		return false
 	}
@@ -272,7 +273,7 @@ func (s *Stack) filterFrame(frame []byte) bool {
 			port = uint16(p[2])<<8 | uint16(p[3])
 		}
 		if s.quiet.first(name, dst, port) {
-			s.refuse(egress.Event{Proto: name, Dst: dst, Port: port, Reason: egress.CategoryReason(c)})
+			s.refuse(flightrec.Event{Proto: name, Dst: dst, Port: port, Reason: egress.CategoryReason(c)})
 		}
 		return false
 	}
@@ -377,7 +378,7 @@ func (s *Stack) Close() error {
 }
 
 // emit counts ev and hands it to the recorder. Bytes were counted live.
-func (s *Stack) emit(ev egress.Event) {
+func (s *Stack) emit(ev flightrec.Event) {
 	s.totalsMu.Lock()
 	s.totals.Flows++
 	if !ev.Allowed {
@@ -390,7 +391,7 @@ func (s *Stack) emit(ev egress.Event) {
 }
 
 // refuse records a refused flow.
-func (s *Stack) refuse(ev egress.Event) {
+func (s *Stack) refuse(ev flightrec.Event) {
 	ev.Allowed = false
 	if ev.Time.IsZero() {
 		ev.Time = time.Now()

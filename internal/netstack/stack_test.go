@@ -1,7 +1,6 @@
 package netstack
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/miekg/dns"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 	"isopod/internal/errdefs"
 )
 
@@ -76,15 +76,11 @@ func (p *redirectPolicy) Decide(f egress.Flow) egress.Verdict {
 	return p.base.Decide(f)
 }
 
-func (p *redirectPolicy) Sniff(f egress.Flow, head []byte) (egress.Verdict, bool) {
-	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(head))))
-	if err != nil {
-		return egress.Verdict{Reason: "not_http"}, true
+func (p *redirectPolicy) Sniff(f egress.Flow) egress.Verdict {
+	if f.Host != "good.example" {
+		return egress.Verdict{Reason: "host_mismatch", Host: f.Host}
 	}
-	if req.Host != "good.example" {
-		return egress.Verdict{Reason: "host_mismatch", Host: req.Host}, false
-	}
-	return egress.Verdict{Allow: true, Reason: "host_ok", Host: req.Host, Dial: p.sniff}, false
+	return egress.Verdict{Allow: true, Reason: "host_ok", Host: f.Host, Dial: p.sniff}
 }
 
 // localDNS serves name -> 203.0.113.10 on loopback and returns a resolver
@@ -136,15 +132,15 @@ func udpEcho(t *testing.T) netip.AddrPort {
 	return netip.MustParseAddrPort(pc.LocalAddr().String())
 }
 
-func readLog(t *testing.T, path string) []egress.Event {
+func readLog(t *testing.T, path string) []flightrec.Event {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var evs []egress.Event
+	var evs []flightrec.Event
 	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		var ev egress.Event
+		var ev flightrec.Event
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
@@ -153,7 +149,7 @@ func readLog(t *testing.T, path string) []egress.Event {
 	return evs
 }
 
-func findEvent(evs []egress.Event, proto, dst string, port uint16) *egress.Event {
+func findEvent(evs []flightrec.Event, proto, dst string, port uint16) *flightrec.Event {
 	for i := range evs {
 		if evs[i].Proto == proto && evs[i].Dst.String() == dst && evs[i].Port == port {
 			return &evs[i]
@@ -162,7 +158,7 @@ func findEvent(evs []egress.Event, proto, dst string, port uint16) *egress.Event
 	return nil
 }
 
-func findEventHost(evs []egress.Event, host string) *egress.Event {
+func findEventHost(evs []flightrec.Event, host string) *flightrec.Event {
 	for i := range evs {
 		if evs[i].Host == host {
 			return &evs[i]
@@ -182,7 +178,7 @@ func TestStackLoopback(t *testing.T) {
 	echo := udpEcho(t)
 
 	dir := t.TempDir()
-	rec, err := egress.OpenLog(egress.LogConfig{Path: filepath.Join(dir, "net.jsonl")})
+	rec, err := flightrec.Open(flightrec.Config{Path: filepath.Join(dir, "net.jsonl")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +356,7 @@ func TestStackLoopback(t *testing.T) {
 			t.Errorf("%s %s:%d: allowed=%v reason=%q; want %v %q", tt.proto, tt.dst, tt.port, ev.Allowed, ev.Reason, tt.allowed, tt.reason)
 		}
 	}
-	var web80, sniffOK, sniffBad, udp7 *egress.Event
+	var web80, sniffOK, sniffBad, udp7 *flightrec.Event
 	for i := range evs {
 		ev := &evs[i]
 		switch {

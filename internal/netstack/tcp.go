@@ -17,6 +17,8 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/sniff"
 )
 
 // Sniffing bounds: how much of a connection's start a Sniffer may see, and
@@ -42,7 +44,7 @@ func endpointAddrs(id stack.TransportEndpointID) (src, dst netip.AddrPort) {
 func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	src, dst := endpointAddrs(r.ID())
 	start := time.Now()
-	ev := egress.Event{Time: start, Proto: egress.ProtoTCP, Dst: dst.Addr(), Port: dst.Port()}
+	ev := flightrec.Event{Time: start, Proto: egress.ProtoTCP, Dst: dst.Addr(), Port: dst.Port()}
 	if dst.Addr() == s.cfg.Gateway || s.cfg.GuestAddr.Contains(dst.Addr()) {
 		r.Complete(true)
 		ev.Reason = egress.ReasonGatewayPort
@@ -98,7 +100,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 
 // sniffTCP accepts the connection in the stack, lets the Sniffer judge its
 // first bytes, and only then dials.
-func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffer, flow egress.Flow, ev egress.Event) {
+func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffer, flow egress.Flow, ev flightrec.Event) {
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
@@ -127,9 +129,15 @@ func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffe
 		}
 		n, err := guest.Read(head[len(head):cap(head)])
 		head = head[:len(head)+n]
-		var more bool
-		v, more = sn.Sniff(flow, head)
+		name, from, perr := sniff.HeadName(head)
+		more := sniff.NeedMore(perr)
 		if !more || err != nil || len(head) >= sniffCap {
+			if perr != nil {
+				name = ""
+			}
+			fl := flow
+			fl.Host, fl.HostFrom = name, from
+			v = sn.Sniff(fl)
 			break
 		}
 	}
@@ -171,7 +179,7 @@ func (s *Stack) dialTCP(ctx context.Context, dst netip.AddrPort) (*net.TCPConn, 
 
 // splice copies both ways until both directions end (or one fails), then
 // records the flow. head is sent to the host first (bytes a Sniffer read).
-func (s *Stack) splice(f *flowState, ev egress.Event, guest *gonet.TCPConn, ep tcpip.Endpoint, host *net.TCPConn, head []byte) {
+func (s *Stack) splice(f *flowState, ev flightrec.Event, guest *gonet.TCPConn, ep tcpip.Endpoint, host *net.TCPConn, head []byte) {
 	var abortOnce sync.Once
 	abort := func() {
 		abortOnce.Do(func() {

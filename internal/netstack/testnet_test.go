@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 	"isopod/internal/testnet"
 )
 
@@ -35,10 +36,10 @@ func TestStackInNamespace(t *testing.T) {
 }
 
 // startInNS starts a stack with a log recorder in a fresh directory.
-func startInNS(t *testing.T, allowLAN bool) (*Stack, *egress.Log) {
+func startInNS(t *testing.T, allowLAN bool) (*Stack, *flightrec.Log) {
 	t.Helper()
 	dir := t.TempDir()
-	rec, err := egress.OpenLog(egress.LogConfig{Path: filepath.Join(dir, "net.jsonl")})
+	rec, err := flightrec.Open(flightrec.Config{Path: filepath.Join(dir, "net.jsonl")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +177,7 @@ func stackInNamespaceChild(t *testing.T) {
 			t.Errorf("%s:%d: event %+v; want refused with %q", tt.dst, tt.port, ev, tt.reason)
 		}
 	}
-	var big *egress.Event
+	var big *flightrec.Event
 	for i := range evs {
 		if evs[i].Proto == "tcp" && evs[i].Dst.String() == testnet.PublicIP && evs[i].BytesDown > testnet.BigSize {
 			big = &evs[i]

@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 )
 
 // maxDatagram is the largest UDP payload relayed.
@@ -21,7 +22,7 @@ const maxDatagram = 65535
 // block: the flow itself runs in its own goroutines.
 func (s *Stack) handleUDP(r *udp.ForwarderRequest) {
 	src, dst := endpointAddrs(r.ID())
-	ev := egress.Event{Time: time.Now(), Proto: egress.ProtoUDP, Dst: dst.Addr(), Port: dst.Port()}
+	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoUDP, Dst: dst.Addr(), Port: dst.Port()}
 	refuse := func(reason string) {
 		if s.quiet.first(egress.ProtoUDP, dst.Addr(), dst.Port()) {
 			ev.Reason = reason
@@ -62,7 +63,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) {
 
 // relayUDP moves datagrams both ways until the flow has been idle for
 // UDPIdleTimeout, then records it.
-func (s *Stack) relayUDP(f *flowState, ev egress.Event, guest *gonet.UDPConn, target string) {
+func (s *Stack) relayUDP(f *flowState, ev flightrec.Event, guest *gonet.UDPConn, target string) {
 	var (
 		up, down atomic.Int64
 		last     atomic.Int64 // unix nanoseconds of the last datagram either way

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/proxy"
 	"isopod/internal/errdefs"
 	"isopod/internal/netstack"
 )
@@ -32,11 +34,11 @@ func filteredRequest(req Request) bool {
 }
 
 // startFilteredNetwork starts a filtered run's network: the stack with the
-// Filter as its policy, sniffer and DNS handler, the ledger as its
-// recorder, and the HTTP and SOCKS5 proxies on the gateway. Rolls back on
-// failure.
+// Filter as its policy, sniffer and DNS resolver, the flight recorder
+// writing egress.jsonl, and the HTTP and SOCKS5 proxies on the gateway.
+// Rolls back on failure.
 func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.Time) (*runNetwork, error) {
-	n := &runNetwork{mode: egress.ModeFiltered}
+	n := &runNetwork{mode: flightrec.ModeFiltered}
 	ok := false
 	defer func() {
 		if !ok {
@@ -61,22 +63,22 @@ func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.T
 	if n.sockDir, err = socketDir(id); err != nil {
 		return nil, err
 	}
-	n.ledger, err = egress.OpenLedger(egress.LedgerConfig{Path: filepath.Join(dir, EgressLogName), Start: start,
-		Mode: egress.ModeFiltered, Rules: n.filter.Rules(), Logger: s.log})
+	n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, EgressLogName), Start: start,
+		Mode: flightrec.ModeFiltered, Rules: n.filter.Rules(), Logger: s.log})
 	if err != nil {
 		return nil, err
 	}
 	n.stack, err = netstack.Start(netstack.Config{
 		Socket:   filepath.Join(n.sockDir, "net.sock"),
 		Policy:   n.filter,
-		DNS:      n.filter,
-		Recorder: n.ledger,
+		DNS:      netstack.ResolverHandler(n.filter),
+		Recorder: n.rec,
 		Logger:   s.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the network stack: %w", err)
 	}
-	n.proxy, err = egress.NewProxy(egress.ProxyConfig{Filter: n.filter, Recorder: n.ledger,
+	n.proxy, err = proxy.New(proxy.Config{Filter: n.filter, Recorder: n.rec,
 		Dial: (&net.Dialer{}).DialContext, Logger: s.log})
 	if err != nil {
 		return nil, err
@@ -90,7 +92,7 @@ func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.T
 		return nil, err
 	}
 	go func() {
-		if err := n.proxy.ServeHTTP(httpL); err != nil {
+		if err := n.proxy.ServeHTTPProxy(httpL); err != nil {
 			s.log.Debug("http proxy ended", "err", err)
 		}
 	}()
@@ -159,11 +161,11 @@ func (s *Service) EgressSuggest(_ context.Context, vmID string) (*EgressSuggestR
 		return nil, fmt.Errorf("egress suggest: %w", err)
 	}
 	defer f.Close()
-	entries, err := egress.ReadEntries(f)
+	events, err := flightrec.ReadEvents(f)
 	if err != nil {
 		return nil, err
 	}
-	return &EgressSuggestResult{OK: true, VMID: vmID, EgressLog: path, Suggestion: egress.Suggest(entries)}, nil
+	return &EgressSuggestResult{OK: true, VMID: vmID, EgressLog: path, Suggestion: egress.Suggest(flightrec.Attempts(events))}, nil
 }
 
 // validVMID reports whether id has the form of a VM id.

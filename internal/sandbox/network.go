@@ -8,6 +8,8 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/proxy"
 	"isopod/internal/netstack"
 	"isopod/internal/vmm"
 )
@@ -16,14 +18,13 @@ import (
 // reach another), the policy every flow passes, and the per-flow log.
 type runNetwork struct {
 	stack   *netstack.Stack
-	log     *egress.Log
+	rec     *flightrec.Log // net.jsonl, or egress.jsonl for a filtered run
 	sockDir string
 	mode    string
 
 	// Filtered mode only.
 	filter *egress.Filter
-	ledger *egress.Ledger
-	proxy  *egress.Proxy
+	proxy  *proxy.Server
 	env    []string
 }
 
@@ -56,7 +57,7 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*r
 	if filteredRequest(req) {
 		return s.startFilteredNetwork(id, dir, req, start)
 	}
-	n := &runNetwork{mode: egress.ModeNAT}
+	n := &runNetwork{mode: flightrec.ModeNAT}
 	ok := false
 	defer func() {
 		if !ok {
@@ -67,7 +68,7 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*r
 	if n.sockDir, err = socketDir(id); err != nil {
 		return nil, err
 	}
-	if n.log, err = egress.OpenLog(egress.LogConfig{Path: filepath.Join(dir, "net.jsonl"), Start: start, Logger: s.log}); err != nil {
+	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: start, Logger: s.log}); err != nil {
 		return nil, err
 	}
 	hostAddrs, err := netstack.HostAddrs()
@@ -78,7 +79,7 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*r
 	n.stack, err = netstack.Start(netstack.Config{
 		Socket:   filepath.Join(n.sockDir, "net.sock"),
 		Policy:   policy,
-		Recorder: n.log,
+		Recorder: n.rec,
 		Logger:   s.log,
 	})
 	if err != nil {
@@ -102,21 +103,16 @@ func (n *runNetwork) agentConfig() *agentproto.NetConfig {
 func (n *runNetwork) guestIP() string { return n.stack.GuestIP().String() }
 
 func (n *runNetwork) report() *NetReport {
-	if n.ledger != nil {
-		t := n.ledger.Totals()
-		return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.ledger.Path()}
-	}
-	t := n.log.Totals()
-	return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.log.Path()}
+	t := n.rec.Totals()
+	return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.rec.Path()}
 }
 
 // egressReport is the report's egress block: filtered runs only.
 func (n *runNetwork) egressReport() any {
-	if n.ledger == nil {
-		return nil
+	if rep := n.rec.Report(); rep != nil {
+		return rep
 	}
-	rep := n.ledger.Report()
-	return &rep
+	return nil
 }
 
 // close ends every flow and removes the sockets. Idempotent.
@@ -129,11 +125,8 @@ func (n *runNetwork) close() {
 		n.stack.Close()
 		n.stack = nil
 	}
-	if n.log != nil {
-		n.log.Close()
-	}
-	if n.ledger != nil {
-		n.ledger.Close()
+	if n.rec != nil {
+		n.rec.Close()
 	}
 	if n.sockDir != "" {
 		os.RemoveAll(n.sockDir)

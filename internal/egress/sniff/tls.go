@@ -1,13 +1,8 @@
-package egress
+package sniff
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
-	"net"
-	"net/http"
-	"strings"
 )
 
 // Errors of the first-bytes parsers.
@@ -162,48 +157,4 @@ func (r *reader) vec16() (reader, bool) {
 	v := (*r)[:n]
 	*r = (*r)[n:]
 	return v, true
-}
-
-// ParseHTTPHost returns the host an HTTP/1 request that starts b is for:
-// the authority of an absolute-form target, else the Host header, without
-// a port. errNeedMore means the header block is not complete yet.
-func ParseHTTPHost(b []byte) (string, error) {
-	if i := bytes.IndexAny(b, " \r\n"); i == 0 || (i < 0 && len(b) > 32) {
-		return "", errNotHTTP
-	}
-	for _, c := range b[:min(len(b), 16)] {
-		if c == ' ' {
-			break
-		}
-		if c < 'A' || c > 'Z' {
-			return "", errNotHTTP
-		}
-	}
-	if !bytes.Contains(b, []byte("\r\n\r\n")) {
-		return "", errNeedMore
-	}
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b)))
-	if err != nil {
-		return "", errNotHTTP
-	}
-	host := req.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	return strings.Trim(host, "[]"), nil
-}
-
-// NeedMore reports whether a parser error means "read more bytes".
-func NeedMore(err error) bool { return errors.Is(err, errNeedMore) }
-
-// headName reads the name a connection's first bytes are for: the SNI of a
-// TLS ClientHello, or the Host of an HTTP request. reason is the refusal
-// reason that applies when the name is missing or does not match.
-func headName(head []byte) (name, reason string, err error) {
-	if len(head) > 0 && head[0] == 0x16 {
-		name, err = ParseClientHelloSNI(head)
-		return name, ReasonSNIMismatch, err
-	}
-	name, err = ParseHTTPHost(head)
-	return name, ReasonHostMismatch, err
 }

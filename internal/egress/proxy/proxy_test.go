@@ -1,11 +1,10 @@
-package egress
+package proxy
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,27 +12,29 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
+	"isopod/internal/testnet"
 )
 
 // memRecorder keeps events for a test.
 type memRecorder struct {
 	mu  sync.Mutex
-	evs []Event
+	evs []flightrec.Event
 }
 
-func (m *memRecorder) Record(ev Event) {
+func (m *memRecorder) Record(ev flightrec.Event) {
 	m.mu.Lock()
 	m.evs = append(m.evs, ev)
 	m.mu.Unlock()
 }
 
-func (m *memRecorder) find(host string) *Event {
+func (m *memRecorder) find(host string) *flightrec.Event {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range m.evs {
@@ -46,7 +47,7 @@ func (m *memRecorder) find(host string) *Event {
 }
 
 // findReason returns the first event with reason (and host, when given).
-func (m *memRecorder) findReason(reason, host string) *Event {
+func (m *memRecorder) findReason(reason, host string) *flightrec.Event {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range m.evs {
@@ -56,6 +57,28 @@ func (m *memRecorder) findReason(reason, host string) *Event {
 		}
 	}
 	return nil
+}
+
+// testFilter builds a Filter whose names resolve to documentation
+// addresses.
+func testFilter(t *testing.T, cfg egress.FilterConfig) *egress.Filter {
+	t.Helper()
+	table := map[string][]netip.Addr{
+		"allowed.example": {netip.MustParseAddr("203.0.113.10")},
+		"other.example":   {netip.MustParseAddr("203.0.113.10")},
+		"lan.example":     {netip.MustParseAddr("192.168.77.10")},
+	}
+	cfg.Lookup = func(_ context.Context, name string) ([]netip.Addr, error) {
+		if a, ok := table[name]; ok {
+			return a, nil
+		}
+		return nil, egress.ErrNoSuchHost
+	}
+	f, err := egress.NewFilter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // proxyFixture runs both proxies on loopback. The filter's names resolve
@@ -76,10 +99,10 @@ func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
 		"203.0.113.10:443": tlsSrv.Listener.Addr().String(),
 		"198.51.100.10:80": web.Listener.Addr().String(),
 	}
-	f := newTestFilter(t, FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
+	f := testFilter(t, egress.FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
 	rec = &memRecorder{}
 	var d net.Dialer
-	p, err := NewProxy(ProxyConfig{Filter: f, Recorder: rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	p, err := New(Config{Filter: f, Recorder: rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		to, ok := routes[addr]
 		if !ok {
 			return nil, fmt.Errorf("test dialer: no route to %s", addr)
@@ -90,7 +113,7 @@ func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
 		t.Fatal(err)
 	}
 	var addrs []string
-	for _, serve := range []func(net.Listener) error{p.ServeHTTP, p.ServeSOCKS} {
+	for _, serve := range []func(net.Listener) error{p.ServeHTTPProxy, p.ServeSOCKS} {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -131,13 +154,13 @@ func TestHTTPProxy(t *testing.T) {
 	if _, _, err := get("https://other.example/"); err == nil {
 		t.Error("CONNECT to a name not allowed succeeded")
 	}
-	if code, body, err := get("http://203.0.113.10/"); err != nil || code != 403 || !strings.Contains(body, ReasonLiteral) {
+	if code, body, err := get("http://203.0.113.10/"); err != nil || code != 403 || !strings.Contains(body, egress.ReasonLiteral) {
 		t.Errorf("literal address (an allowed name's): %d %q %v", code, body, err)
 	}
 	if code, _, err := get("http://198.51.100.10/"); err != nil || code != 200 {
 		t.Errorf("literal address in an allowed CIDR: %d %v", code, err)
 	}
-	if code, body, err := get("http://lan.example/"); err != nil || code != 403 || !strings.Contains(body, ReasonPrivate) {
+	if code, body, err := get("http://lan.example/"); err != nil || code != 403 || !strings.Contains(body, egress.ReasonPrivate) {
 		t.Errorf("allowed name on a private address: %d %q %v", code, body, err)
 	}
 
@@ -160,7 +183,7 @@ func TestHTTPProxy(t *testing.T) {
 	if got := raw("GARBAGE\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 400") {
 		t.Errorf("malformed request: %q", got)
 	}
-	if ev := rec.findReason(ReasonBadRequest, ""); ev == nil || ev.Allowed {
+	if ev := rec.findReason(egress.ReasonBadRequest, ""); ev == nil || ev.Allowed {
 		t.Errorf("no bad_request record for the malformed request: %+v", ev)
 	}
 	// An allowed name whose server cannot be reached: allowed, but recorded
@@ -168,10 +191,10 @@ func TestHTTPProxy(t *testing.T) {
 	if code, _, err := get("http://allowed.example:8081/"); err != nil || code != 502 {
 		t.Errorf("unreachable allowed destination: %d %v; want 502", code, err)
 	}
-	if ev := rec.findReason(ReasonDialFailed, "allowed.example"); ev == nil || !ev.Allowed || ev.Port != 8081 || ev.Error == "" {
+	if ev := rec.findReason(egress.ReasonDialFailed, "allowed.example"); ev == nil || !ev.Allowed || ev.Port != 8081 || ev.Error == "" {
 		t.Errorf("dial_failed record: %+v", ev)
 	}
-	fronted := raw("CONNECT allowed.example:443 HTTP/1.1\r\nHost: allowed.example:443\r\n\r\n" + string(clientHello(t, "other.example")))
+	fronted := raw("CONNECT allowed.example:443 HTTP/1.1\r\nHost: allowed.example:443\r\n\r\n" + string(testnet.ClientHello(t, "other.example")))
 	if !strings.HasPrefix(fronted, "HTTP/1.1 200") || strings.Contains(fronted[len("HTTP/1.1 200 Connection established\r\n\r\n"):], "\x16\x03") {
 		t.Errorf("fronted CONNECT got a server answer: %q", fronted)
 	}
@@ -182,7 +205,7 @@ func TestHTTPProxy(t *testing.T) {
 	var mismatch bool
 	rec.mu.Lock()
 	for _, ev := range rec.evs {
-		mismatch = mismatch || (ev.Reason == ReasonSNIMismatch && ev.Host == "other.example" && ev.Proto == ProtoHTTPProxy)
+		mismatch = mismatch || (ev.Reason == egress.ReasonSNIMismatch && ev.Host == "other.example" && ev.Proto == egress.ProtoHTTPProxy)
 	}
 	rec.mu.Unlock()
 	if !mismatch {
@@ -258,7 +281,7 @@ func TestSOCKSProxy(t *testing.T) {
 		t.Errorf("fronted SOCKS tunnel got %q", b)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if ev := rec.find("other.example"); ev == nil || ev.Allowed || ev.Proto != ProtoSOCKS {
+	if ev := rec.find("other.example"); ev == nil || ev.Allowed || ev.Proto != egress.ProtoSOCKS {
 		t.Errorf("record for other.example: %+v", ev)
 	}
 }
@@ -283,99 +306,5 @@ func TestReadSOCKSRequest(t *testing.T) {
 		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
 			t.Errorf("% x: %+v, %v; want %+v ok=%v", tt.in, got, err, tt.want, tt.ok)
 		}
-	}
-}
-
-func TestLedger(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "egress.jsonl")
-	start := time.Now()
-	l, err := OpenLedger(LedgerConfig{Path: path, Start: start, Rules: []string{"host:a.example"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Record(Event{Time: start.Add(5 * time.Millisecond), Proto: ProtoDNS, Dst: netip.MustParseAddr("10.0.2.1"), Port: 53,
-		Host: "a.example", QType: "A", Allowed: true, Reason: ReasonAllowedHost, Rcode: "NOERROR", Answers: []string{"203.0.113.10"}})
-	l.Record(Event{Proto: ProtoDNS, Host: "evil\x1b]0;pwned\x07.example", QType: "A", Reason: ReasonInvalidName, Rcode: "NXDOMAIN"})
-	l.Record(Event{Proto: ProtoTCP, Dst: netip.MustParseAddr("203.0.113.10"), Port: 443, Host: "a.example", Allowed: true,
-		Reason: ReasonAllowedHost, BytesUp: 10, BytesDown: 20})
-	l.Record(Event{Proto: ProtoICMP, Dst: netip.MustParseAddr("8.8.8.8"), Reason: ReasonNotForwarded})
-	for i := range 100 {
-		l.Record(Event{Proto: ProtoTCP, Dst: netip.MustParseAddr("203.0.113.99"), Port: uint16(1000 + i), Reason: ReasonLiteral})
-	}
-	rep := l.Report()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if rep.Mode != ModeFiltered || rep.TotalEvents != 104 || !rep.Truncated || len(rep.Denied) != InlineCap ||
-		len(rep.Allowed) != 1 || len(rep.DNSQueries) != 2 || rep.EgressLogPath != path {
-		t.Errorf("report: mode %s total %d truncated %v denied %d allowed %d dns %d", rep.Mode, rep.TotalEvents, rep.Truncated,
-			len(rep.Denied), len(rep.Allowed), len(rep.DNSQueries))
-	}
-	if d := rep.DNSQueries[0]; d.TS != 5 || d.Port != 0 || d.Host != "a.example" || d.Answers[0] != "203.0.113.10" {
-		t.Errorf("dns entry %+v", d)
-	}
-	if d := rep.Denied[0]; d.Host != "<invalid:22>" || d.Reason != ReasonInvalidName || d.Port != 0 {
-		t.Errorf("hostile name entry %+v", d)
-	}
-	if d := rep.Denied[1]; d.Proto != ProtoICMP || d.Reason != ReasonNonTCP || d.Host != "8.8.8.8" {
-		t.Errorf("icmp entry %+v", d)
-	}
-	b, _ := os.ReadFile(path)
-	if bytes.ContainsAny(b, "\x1b\x07") {
-		t.Error("raw control bytes reached the record file")
-	}
-	f, _ := os.Open(path)
-	defer f.Close()
-	entries, err := ReadEntries(f)
-	if err != nil || len(entries) != 104 {
-		t.Fatalf("file has %d entries, %v; want all 104", len(entries), err)
-	}
-	js, _ := json.Marshal(rep)
-	for _, key := range []string{`"allowed_rules":["host:a.example"]`, `"bytes_up":10`, `"ts_ms":`, `"egress_log_path"`} {
-		if !bytes.Contains(js, []byte(key)) {
-			t.Errorf("report JSON lacks %s", key)
-		}
-	}
-}
-
-func TestSuggest(t *testing.T) {
-	entries := []Entry{
-		{Proto: ProtoDNS, Host: "pypi.org", QType: "A", Reason: ReasonNotAllowed},
-		{Proto: ProtoDNS, Host: "pypi.org", QType: "AAAA", Reason: ReasonNotAllowed},
-		{Proto: ProtoDNS, Host: "txt.example", QType: "TXT", Reason: ReasonDNSType},
-		{Proto: ProtoDNS, Host: "<invalid:12>", QType: "A", Reason: ReasonInvalidName},
-		{Proto: ProtoHTTPProxy, Host: "files.pythonhosted.org", Port: 443, Reason: ReasonNotAllowed},
-		{Proto: ProtoSOCKS, Host: "github.com", Port: 22, Reason: ReasonNotAllowed},
-		{Proto: ProtoTCP, Host: "203.0.113.7", Addr: "203.0.113.7", Port: 443, Reason: ReasonLiteral},
-		{Proto: ProtoTCP, Host: "192.168.1.1", Addr: "192.168.1.1", Port: 80, Reason: ReasonPrivate},
-		{Proto: ProtoUDP, Host: "8.8.8.8", Addr: "8.8.8.8", Port: 53, Reason: ReasonNonTCP},
-	}
-	s := Suggest(entries)
-	wantHosts := []string{"files.pythonhosted.org", "github.com", "pypi.org"}
-	if fmt.Sprint(s.AllowHosts) != fmt.Sprint(wantHosts) || fmt.Sprint(s.AllowCIDRs) != "[203.0.113.7/32]" {
-		t.Errorf("suggestion hosts %v cidrs %v", s.AllowHosts, s.AllowCIDRs)
-	}
-	wantFlags := "[--allow-host files.pythonhosted.org --allow-host github.com --allow-host pypi.org --allow-cidr 203.0.113.7/32]"
-	if fmt.Sprint(s.Flags) != wantFlags {
-		t.Errorf("flags %v", s.Flags)
-	}
-	if len(s.Unallowable) != 3 || s.Events != len(entries) {
-		t.Errorf("unallowable %v events %d", s.Unallowable, s.Events)
-	}
-	// The suggestion, fed back, allows what was asked.
-	f, err := NewFilter(FilterConfig{AllowHosts: s.AllowHosts, AllowCIDRs: s.AllowCIDRs, Lookup: fixedLookup(nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range wantHosts {
-		if !f.AllowsName(h) {
-			t.Errorf("suggested filter refuses %s", h)
-		}
-	}
-	if v := f.Decide(tcpFlow("203.0.113.7", 443)); !v.Allow {
-		t.Errorf("suggested filter refuses the literal: %+v", v)
-	}
-	if empty := Suggest(nil); empty.Flags == nil || len(empty.Flags) != 0 {
-		t.Errorf("empty suggestion %+v", empty)
 	}
 }

@@ -1,0 +1,198 @@
+// Package proxy is the proxy-aware path of filtered egress: an HTTP proxy
+// (CONNECT and absolute-form http:// requests) and a SOCKS5 proxy
+// (CONNECT, with names or addresses) that the guest reaches on its
+// gateway. Both judge every request with the run's [egress.Filter], dial
+// the addresses the filter resolved (never one the guest chose), check the
+// names the tunnelled bytes carry, and record each request as one
+// [flightrec.Event].
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
+	"isopod/internal/errdefs"
+)
+
+// Proxy limits.
+const (
+	DefaultDialTimeout = 10 * time.Second
+	requestTimeout     = 30 * time.Second // a proxy request's head
+	headTimeout        = 10 * time.Second // first bytes inside a tunnel to port 80/443
+	headCap            = 16 << 10
+	maxConns           = 256
+)
+
+// Config configures a [Server].
+type Config struct {
+	Filter   *egress.Filter
+	Recorder flightrec.Recorder // one event per request; nil: none
+	// Dial connects to an allowed destination. The proxy never opens a
+	// socket itself; the caller decides how (and from where) to dial.
+	Dial        func(ctx context.Context, network, address string) (net.Conn, error)
+	DialTimeout time.Duration // 0: DefaultDialTimeout
+	Logger      *slog.Logger
+}
+
+// Validate checks c.
+func (c *Config) Validate() error {
+	switch {
+	case c.Filter == nil:
+		return fmt.Errorf("egress proxy: no filter: %w", errdefs.ErrInvalidArgument)
+	case c.Dial == nil:
+		return fmt.Errorf("egress proxy: no dial function: %w", errdefs.ErrInvalidArgument)
+	case c.DialTimeout < 0:
+		return fmt.Errorf("egress proxy: negative dial timeout: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Server is the proxy-aware path of filtered egress: an HTTP proxy (CONNECT
+// and absolute-form http:// requests) and a SOCKS5 proxy (CONNECT, with
+// names or addresses), both judged by the same [egress.Filter] as direct traffic.
+// Names are resolved by the Filter and the proxy dials the name's address,
+// never one the guest chose; a tunnel to port 80 or 443 must carry the
+// requested name in its TLS SNI or HTTP Host.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+// New builds a Server; serve it with ServeHTTPProxy and ServeSOCKS.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	p := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, maxConns), conns: make(map[net.Conn]struct{})}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	return p, nil
+}
+
+// ServeHTTPProxy serves the HTTP proxy on l until l is closed or Close.
+func (p *Server) ServeHTTPProxy(l net.Listener) error { return p.serve(l, p.handleHTTP) }
+
+// ServeSOCKS serves the SOCKS5 proxy on l until l is closed or Close.
+func (p *Server) ServeSOCKS(l net.Listener) error { return p.serve(l, p.handleSOCKS) }
+
+func (p *Server) serve(l net.Listener, handle func(net.Conn)) error {
+	p.wg.Add(1)
+	defer p.wg.Done()
+	stop := context.AfterFunc(p.ctx, func() { l.Close() })
+	defer stop()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("egress proxy accept: %w", err)
+		}
+		select {
+		case p.sem <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
+		if !p.track(c) {
+			<-p.sem
+			c.Close()
+			return nil
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer func() { <-p.sem }()
+			defer p.untrack(c)
+			defer c.Close()
+			handle(c)
+		}()
+	}
+}
+
+func (p *Server) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx.Err() != nil {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Server) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// Close ends every connection and waits for the handlers. Idempotent.
+func (p *Server) Close() {
+	p.mu.Lock()
+	p.cancel()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *Server) record(ev flightrec.Event) {
+	if p.cfg.Recorder != nil {
+		p.cfg.Recorder.Record(ev)
+	}
+}
+
+// recordDone records a flow that has ended, stamping its duration.
+func (p *Server) recordDone(ev flightrec.Event) {
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	p.record(ev)
+}
+
+// open judges host:port and dials it. ev is filled for the record; a nil
+// conn with ev.Allowed false is a refusal, with ev.Allowed true a failure.
+func (p *Server) open(proto, host string, port uint16) (net.Conn, egress.Target, flightrec.Event) {
+	ev := flightrec.Event{Time: time.Now(), Proto: proto, Port: port}
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	defer cancel()
+	t, v, err := p.cfg.Filter.Judge(ctx, host, port)
+	ev.Host, ev.Reason = t.Host, v.Reason
+	if t.Dial.IsValid() {
+		ev.Dst = t.Dial.Addr()
+	} else if a, perr := netip.ParseAddr(t.Host); perr == nil {
+		ev.Dst = a
+	}
+	if err != nil {
+		ev.Allowed, ev.Reason, ev.Error = true, egress.ReasonDialFailed, err.Error()
+		return nil, t, ev
+	}
+	if !v.Allow {
+		return nil, t, ev
+	}
+	ev.Allowed = true
+	c, err := p.cfg.Dial(ctx, "tcp", t.Dial.String())
+	if err != nil {
+		ev.Reason, ev.Error = egress.ReasonDialFailed, err.Error()
+		return nil, t, ev
+	}
+	return c, t, ev
+}
