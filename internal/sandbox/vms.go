@@ -2,19 +2,20 @@ package sandbox
 
 import (
 	"context"
-	"isopod/internal/image"
-	"isopod/internal/paths"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"isopod/internal/image"
+	"isopod/internal/paths"
 )
 
-// gcMinAge keeps records this young even past keep-last: their runs may be
-// starting.
+// gcMinAge keeps unfinished records this young even past keep-last and even
+// when their owner is gone: a run may be starting. A finished record has no
+// such grace.
 const gcMinAge = 60 * time.Second
 
 // VMList lists VM records newest first.
@@ -24,7 +25,7 @@ func (s *Service) VMList(ctx context.Context) (*VMListResult, error) {
 	for _, r := range recs {
 		res.VMs = append(res.VMs, VMEntry{
 			ID: r.ID, Name: r.Name, Created: r.Created.Format(time.RFC3339), Argv: r.Argv,
-			Live: recordLive(r), DirBytes: paths.DirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
+			Live: vmmRunning(r), DirBytes: paths.DirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
 		})
 	}
 	return res, nil
@@ -48,13 +49,33 @@ func (s *Service) records() []*vmRecord {
 	return recs
 }
 
-// recordLive reports whether the run that wrote r is still going.
-func recordLive(r *vmRecord) bool {
-	return alive(r.OwnerPID, r.OwnerStartTime) || alive(r.VMMPID, r.VMMStartTime)
+// vmmRunning reports whether r's VMM process (by pid and start time) still
+// runs: what a listing calls live. The owner is not asked: a long-lived
+// owner (the MCP server) outlives every VM it ran.
+func vmmRunning(r *vmRecord) bool {
+	return alive(r.VMMPID, r.VMMStartTime)
+}
+
+// recordBusy reports whether r still belongs to a run: its VMM runs, or it
+// is unfinished and its owner lives (a run between boots, or one whose VMM
+// has not started yet).
+func recordBusy(r *vmRecord) bool {
+	return vmmRunning(r) || (!r.Finished && alive(r.OwnerPID, r.OwnerStartTime))
+}
+
+// prunable reports whether r may be removed past keep-last: nothing runs
+// it, and it is finished, or unfinished but older than gcMinAge (its owner
+// died mid-run).
+func prunable(r *vmRecord, now time.Time) bool {
+	if recordBusy(r) {
+		return false
+	}
+	return r.Finished || now.Sub(r.Created) >= gcMinAge
 }
 
 // VMGC kills orphaned VMM processes and prunes all but the newest keepLast
-// records (never a live one, never one younger than a minute).
+// records. A record still busy (see recordBusy) is never pruned; a finished
+// one is prunable at once, even while its owner lives.
 func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	if keepLast < 0 {
 		return nil, invalid("--keep-last %d: must be 0 or more (0 keeps no finished record)", keepLast)
@@ -74,8 +95,9 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 			}
 		}
 	}
+	now := time.Now()
 	for i, r := range recs {
-		if i < keepLast || time.Since(r.Created) < gcMinAge || recordLive(r) {
+		if i < keepLast || !prunable(r, now) {
 			res.Kept++
 			continue
 		}
@@ -117,7 +139,7 @@ func (s *Service) gcSocketDirs() {
 		if err != nil || !e.IsDir() || !strings.HasPrefix(e.Name(), "vm-") || time.Since(info.ModTime()) < gcMinAge {
 			continue
 		}
-		if r, err := readRecord(s.opts.Paths.VM(e.Name())); err == nil && recordLive(r) {
+		if r, err := readRecord(s.opts.Paths.VM(e.Name())); err == nil && recordBusy(r) {
 			continue
 		}
 		os.RemoveAll(filepath.Join(base, e.Name()))
@@ -135,5 +157,3 @@ func (s *Service) gcExtra(res *VMGCResult) {
 	}
 	res.BuildLeftovers = image.SweepTemp(s.opts.Paths, image.TempMaxAge, s.log)
 }
-
-var _ = strconv.Itoa

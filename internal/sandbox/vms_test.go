@@ -180,3 +180,69 @@ func TestGCRemovesStaleSocketDirs(t *testing.T) {
 		t.Errorf("a fresh socket directory was removed")
 	}
 }
+
+// TestLiveMeansTheVMMRuns: a long-lived owner (the MCP server) does not
+// keep its finished runs live or unprunable.
+func TestLiveMeansTheVMMRuns(t *testing.T) {
+	s := newTestService(t)
+	vmmProc := startSleeper(t)
+	me, meStart := os.Getpid(), procStartTime(os.Getpid())
+	now := time.Now()
+	recs := []*vmRecord{
+		// Finished a moment ago by this (still running) process.
+		{ID: "vm-00000301", Created: now, OwnerPID: me, OwnerStartTime: meStart, Finished: true},
+		// Still running: its VMM is up.
+		{ID: "vm-00000302", Created: now.Add(-time.Second), OwnerPID: me, OwnerStartTime: meStart,
+			VMMPID: vmmProc.Process.Pid, VMMStartTime: procStartTime(vmmProc.Process.Pid)},
+		// Starting: unfinished, no VMM yet, owner alive.
+		{ID: "vm-00000303", Created: now.Add(-2 * time.Second), OwnerPID: me, OwnerStartTime: meStart},
+	}
+	for _, r := range recs {
+		writeTestRecord(t, s, r)
+	}
+	list, err := s.VMList(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]bool{}
+	for _, v := range list.VMs {
+		live[v.ID] = v.Live
+	}
+	want := map[string]bool{"vm-00000301": false, "vm-00000302": true, "vm-00000303": false}
+	for id, w := range want {
+		if got, ok := live[id]; !ok || got != w {
+			t.Errorf("%s: live %v (listed %v); want %v", id, got, ok, w)
+		}
+	}
+	res, err := s.VMGC(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Removed) != 1 || res.Removed[0] != "vm-00000301" {
+		t.Errorf("removed %v; want only the finished vm-00000301", res.Removed)
+	}
+	for _, id := range []string{"vm-00000302", "vm-00000303"} {
+		if _, err := os.Stat(s.opts.Paths.VM(id)); err != nil {
+			t.Errorf("%s was pruned while its run goes on", id)
+		}
+	}
+	if len(res.KilledVMMs) != 0 {
+		t.Errorf("killed %v: the owner of that VMM lives", res.KilledVMMs)
+	}
+}
+
+// TestGCPrunesAbandonedRuns: an unfinished record whose owner died is
+// pruned once it is past the start-up grace, not before.
+func TestGCPrunesAbandonedRuns(t *testing.T) {
+	s := newTestService(t)
+	dead, deadStart := deadPID(t)
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000401", Created: time.Now().Add(-time.Hour), OwnerPID: dead, OwnerStartTime: deadStart})
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000402", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart})
+	res, err := s.VMGC(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Removed) != 1 || res.Removed[0] != "vm-00000401" {
+		t.Errorf("removed %v; want only the hour-old abandoned vm-00000401", res.Removed)
+	}
+}
