@@ -96,6 +96,10 @@ func TestNormalizeAndRecordHost(t *testing.T) {
 		{`a\001b.example`, "", "<invalid:14>"}, // how a DNS library escapes a control byte
 		{"a b.example", "", "<invalid:11>"},
 		{strings.Repeat("x", 300), "", "<invalid:300>"},
+		{"<invalid:18>", "", "<invalid:18>"}, // recorded twice
+		{"<malformed>", "", "<malformed>"},
+		{"<invalid:1x>", "", "<invalid:12>"},
+		{"<other>", "", "<invalid:7>"},
 	}
 	for _, tt := range tests {
 		n, err := NormalizeHost(tt.in)

@@ -88,10 +88,11 @@ func checkName(name string) error {
 // record: its normalised form when it is a well-formed name, the canonical
 // text of an IP literal, and otherwise "<invalid:N>" with only its length
 // in bytes, so that untrusted bytes (control characters, terminal escapes,
-// megabytes of junk) never reach a report or a log.
+// megabytes of junk) never reach a report or a log. A placeholder is
+// returned as it is, so recording twice changes nothing.
 func RecordHost(s string) string {
-	if s == "" {
-		return ""
+	if s == "" || IsPlaceholder(s) {
+		return s // already recorded form
 	}
 	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
 		return a.Unmap().String()
@@ -112,7 +113,16 @@ const MalformedHost = "<malformed>"
 
 // IsPlaceholder reports whether h is a stand-in ([InvalidHost] or
 // [MalformedHost]) rather than a name or an address. No rule matches one.
-func IsPlaceholder(h string) bool { return strings.HasPrefix(h, "<") }
+func IsPlaceholder(h string) bool {
+	if h == MalformedHost {
+		return true
+	}
+	n, ok := strings.CutPrefix(h, "<invalid:")
+	if n, ok = strings.CutSuffix(n, ">"); !ok || n == "" || len(n) > 10 {
+		return false
+	}
+	return strings.Trim(n, "0123456789") == ""
+}
 
 // Pattern is one --allow-host rule: an exact name, or "*." followed by a
 // name, which matches exactly one more label in front of that name.
