@@ -41,6 +41,103 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
+// An ArgError is one request field the core refused. It names the field
+// neutrally so that each front end can say it in its own words: Error()
+// says it the CLI way ("--timeout-s 0: must be ..."), and the MCP server
+// names its argument instead ("timeout_s: must be ... (got 0)"). It wraps
+// errdefs.ErrInvalidArgument.
+type ArgError struct {
+	// Field is the request field as the MCP tool argument names it
+	// (timeout_s, vcpus, mem_mib, scratch_mib, env, cwd, copy_out,
+	// commit_as); CLIFlag turns it into the flag.
+	Field string
+	// Value is the refused value as text; empty when there is none to show.
+	Value string
+	// Reason says what is wrong and what would be right, in words neither
+	// front end owns.
+	Reason string
+}
+
+func (e *ArgError) Error() string {
+	if e.Value == "" {
+		return CLIFlag(e.Field) + ": " + e.Reason
+	}
+	return CLIFlag(e.Field) + " " + e.Value + ": " + e.Reason
+}
+
+func (e *ArgError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+// CLIFlag names a request field as the isopod run flag that sets it.
+func CLIFlag(field string) string {
+	switch field {
+	case "allow_hosts":
+		return "--allow-host"
+	case "allow_cidrs":
+		return "--allow-cidr"
+	}
+	return "--" + strings.ReplaceAll(field, "_", "-")
+}
+
+func argError(field string, value any, format string, args ...any) error {
+	v := ""
+	if value != nil {
+		v = fmt.Sprint(value)
+	}
+	return &ArgError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
+}
+
+func checkVCPUs(n int, h hostLimits) error {
+	maxCPU := min(h.CPUs, MaxVCPUs)
+	if n < 1 || n > maxCPU || (n != 1 && n%2 != 0) {
+		return argError("vcpus", n, "must be 1 or an even number, at most %d = min(host CPUs %d, %d)", maxCPU, h.CPUs, MaxVCPUs)
+	}
+	return nil
+}
+
+func checkMemMiB(n int, h hostLimits) error {
+	maxMem := MaxMemMiB
+	if h.MemTotalMiB > 0 {
+		maxMem = min(maxMem, h.MemTotalMiB-512)
+	}
+	if n < MinMemMiB || n > maxMem {
+		return argError("mem_mib", n, "must be between %d and %d = min(host MemTotal - 512, %d)", MinMemMiB, maxMem, MaxMemMiB)
+	}
+	return nil
+}
+
+func checkScratchMiB(n int) error {
+	if n < MinScratchMiB || n > MaxScratchMiB {
+		return argError("scratch_mib", n, "must be between %d and %d", MinScratchMiB, MaxScratchMiB)
+	}
+	return nil
+}
+
+func checkTimeoutS(n int) error {
+	if n < 1 || n > MaxTimeoutS {
+		return argError("timeout_s", n, "must be between 1 and %d seconds; it covers boot and command together", MaxTimeoutS)
+	}
+	return nil
+}
+
+// CheckSize checks one size a caller gave explicitly (field vcpus, mem_mib,
+// scratch_mib or timeout_s) against its limits on this host. Unlike in a
+// Request, where zero means the default, zero is a value here, and out of
+// range. The error is the *ArgError a Request with that value would get.
+func CheckSize(field string, v int) error {
+	h := readHostLimits()
+	switch field {
+	case "vcpus":
+		return checkVCPUs(v, h)
+	case "mem_mib":
+		return checkMemMiB(v, h)
+	case "scratch_mib":
+		return checkScratchMiB(v)
+	case "timeout_s":
+		return checkTimeoutS(v)
+	}
+	return fmt.Errorf("sandbox: %q is not a size field", field)
+}
+
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
 func normalize(req Request, h hostLimits) (Request, error) {
@@ -53,46 +150,43 @@ func normalize(req Request, h hostLimits) (Request, error) {
 	if req.VCPUs == 0 {
 		req.VCPUs = DefaultVCPUs
 	}
-	maxCPU := min(h.CPUs, MaxVCPUs)
-	if req.VCPUs < 1 || req.VCPUs > maxCPU || (req.VCPUs != 1 && req.VCPUs%2 != 0) {
-		return req, invalid("--vcpus %d: must be 1 or an even number, at most %d (min(host CPUs %d, %d))", req.VCPUs, maxCPU, h.CPUs, MaxVCPUs)
-	}
 	if req.MemMiB == 0 {
 		req.MemMiB = DefaultMemMiB
-	}
-	maxMem := MaxMemMiB
-	if h.MemTotalMiB > 0 {
-		maxMem = min(maxMem, h.MemTotalMiB-512)
-	}
-	if req.MemMiB < MinMemMiB || req.MemMiB > maxMem {
-		return req, invalid("--mem-mib %d: must be between %d and %d (min(host MemTotal - 512, %d))", req.MemMiB, MinMemMiB, maxMem, MaxMemMiB)
-	}
-	if req.ScratchMiB != 0 && (req.ScratchMiB < MinScratchMiB || req.ScratchMiB > MaxScratchMiB) {
-		return req, invalid("--scratch-mib %d: must be between %d and %d", req.ScratchMiB, MinScratchMiB, MaxScratchMiB)
 	}
 	if req.TimeoutS == 0 {
 		req.TimeoutS = DefaultTimeoutS
 	}
-	if req.TimeoutS < 1 || req.TimeoutS > MaxTimeoutS {
-		return req, invalid("--timeout-s %d: must be between 1 and %d seconds (it covers boot and exec together)", req.TimeoutS, MaxTimeoutS)
+	if err := checkVCPUs(req.VCPUs, h); err != nil {
+		return req, err
+	}
+	if err := checkMemMiB(req.MemMiB, h); err != nil {
+		return req, err
+	}
+	if req.ScratchMiB != 0 {
+		if err := checkScratchMiB(req.ScratchMiB); err != nil {
+			return req, err
+		}
+	}
+	if err := checkTimeoutS(req.TimeoutS); err != nil {
+		return req, err
 	}
 	for _, kv := range req.Env {
 		if err := agentproto.ValidEnv(kv); err != nil {
-			return req, invalid("--env: %v", err)
+			return req, argError("env", nil, "%v", err)
 		}
 	}
 	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
-		return req, invalid("--cwd %q: must be an absolute guest path", req.Cwd)
+		return req, argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
 	}
 	if req.Stdin != nil && req.StdinFile != "" {
 		return req, invalid("stdin: give either a stdin file or stdin data, not both")
 	}
 	for _, c := range req.CopyOut {
 		if c.Guest == "" || !strings.HasPrefix(c.Guest, "/") {
-			return req, invalid("--copy-out %s:%s: the guest path must be absolute", c.Guest, c.Host)
+			return req, argError("copy_out", c.Guest+":"+c.Host, "the guest path must be absolute")
 		}
 		if c.Host == "" {
-			return req, invalid("--copy-out %s: empty host path", c.Guest)
+			return req, argError("copy_out", c.Guest, "the host path is empty")
 		}
 	}
 	filtered := req.DenyEgress || len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0
@@ -123,19 +217,20 @@ func normalize(req Request, h hostLimits) (Request, error) {
 // validLabel checks a --commit-as label before the run, so a bad label never
 // costs a VM.
 func validLabel(l string) error {
+	q := strconv.Quote(l)
 	switch {
 	case l == BaseStage:
-		return invalid("--commit-as %q: %q is the reserved empty stage", l, BaseStage)
+		return argError("commit_as", q, "%q is the reserved empty stage", BaseStage)
 	case len(l) > 128:
-		return invalid("--commit-as: label longer than 128 bytes")
+		return argError("commit_as", nil, "label longer than 128 bytes")
 	case strings.HasPrefix(l, "-"):
-		return invalid("--commit-as %q: a label cannot start with '-'", l)
+		return argError("commit_as", q, "a label cannot start with '-'")
 	case strings.HasPrefix(l, "st-"):
-		return invalid("--commit-as %q: labels starting with st- would shadow stage ids", l)
+		return argError("commit_as", q, "labels starting with st- would shadow stage ids")
 	}
 	for _, r := range l {
 		if r < 0x21 || r == 0x7f {
-			return invalid("--commit-as %q: labels are printable, without spaces", l)
+			return argError("commit_as", q, "labels are printable, without spaces")
 		}
 	}
 	return nil

@@ -112,3 +112,63 @@ func TestNormalizeDefaultsAndLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestArgErrorsNameTheField: a refused field carries its neutral name, the
+// value and a reason free of CLI flags, so that the MCP server can say it
+// in its own words; Error() is the CLI's wording.
+func TestArgErrorsNameTheField(t *testing.T) {
+	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	for _, tt := range []struct {
+		req          Request
+		field, value string
+		cli          string
+	}{
+		{Request{VCPUs: 3}, "vcpus", "3", "--vcpus 3: must be 1 or an even number, at most 2"},
+		{Request{MemMiB: 4000}, "mem_mib", "4000", "--mem-mib 4000: must be between 128 and 3584"},
+		{Request{ScratchMiB: 1}, "scratch_mib", "1", "--scratch-mib 1: must be between 128 and 65536"},
+		{Request{TimeoutS: -1}, "timeout_s", "-1", "--timeout-s -1: must be between 1 and 3600 seconds"},
+		{Request{Cwd: "tmp"}, "cwd", `"tmp"`, `--cwd "tmp": must be an absolute guest path`},
+		{Request{CommitAs: "st-x"}, "commit_as", `"st-x"`, `--commit-as "st-x": labels starting with st-`},
+		{Request{Env: []string{"=x"}}, "env", "", "--env: "},
+	} {
+		tt.req.Argv = []string{"true"}
+		_, err := normalize(tt.req, host)
+		var ae *ArgError
+		if !errors.As(err, &ae) {
+			t.Errorf("%+v: %v; want an *ArgError", tt.req, err)
+			continue
+		}
+		if ae.Field != tt.field || ae.Value != tt.value || strings.Contains(ae.Reason, "--") {
+			t.Errorf("%+v: field %q value %q reason %q; want field %q value %q and no flag in the reason",
+				tt.req, ae.Field, ae.Value, ae.Reason, tt.field, tt.value)
+		}
+		if !strings.HasPrefix(err.Error(), tt.cli) {
+			t.Errorf("CLI wording %q; want it to start with %q", err, tt.cli)
+		}
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%v is not ErrInvalidArgument", err)
+		}
+	}
+}
+
+// TestCheckSizeRefusesZero: an explicit zero is out of range and the
+// refusal names the limits.
+func TestCheckSizeRefusesZero(t *testing.T) {
+	for field, want := range map[string]string{
+		"timeout_s":   "--timeout-s 0: must be between 1 and 3600 seconds",
+		"vcpus":       "--vcpus 0: must be 1 or an even number, at most",
+		"mem_mib":     "--mem-mib 0: must be between 128 and",
+		"scratch_mib": "--scratch-mib 0: must be between 128 and 65536",
+	} {
+		err := CheckSize(field, 0)
+		if err == nil || !strings.HasPrefix(err.Error(), want) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("CheckSize(%s, 0) = %v; want an invalid argument starting %q", field, err, want)
+		}
+	}
+	if err := CheckSize("timeout_s", 1); err != nil {
+		t.Errorf("CheckSize(timeout_s, 1) = %v", err)
+	}
+	if err := CheckSize("nonsense", 1); err == nil {
+		t.Error("CheckSize accepted an unknown field")
+	}
+}
