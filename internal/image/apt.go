@@ -5,10 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"pault.ag/go/debian/control"
+	"pault.ag/go/debian/dependency"
 
 	"isopod/internal/errdefs"
 )
@@ -97,11 +101,12 @@ func notServed(msg string) bool {
 	return false
 }
 
-// Show returns the first stanza of `apt-cache show pkg[=version]` as fields.
-func (a *Apt) Show(ctx context.Context, pkg, version string) (map[string]string, error) {
+// Show returns the first stanza of `apt-cache show pkg[=version]`, a
+// package index entry.
+func (a *Apt) Show(ctx context.Context, pkg, version string) (control.BinaryIndex, error) {
 	bin, err := a.cacheBin()
 	if err != nil {
-		return nil, err
+		return control.BinaryIndex{}, err
 	}
 	spec := pkg
 	if version != "" {
@@ -111,15 +116,24 @@ func (a *Apt) Show(ctx context.Context, pkg, version string) (map[string]string,
 	if err != nil {
 		msg := strings.TrimSpace(string(out))
 		if notServed(msg) || strings.Contains(msg, "No packages found") {
-			return nil, fmt.Errorf("apt-cache show %s: %w: %s: %w", spec, ErrNotServed, msg, errdefs.ErrFailedPrecondition)
+			return control.BinaryIndex{}, fmt.Errorf("apt-cache show %s: %w: %s: %w", spec, ErrNotServed, msg, errdefs.ErrFailedPrecondition)
 		}
-		return nil, fmt.Errorf("apt-cache show %s: %w: %s", spec, err, msg)
+		return control.BinaryIndex{}, fmt.Errorf("apt-cache show %s: %w: %s", spec, err, msg)
 	}
-	fields := parseStanza(string(out))
-	if fields["Package"] == "" {
-		return nil, fmt.Errorf("apt-cache show %s: no package stanza: %w", spec, ErrNotServed)
+	return parseIndexEntry(spec, out)
+}
+
+// parseIndexEntry decodes the first stanza of apt-cache show's output.
+func parseIndexEntry(spec string, out []byte) (control.BinaryIndex, error) {
+	var entry control.BinaryIndex
+	err := control.Unmarshal(&entry, bytes.NewReader(out))
+	if errors.Is(err, io.EOF) || (err == nil && entry.Package == "") {
+		return control.BinaryIndex{}, fmt.Errorf("apt-cache show %s: no package stanza: %w", spec, ErrNotServed)
 	}
-	return fields, nil
+	if err != nil {
+		return control.BinaryIndex{}, fmt.Errorf("apt-cache show %s: reading the package stanza: %w", spec, err)
+	}
+	return entry, nil
 }
 
 // Candidate returns the version apt would install for pkg.
@@ -144,46 +158,19 @@ func (a *Apt) Candidate(ctx context.Context, pkg string) (string, error) {
 	return "", fmt.Errorf("apt-cache policy %s: no candidate version (is the package list updated? run apt-get update): %w", pkg, ErrNotServed)
 }
 
-// parseStanza parses the first RFC 822 style stanza of apt output.
-func parseStanza(s string) map[string]string {
-	fields := map[string]string{}
-	last := ""
-	for _, line := range strings.Split(s, "\n") {
-		if line == "" {
-			if len(fields) > 0 {
-				break
-			}
+// exactDep finds, in a dependency field, the first relation whose first
+// alternative's name starts with prefix and that is pinned with
+// "(= version)".
+func exactDep(dep dependency.Dependency, prefix string) (name, version string, ok bool) {
+	for _, rel := range dep.Relations {
+		if len(rel.Possibilities) == 0 {
 			continue
 		}
-		if line[0] == ' ' || line[0] == '\t' {
-			if last != "" {
-				fields[last] += "\n" + strings.TrimSpace(line)
-			}
+		p := rel.Possibilities[0]
+		if !strings.HasPrefix(p.Name, prefix) || p.Version == nil || p.Version.Operator != "=" {
 			continue
 		}
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		last = k
-		fields[k] = strings.TrimSpace(v)
-	}
-	return fields
-}
-
-// exactDep finds, in a Depends field, the first dependency whose name starts
-// with prefix and that is pinned with "(= version)".
-func exactDep(depends, prefix string) (name, version string, ok bool) {
-	for _, d := range strings.Split(depends, ",") {
-		d = strings.TrimSpace(strings.Split(d, "|")[0])
-		n, rest, _ := strings.Cut(d, " ")
-		if !strings.HasPrefix(n, prefix) {
-			continue
-		}
-		rest = strings.TrimSpace(rest)
-		if v, found := strings.CutPrefix(rest, "(="); found {
-			return n, strings.TrimSpace(strings.TrimSuffix(v, ")")), true
-		}
+		return p.Name, p.Version.Number, true
 	}
 	return "", "", false
 }

@@ -4,6 +4,11 @@
 // the read-only base root images (base-min from a pinned busybox, base-debian
 // from debootstrap), and the sparse ext4 scratch template.
 //
+// Debian's formats are read with pault.ag/go/debian: .deb archives and
+// their control files (xz, gzip and zstd members, all decoded in Go), the
+// package index stanzas apt-cache prints, dependency fields, and the
+// deb822 .sources files that name the host's mirror.
+//
 // Layout under $ISOPOD_HOME:
 //
 //	kernels/<version>/vmlinuz          kernel

@@ -2,7 +2,6 @@ package image
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,8 +14,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/ulikunitz/xz"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
@@ -142,8 +139,9 @@ func chooseKernel(ctx context.Context, opts FetchOptions, log *slog.Logger) (ker
 		if err != nil {
 			return kernelSource{}, fmt.Errorf("reading --from-deb file: %w: %w", err, errdefs.ErrInvalidArgument)
 		}
-		warnUnpinned(log, ctl["Package"], ctl["Version"], sha)
-		return kernelSource{pkg: ctl["Package"], version: ctl["Version"], sha: sha, deb: opts.FromDeb}, nil
+		ver := ctl.Version.String()
+		warnUnpinned(log, ctl.Package, ver, sha)
+		return kernelSource{pkg: ctl.Package, version: ver, sha: sha, deb: opts.FromDeb}, nil
 	}
 	if !opts.AllowUnpinned {
 		return kernelSource{pkg: pin.Package, version: pin.Version, sha: pin.SHA256, pinned: true}, nil
@@ -156,15 +154,15 @@ func chooseKernel(ctx context.Context, opts FetchOptions, log *slog.Logger) (ker
 	if err != nil {
 		return kernelSource{}, aptMissing(err)
 	}
-	pkg, ver, ok := exactDep(meta["Depends"], "linux-image-")
+	pkg, ver, ok := exactDep(meta.GetDepends(), "linux-image-")
 	if !ok {
-		return kernelSource{}, fmt.Errorf("%s %s: no exact linux-image dependency in %q", KernelMetaPackage, cand, meta["Depends"])
+		return kernelSource{}, fmt.Errorf("%s %s: no exact linux-image dependency in %q", KernelMetaPackage, cand, meta.Values["Depends"])
 	}
 	fields, err := opts.Apt.Show(ctx, pkg, ver)
 	if err != nil {
 		return kernelSource{}, aptMissing(err)
 	}
-	sha := strings.ToLower(fields["SHA256"])
+	sha := strings.ToLower(fields.SHA256)
 	if len(sha) != 64 {
 		return kernelSource{}, fmt.Errorf("apt-cache show %s=%s: no SHA256 field", pkg, ver)
 	}
@@ -257,10 +255,11 @@ func installKernel(deb, dir string, mods []string, ki *KernelInfo, log *slog.Log
 			return copyTo(filepath.Join(all, rel), r, 0o644)
 		case strings.HasSuffix(rel, ".ko.xz"):
 			rel = strings.TrimSuffix(rel, ".xz")
-			xr, err := xz.NewReader(bufio.NewReader(r))
+			xr, err := decompressXZ(r)
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
+			defer xr.Close()
 			kos = append(kos, rel)
 			return copyTo(filepath.Join(all, rel), xr, 0o644)
 		}

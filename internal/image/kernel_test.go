@@ -1,9 +1,6 @@
 package image
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -25,46 +22,6 @@ func needRealDeb(t *testing.T) string {
 		t.Skipf("pinned kernel package not at %s", realDeb)
 	}
 	return realDeb
-}
-
-// arFile appends one ar member.
-func arFile(buf *bytes.Buffer, name string, data []byte) {
-	fmt.Fprintf(buf, "%-16s%-12d%-6d%-6d%-8s%-10d`\n", name+"/", 0, 0, 0, "100644", len(data))
-	buf.Write(data)
-	if len(data)%2 == 1 {
-		buf.WriteByte('\n')
-	}
-}
-
-func tarGz(t *testing.T, files map[string]string) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	gz := gzip.NewWriter(&b)
-	tw := tar.NewWriter(gz)
-	for name, body := range files {
-		if err := tw.WriteHeader(&tar.Header{Name: "./" + name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write([]byte(body))
-	}
-	tw.Close()
-	gz.Close()
-	return b.Bytes()
-}
-
-// makeDeb writes a small .deb (gzip payloads) holding files.
-func makeDeb(t *testing.T, dir, pkg, version string, files map[string]string) string {
-	t.Helper()
-	var buf bytes.Buffer
-	buf.WriteString("!<arch>\n")
-	arFile(&buf, "debian-binary", []byte("2.0\n"))
-	arFile(&buf, "control.tar.gz", tarGz(t, map[string]string{"control": "Package: " + pkg + "\nVersion: " + version + "\nArchitecture: amd64\n"}))
-	arFile(&buf, "data.tar.gz", tarGz(t, files))
-	p := filepath.Join(dir, pkg+"_"+version+"_amd64.deb")
-	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // fakeKernelFiles is a kernel package that carries a modules.dep.
@@ -104,32 +61,6 @@ func testPaths(t *testing.T) paths.Paths {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func TestDebMembersAndControl(t *testing.T) {
-	deb := needRealDeb(t)
-	names, err := debMembers(deb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(names, ",") != "debian-binary,control.tar.xz,data.tar.xz" {
-		t.Errorf("members %v", names)
-	}
-	ctl, err := debControl(deb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ctl["Package"] != KernelPin.Package || ctl["Version"] != KernelPin.Version {
-		t.Errorf("control: %q %q", ctl["Package"], ctl["Version"])
-	}
-}
-
-func TestDebRejectsNonDeb(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "x.deb")
-	os.WriteFile(p, []byte("PK\x03\x04 not an ar archive"), 0o644)
-	if _, err := debMembers(p); err == nil || !strings.Contains(err.Error(), "not an ar archive") {
-		t.Errorf("got %v", err)
-	}
 }
 
 func TestFetchKernelFromRealDeb(t *testing.T) {
@@ -215,6 +146,43 @@ func TestFetchKernelModulesDep(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(ki.Dir, "vmlinuz")); string(b) != "KERNEL" {
 		t.Errorf("vmlinuz %q", b)
+	}
+}
+
+// TestFetchKernelCompressedModules reads a kernel package the way newer
+// Debian kernels ship: an xz data member and modules compressed as .ko.xz.
+func TestFetchKernelCompressedModules(t *testing.T) {
+	m := "lib/modules/9.9.9-xz/"
+	files := map[string]string{
+		"boot/vmlinuz-9.9.9-xz":                       "KERNEL",
+		m + "kernel/drivers/virtio/virtio.ko.xz":      string(compress(t, ".xz", []byte("virtio module"))),
+		m + "kernel/drivers/virtio/virtio_ring.ko.xz": string(compress(t, ".xz", []byte("ring module"))),
+		m + "kernel/drivers/block/virtio_blk.ko.xz":   string(compress(t, ".xz", []byte("blk module"))),
+		m + "modules.dep": "kernel/drivers/virtio/virtio.ko.xz:\n" +
+			"kernel/drivers/virtio/virtio_ring.ko.xz:\n" +
+			"kernel/drivers/block/virtio_blk.ko.xz: kernel/drivers/virtio/virtio_ring.ko.xz kernel/drivers/virtio/virtio.ko.xz\n",
+	}
+	control := "Package: linux-image-9.9.9-xz\nVersion: 9.9.9-1\nArchitecture: amd64\n"
+	deb := makeDebWith(t, t.TempDir(), "k.deb", control, ".xz", files)
+	ki, err := FetchKernel(t.Context(), testPaths(t), FetchOptions{FromDeb: deb, AllowUnpinned: true, Modules: []string{"virtio_blk"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"kernel/drivers/virtio/virtio.ko":      "virtio module",
+		"kernel/drivers/virtio/virtio_ring.ko": "ring module",
+		"kernel/drivers/block/virtio_blk.ko":   "blk module",
+	}
+	if len(ki.Modules) != len(want) || ki.Modules[len(ki.Modules)-1] != "kernel/drivers/block/virtio_blk.ko" {
+		t.Errorf("modules %v; want virtio_blk last of %d", ki.Modules, len(want))
+	}
+	for rel, body := range want {
+		if b, err := os.ReadFile(filepath.Join(ki.Dir, "modules", rel)); err != nil || string(b) != body {
+			t.Errorf("%s: got %q, %v; want %q decompressed", rel, b, err, body)
+		}
+	}
+	if ki.Package != "linux-image-9.9.9-xz" || ki.Version != "9.9.9-1" || ki.KernelRelease != "9.9.9-xz" {
+		t.Errorf("info %+v", ki)
 	}
 }
 

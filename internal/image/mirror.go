@@ -2,11 +2,16 @@ package image
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+
+	"pault.ag/go/debian/control"
 
 	"isopod/internal/errdefs"
 )
@@ -115,52 +120,36 @@ func parseOneLineSources(path string) ([]aptSource, error) {
 	return out, sc.Err()
 }
 
-// parseDeb822Sources reads the stanzas of a .sources file.
+// parseDeb822Sources reads the stanzas of a .sources file. Field names are
+// case-insensitive there, so they are folded to lower case.
 func parseDeb822Sources(path string) ([]aptSource, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
+	defer f.Close()
+	pr, err := control.NewParagraphReader(f, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
 	var out []aptSource
-	flush := func(st map[string]string) {
-		if len(st) == 0 || strings.EqualFold(st["enabled"], "no") {
-			return
+	for {
+		para, err := pr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
 		}
-		isDeb := false
-		for _, t := range strings.Fields(st["types"]) {
-			isDeb = isDeb || t == "deb"
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", path, err)
 		}
-		if !isDeb {
-			return
+		st := map[string]string{}
+		for k, v := range para.Values {
+			st[strings.ToLower(k)] = v
+		}
+		if strings.EqualFold(strings.TrimSpace(st["enabled"]), "no") || !slices.Contains(strings.Fields(st["types"]), "deb") {
+			continue
 		}
 		for _, u := range strings.Fields(st["uris"]) {
 			out = append(out, aptSource{URI: u, Suites: strings.Fields(st["suites"])})
 		}
 	}
-	st := map[string]string{}
-	last := ""
-	for _, raw := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(raw, "#") {
-			continue
-		}
-		if strings.TrimSpace(raw) == "" {
-			flush(st)
-			st, last = map[string]string{}, ""
-			continue
-		}
-		if raw[0] == ' ' || raw[0] == '\t' {
-			if last != "" {
-				st[last] += " " + strings.TrimSpace(raw)
-			}
-			continue
-		}
-		k, v, ok := strings.Cut(raw, ":")
-		if !ok {
-			continue
-		}
-		last = strings.ToLower(strings.TrimSpace(k))
-		st[last] = strings.TrimSpace(v)
-	}
-	flush(st)
-	return out, nil
 }

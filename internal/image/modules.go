@@ -19,9 +19,11 @@ type modInfo struct {
 	Depends []string // module names
 }
 
-// modName folds a module file or dependency name to the kernel's spelling.
+// modName folds a module file or dependency name to the kernel's spelling:
+// "kernel/fs/fat/vfat.ko.xz" and "vfat" are both "vfat".
 func modName(s string) string {
 	s = path.Base(s)
+	s = strings.TrimSuffix(s, ".xz")
 	s = strings.TrimSuffix(s, ".ko")
 	return strings.ReplaceAll(s, "-", "_")
 }
