@@ -30,6 +30,7 @@ type bootInfo struct {
 	err       error // the root could not be assembled as asked
 	modules   time.Duration
 	scratchFD int // directory on the scratch filesystem, for freezing; -1 if none
+	cgroups   *Cgroups
 }
 
 // mountAt creates target and mounts on it, with an error naming all parts.
@@ -263,6 +264,12 @@ func boot(log *slog.Logger) (bootInfo, *slog.Logger) {
 	if err := finishRoot(); err != nil {
 		log.Warn("preparing the root", "err", err)
 	}
+	cg, err := setupCgroups(log)
+	if err != nil {
+		// Commands still run, unconfined; the console says why.
+		log.Error("confining commands in cgroups", "err", err)
+	}
+	info.cgroups = cg
 	if params.hostname != "" {
 		if err := unix.Sethostname([]byte(params.hostname)); err != nil {
 			log.Warn("setting hostname", "err", err)

@@ -319,11 +319,17 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		return
 	}
 	defer p.closeAll()
+	cg := c.srv.opts.Cgroups.forExec(st.id)
+	defer cg.remove()
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if cg != nil {
+		sys.UseCgroupFD, sys.CgroupFD = true, cg.fd
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
 		Files: []uintptr{p.childIn.Fd(), p.childOut.Fd(), p.childErr.Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   sys,
 	}
 	pid, wait, err := c.reap.start(func() (int, error) {
 		return syscall.ForkExec(prog, req.Argv, attr)
@@ -367,16 +373,19 @@ wait:
 		case <-timeout:
 			timedOut = true
 			timeout = nil
-			c.log.Info("exec timed out; killing its process group", "id", st.id, "pid", pid)
+			c.log.Info("exec timed out; killing its processes", "id", st.id, "pid", pid)
 			killGroup(pid)
+			cg.killAll()
 		case <-ctxDone:
 			ctxDone = nil
 			killGroup(pid)
+			cg.killAll()
 		}
 	}
-	// The direct child is gone: end whatever it left in its group, which
-	// would otherwise hold the pipes open.
+	// The direct child is gone: end whatever it left in its group and its
+	// cgroup, which would otherwise hold the pipes open.
 	killGroup(pid)
+	cg.killAll()
 	st.exited()
 
 	drained := make(chan struct{})

@@ -73,6 +73,7 @@ func runPID1() {
 		Logger:  log,
 		ReapAll: true,
 		System:  sys,
+		Cgroups: info.cgroups,
 		Hello: func() agentproto.Hello {
 			h := DefaultHello()
 			h.BootError = bootErr

@@ -30,6 +30,9 @@ type Options struct {
 	// entropy, disk sync). Nil refuses them with an error, which is what a
 	// plain process on a host wants.
 	System System
+	// Cgroups confines each exec in a cgroup of its own under capped
+	// parents; nil runs commands unconfined (a plain process).
+	Cgroups *Cgroups
 }
 
 // System is what the agent changes on the machine. The PID-1 agent uses the

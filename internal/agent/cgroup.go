@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Commands run confined, so that no command can take the agent down with
+// it: every exec gets its own cgroup (v2) under one parent that caps what
+// all commands together may use. The agent itself stays in the root cgroup,
+// outside the caps.
+const (
+	cgroupMount = "/sys/fs/cgroup"
+	// CommandCgroup is the parent of every exec's cgroup.
+	CommandCgroup = cgroupMount + "/isopod"
+	// CommandPidsMax caps the processes (and threads) of all commands.
+	CommandPidsMax = 4096
+	// commandMemReserveMin is the least memory kept for the agent and the
+	// kernel; a command may use the rest (see commandMemMax).
+	commandMemReserveMin = 48 << 20
+	// cgroupKillWait bounds how long an exec's end waits for its cgroup to
+	// empty after killing it.
+	cgroupKillWait = 2 * time.Second
+)
+
+// commandMemMax is how much memory all commands together may use in a
+// guest with memTotal bytes: all but an eighth, and at least
+// commandMemReserveMin is kept.
+func commandMemMax(memTotal int64) int64 {
+	reserve := max(memTotal/8, commandMemReserveMin)
+	return max(memTotal-reserve, 16<<20)
+}
+
+// Cgroups confines commands. The zero value (no cgroups) confines nothing.
+type Cgroups struct {
+	parent string // CommandCgroup; "" when unavailable
+	log    *slog.Logger
+}
+
+// setupCgroups mounts cgroup2, enables the cpu, memory and pids controllers
+// and makes the commands' parent group with its caps. Commands get a lower
+// CPU weight than the agent's threads, so a busy command cannot starve it.
+func setupCgroups(log *slog.Logger) (*Cgroups, error) {
+	if err := mountAt("cgroup2", cgroupMount, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		return &Cgroups{log: log}, err
+	}
+	if err := writeFile(filepath.Join(cgroupMount, "cgroup.subtree_control"), "+cpu +memory +pids"); err != nil {
+		return &Cgroups{log: log}, err
+	}
+	if err := os.Mkdir(CommandCgroup, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return &Cgroups{log: log}, err
+	}
+	mem, err := memTotal("/proc/meminfo")
+	if err != nil {
+		return &Cgroups{log: log}, err
+	}
+	for name, value := range map[string]string{
+		"pids.max":               strconv.Itoa(CommandPidsMax),
+		"memory.max":             strconv.FormatInt(commandMemMax(mem), 10),
+		"memory.swap.max":        "0",
+		"cpu.weight":             "10",
+		"cgroup.subtree_control": "+cpu +memory +pids",
+	} {
+		if err := writeFile(filepath.Join(CommandCgroup, name), value); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return &Cgroups{log: log}, err
+		}
+	}
+	log.Info("commands confined", "pids_max", CommandPidsMax, "memory_max", commandMemMax(mem))
+	return &Cgroups{parent: CommandCgroup, log: log}, nil
+}
+
+// execCgroup is one exec's cgroup. A nil *execCgroup (commands not
+// confined) does nothing.
+type execCgroup struct {
+	fd  int // for clone3(CLONE_INTO_CGROUP)
+	dir string
+	log *slog.Logger
+}
+
+// forExec makes exec id's cgroup, or returns nil when commands are not
+// confined (or the cgroup cannot be made, which is logged).
+func (g *Cgroups) forExec(id uint64) *execCgroup {
+	if g == nil || g.parent == "" {
+		return nil
+	}
+	dir := filepath.Join(g.parent, "exec-"+strconv.FormatUint(id, 10))
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		g.log.Warn("making an exec's cgroup", "err", err)
+		return nil
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		g.log.Warn("opening an exec's cgroup", "err", err)
+		os.Remove(dir)
+		return nil
+	}
+	return &execCgroup{fd: fd, dir: dir, log: g.log}
+}
+
+// killAll kills every process in the cgroup, including those that left
+// the command's process group.
+func (e *execCgroup) killAll() {
+	if e == nil {
+		return
+	}
+	if err := writeFile(filepath.Join(e.dir, "cgroup.kill"), "1"); err != nil {
+		e.log.Warn("killing an exec's cgroup", "err", err)
+	}
+}
+
+// remove kills what is left and removes the cgroup once it is empty.
+func (e *execCgroup) remove() {
+	if e == nil {
+		return
+	}
+	unix.Close(e.fd)
+	e.killAll()
+	deadline := time.Now().Add(cgroupKillWait)
+	for {
+		err := os.Remove(e.dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.log.Warn("an exec's cgroup did not empty", "dir", e.dir, "err", err)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// memTotal reads MemTotal from a meminfo file, in bytes.
+func memTotal(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: MemTotal %q: %w", path, fields[1], err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no MemTotal line", path)
+}
+
+func writeFile(path, value string) error {
+	if err := os.WriteFile(path, []byte(value), 0); err != nil {
+		return fmt.Errorf("writing %q to %s: %w", value, path, err)
+	}
+	return nil
+}
