@@ -119,7 +119,7 @@ func (r *run) configure(ctx context.Context) error {
 	if r.resumed {
 		return r.configureResumed(ctx)
 	}
-	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
 		return fmt.Errorf("setting the guest clock: %w", err)

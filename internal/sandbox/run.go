@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"isopod/internal/agentclient"
@@ -18,7 +19,7 @@ import (
 
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
-	controlTimeout = 10 * time.Second // one control message (hostname, clock, net, halt)
+	haltTimeout    = 10 * time.Second // the halt after a committing command; then the VMM is killed
 	execGrace      = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
 )
 
@@ -42,6 +43,9 @@ type run struct {
 	// its VM came from a snapshot.
 	warm    *warmState
 	resumed bool
+	// uncharged is time spent inside the run that its timeout does not
+	// cover (building a snapshot on first use).
+	uncharged time.Duration
 }
 
 // Run boots a fresh microVM, runs req.Argv in it, optionally copies files out
@@ -93,10 +97,18 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		return nil, err
 	}
 	if err := r.configure(ctx); err != nil {
+		if r.died(ctx, err) {
+			r.guestDied()
+			return r.rep, nil
+		}
 		return nil, err
 	}
 	done, err := r.exec(ctx, stdin)
 	if err != nil {
+		if r.died(ctx, err) {
+			r.guestDied()
+			return r.rep, nil
+		}
 		return nil, err
 	}
 	if !done.TimedOut {
@@ -105,10 +117,29 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		}
 	}
 	r.halt(ctx)
-	if err := r.commit(ctx, done); err != nil {
-		return nil, err
-	}
+	r.commit(ctx, done)
 	return r.rep, nil
+}
+
+// died reports whether err means the guest went away (its channel closed or
+// its VMM exited) while the caller still wanted the run.
+func (r *run) died(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if errors.Is(err, agentclient.ErrClosed) {
+		return true
+	}
+	m, _ := r.vm.current()
+	if m == nil {
+		return false
+	}
+	select {
+	case <-m.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 var errBootTimeout = errors.New("the guest was not ready before the run's timeout")
@@ -120,21 +151,43 @@ func openStdin(req Request) (io.Reader, error) {
 	if req.StdinFile == "" {
 		return nil, nil
 	}
-	f, err := os.Open(req.StdinFile)
+	// A FIFO or a device could block the open itself, before any timeout
+	// applies: only regular files are read (- feeds isopod's own stdin).
+	if st, err := os.Stat(req.StdinFile); err == nil && !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("--stdin-file %s: %s, not a regular file; pipe it in with --stdin-file - instead: %w",
+			req.StdinFile, fileKind(st.Mode()), errdefs.ErrInvalidArgument)
+	}
+	f, err := os.OpenFile(req.StdinFile, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("--stdin-file: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	st, err := f.Stat()
-	if err != nil || st.IsDir() {
+	if err != nil || !st.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("--stdin-file %s: not a readable file: %w", req.StdinFile, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("--stdin-file %s: not a regular file; pipe it in with --stdin-file - instead: %w", req.StdinFile, errdefs.ErrInvalidArgument)
 	}
 	return f, nil
 }
 
-// deadline is when the run's timeout (boot and exec together) runs out.
+// fileKind names a non-regular file's type for a refusal.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a regular file"
+}
+
+// deadline is when the run's timeout (boot and exec together) runs out;
+// time the timeout does not cover (a first-use snapshot build) moves it.
 func (r *run) deadline() time.Time {
-	return r.t0.Add(time.Duration(r.req.TimeoutS) * time.Second)
+	return r.t0.Add(time.Duration(r.req.TimeoutS)*time.Second + r.uncharged)
 }
 
 // prepare makes the VM directory, its record, logs and scratch disk.
@@ -145,7 +198,7 @@ func (r *run) prepare() error {
 	}
 	r.dir = d
 	r.rep = &Report{
-		OK: true, VMID: d.rec.ID, Name: d.rec.Name, Path: "cold",
+		OK: true, VMID: d.rec.ID, Name: d.rec.Name, Argv: r.req.Argv, Path: "cold",
 		VCPUs: r.req.VCPUs, MemMiB: r.req.MemMiB, ScratchMiB: r.plan.scratchMiB,
 		RootfsFlavor: r.plan.base.Flavor, BaseSHA256: r.plan.base.SHA256,
 		SerialLogPath: d.consolePath(),
@@ -266,7 +319,7 @@ func (r *run) halt(ctx context.Context) {
 		return
 	}
 	if r.client != nil {
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), haltTimeout)
 		if err := r.client.Call(hctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil); err != nil {
 			r.s.log.Debug("halt", "err", err)
 		}

@@ -108,14 +108,23 @@ func (r *run) warnNothingCommitted() {
 }
 
 // commit publishes the scratch disk as a stage when the command exited 0.
-func (r *run) commit(ctx context.Context, done *agentproto.ExecDone) error {
+// A commit that fails is reported in CommitError; the run keeps its report.
+func (r *run) commit(ctx context.Context, done *agentproto.ExecDone) {
 	if r.req.CommitAs == "" {
-		return nil
+		return
 	}
 	if done.TimedOut || done.ExitCode == nil || *done.ExitCode != 0 {
 		r.warnNothingCommitted()
-		return nil
+		return
 	}
+	if err := r.commitScratch(ctx); err != nil {
+		r.rep.CommitError = err.Error()
+		r.s.log.Warn("commit failed; the run's report is kept", "vm", r.rep.VMID, "err", err)
+	}
+}
+
+// commitScratch stores the scratch disk as a stage.
+func (r *run) commitScratch(ctx context.Context) error {
 	st, err := r.s.stages()
 	if err != nil {
 		return err

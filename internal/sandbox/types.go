@@ -91,11 +91,16 @@ type Report struct {
 	OK   bool     `json:"ok"`
 	VMID string   `json:"vm_id"`
 	Name string   `json:"name"`
-	Argv []string `json:"argv,omitempty"`
+	Argv []string `json:"argv"`
 
 	ExitCode *int `json:"exit_code"`
 	Signal   *int `json:"signal"`
 	TimedOut bool `json:"timed_out"`
+	// GuestDied: the guest (kernel or agent) went away before the command
+	// ended; the report holds what arrived until then, and the reason
+	// read from the end of the guest console.
+	GuestDied       bool   `json:"guest_died"`
+	GuestDiedReason string `json:"guest_died_reason,omitempty"`
 
 	Stdout          string `json:"stdout"`
 	Stderr          string `json:"stderr"`
@@ -125,9 +130,12 @@ type Report struct {
 	BaseSHA256   string    `json:"base_sha256"`
 	VMM          vmm.Info  `json:"vmm"`
 
-	StageID    string `json:"stage_id,omitempty"`
-	StageName  string `json:"stage_name,omitempty"`
-	ForkedFrom string `json:"forked_from,omitempty"`
+	StageID   string `json:"stage_id,omitempty"`
+	StageName string `json:"stage_name,omitempty"`
+	// CommitError says why a commit the command earned (exit 0) failed;
+	// the report is otherwise complete. Never set with StageID.
+	CommitError string `json:"commit_error,omitempty"`
+	ForkedFrom  string `json:"forked_from,omitempty"`
 
 	GuestIP string     `json:"guest_ip,omitempty"`
 	Net     *NetReport `json:"net,omitempty"`

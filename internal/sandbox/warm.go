@@ -32,9 +32,6 @@ const (
 	warmHostname = "isopod-warm"
 	// warmEntropyBytes is how much host randomness a resumed guest gets.
 	warmEntropyBytes = 64
-	// resumeHelloTimeout bounds the hello after a restore: a healthy
-	// snapshot answers in milliseconds, a corrupt one may never.
-	resumeHelloTimeout = 10 * time.Second
 )
 
 // errWarmUnusable marks a snapshot that could not be resumed.
@@ -190,19 +187,20 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 	}
 	defer unlock()
 	if _, err := r.s.warm.Read(key); err != nil {
+		// The build is not charged to the run's timeout: it has its own
+		// bound, and the run's deadline moves by the time it took.
+		tBuild := time.Now()
 		meta, bootMS, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
-			dir: r.dir, vm: r.vm, deadline: r.deadline(),
+			dir: r.dir, vm: r.vm, deadline: tBuild.Add(snapshotBuildTimeout),
 			started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
 		})
+		r.uncharged += time.Since(tBuild)
 		if bootMS > 0 {
 			r.rep.BootMS = &bootMS
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
-			}
-			if time.Now().After(r.deadline()) {
-				return false, errBootTimeout
 			}
 			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot failed (%v); this run cold-booted", err))
 			return false, nil
@@ -259,9 +257,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	hctx, cancelHello := context.WithTimeout(rctx, resumeHelloTimeout)
-	defer cancelHello()
-	h, err := r.vm.hello(hctx, (*agentclient.Client).Hello)
+	h, err := r.vm.hello(rctx, (*agentclient.Client).Hello)
 	if err == nil && h.BootError != "" {
 		err = fmt.Errorf("the snapshot's guest reports a boot error: %s", h.BootError)
 	}
@@ -286,7 +282,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 // host's wall clock, the run's hostname and the run's network. The
 // requests are independent and go out together.
 func (r *run) configureResumed(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	type call struct {
 		what    string

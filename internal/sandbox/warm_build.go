@@ -22,6 +22,9 @@ const (
 	linkSettle = 1200 * time.Millisecond
 	// snapshotTimeout bounds writing a snapshot.
 	snapshotTimeout = 2 * time.Minute
+	// snapshotBuildTimeout bounds a whole snapshot build (boot, preparing
+	// the guest, writing); it is not charged to the run that needed it.
+	snapshotBuildTimeout = 3 * time.Minute
 )
 
 // warmBuild is where a snapshot VM runs: a VM directory and a vm whose
@@ -202,7 +205,7 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	if v.net, err = s.startNetwork(d.rec.ID, d.path, req, time.Now()); err != nil {
 		return nil, err
 	}
-	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotTimeout)})
+	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotBuildTimeout)})
 	if err != nil {
 		return nil, fmt.Errorf("warmpool build: %w (console: %s)", err, d.consolePath())
 	}
