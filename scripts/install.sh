@@ -50,7 +50,19 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 
 echo "install.sh: building isopod, isopod-mcp and isopod-agent into ./bin" >&2
 mkdir -p bin
-go build -o bin/ ./cmd/isopod ./cmd/isopod-mcp
+# The version is internal/version/VERSION; a build of anything but the
+# commit tagged v<VERSION> says so with a +g<commit> (and .dirty) suffix.
+suffix=""
+if git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  release=$(tr -d '[:space:]' < internal/version/VERSION)
+  if ! git tag --points-at HEAD 2>/dev/null | grep -qxF "v$release"; then
+    suffix="+g$(git rev-parse --short=8 HEAD)"
+  fi
+  if ! git diff --quiet HEAD -- 2>/dev/null; then
+    suffix="${suffix:-+}${suffix:+.}dirty"
+  fi
+fi
+go build -ldflags "-X isopod/internal/version.suffix=$suffix" -o bin/ ./cmd/isopod ./cmd/isopod-mcp
 CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent
 
 bin/isopod image fetch-kernel >/dev/null

@@ -17,10 +17,8 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
+	"isopod/internal/version"
 )
-
-// Version is the isopod version, set at build time.
-var Version = "0.1.0-dev"
 
 // env holds what every subcommand shares.
 type env struct {
@@ -38,7 +36,7 @@ func (e *env) service() (*sandbox.Service, error) {
 	if e.svc != nil {
 		return e.svc, nil
 	}
-	svc, err := e.settings.NewService(e.log, Version)
+	svc, err := e.settings.NewService(e.log, version.String())
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +57,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	e.settings, e.log = settings, settings.Logger(stderr)
 	root := newRoot(e)
 	root.SetArgs(args)
-	root.SetOut(stderr) // help and usage go to stderr; stdout is the JSON
+	// --help and --version answer on stdout, where they were asked for;
+	// every command's JSON goes there too, and nothing else does.
+	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err = root.ExecuteContext(ctx)
 	if e.svc != nil {
@@ -97,7 +97,7 @@ func newRoot(e *env) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "isopod",
 		Short:         "Run commands in throwaway microVMs; keep state as stages",
-		Version:       Version,
+		Version:       version.String(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		// A bare isopod shows the help; anything else that is not a

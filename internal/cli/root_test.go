@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"isopod/internal/knobs"
+	"isopod/internal/version"
 )
 
 func runCLI(t *testing.T, args ...string) (int, map[string]any, string) {
@@ -35,8 +38,10 @@ func TestFailuresAreOneJSONObject(t *testing.T) {
 		want  string
 		class string // "" = not checked
 	}{
-		{[]string{"run", "--timeout-s", "0", "--", "true"}, "--timeout-s 0", "invalid_argument"},
-		{[]string{"run", "--vcpus", "0", "--", "true"}, "--vcpus 0", "invalid_argument"},
+		{[]string{"run", "--timeout-s", "0", "--", "true"}, "--timeout-s 0: must be between 1 and 3600 seconds", "invalid_argument"},
+		{[]string{"run", "--vcpus", "0", "--", "true"}, "--vcpus 0: must be 1 or an even number, at most", "invalid_argument"},
+		{[]string{"run", "--mem-mib", "0", "--", "true"}, "--mem-mib 0: must be between 128 and", "invalid_argument"},
+		{[]string{"run", "--scratch-mib", "0", "--", "true"}, "--scratch-mib 0: must be between 128 and 65536", "invalid_argument"},
 		{[]string{"run"}, "no command", "invalid_argument"},
 		{[]string{"run", "--no-such-flag", "--", "true"}, "unknown flag", "invalid_argument"},
 		{[]string{"run", "--copy-out", "nocolon", "--", "true"}, "GUEST:HOST", "invalid_argument"},
@@ -71,6 +76,55 @@ func TestHousekeepingOnEmptyState(t *testing.T) {
 		code, m, stderr := runCLI(t, args...)
 		if code != 0 || m["ok"] != true {
 			t.Errorf("%v: exit %d, %v, stderr %s", args, code, m, stderr)
+		}
+	}
+}
+
+// TestHelpAndVersionOnStdout: asked for, help and the version are the
+// answer, so they go to stdout.
+func TestHelpAndVersionOnStdout(t *testing.T) {
+	t.Setenv(knobs.Home, t.TempDir())
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--version"}, "isopod version " + version.String() + "\n"},
+		{[]string{"--help"}, "Usage:"},
+		{[]string{"run", "--help"}, "--timeout-s"},
+		{nil, "Available Commands:"},
+	} {
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), tt.args, &out, &errb)
+		if code != 0 || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("isopod %v: exit %d, stdout %q; want exit 0 and %q on stdout (stderr %q)", tt.args, code, out.String(), tt.want, errb.String())
+		}
+	}
+}
+
+// TestJailSetting: ISOPOD_JAIL takes 1/on and 0/off; on is refused while
+// there is no jail, and anything else names the values.
+func TestJailSetting(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		ok    bool
+		want  string
+	}{
+		{"off", true, ""},
+		{"0", true, ""},
+		{"1", false, "no jail yet"},
+		{"on", false, "no jail yet"},
+		{"maybe", false, "use 1 or on (confined) or 0 or off (unconfined)"},
+	} {
+		t.Setenv(knobs.Jail, tt.value)
+		code, m, _ := runCLI(t, "stage", "list")
+		if tt.ok {
+			if code != 0 || m["ok"] != true {
+				t.Errorf("%s=%s: exit %d, %v; want success", knobs.Jail, tt.value, code, m)
+			}
+			continue
+		}
+		if msg, _ := m["error"].(string); code != 1 || !strings.Contains(msg, tt.want) {
+			t.Errorf("%s=%s: exit %d, %v; want exit 1 and an error saying %q", knobs.Jail, tt.value, code, m, tt.want)
 		}
 	}
 }

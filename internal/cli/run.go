@@ -33,10 +33,10 @@ the command exits 0.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Argv = args
 			// Zero means "default" to the core; on the command line it is
-			// out of range.
+			// a value, and out of range: refuse it naming the limits.
 			for _, name := range []string{"vcpus", "mem-mib", "scratch-mib", "timeout-s"} {
 				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
-					return fmt.Errorf("--%s 0: out of range (see isopod run --help for the limits): %w", name, errdefs.ErrInvalidArgument)
+					return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
 				}
 			}
 			for _, m := range copyOut {

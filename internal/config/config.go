@@ -32,6 +32,8 @@ type Settings struct {
 	Accel    vmm.Accel
 	// AllowBaseSkew: ISOPOD_ALLOW_BASE_SKEW=1.
 	AllowBaseSkew bool
+	// Jail: ISOPOD_JAIL, whether the VMM runs inside its jail.
+	Jail sandbox.JailMode
 
 	// raw keeps every knob as read, for front-end policies that interpret
 	// their own (the MCP server's host-I/O switches).
@@ -44,7 +46,7 @@ type Settings struct {
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
 		if v, ok := lookup(k); ok {
 			s.raw[k] = v
 		}
@@ -76,7 +78,26 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		return s, fmt.Errorf("%s=%q: use kvm or tcg, or unset it for auto: %w", knobs.Accel, a, errdefs.ErrInvalidArgument)
 	}
 	s.AllowBaseSkew = s.raw[knobs.AllowBaseSkew] == "1"
+	if s.Jail, err = parseJail(s.raw[knobs.Jail]); err != nil {
+		return s, err
+	}
 	return s, nil
+}
+
+// parseJail reads ISOPOD_JAIL: 1/on (confined), 0/off (unconfined, with a
+// warning in every report), unset or empty for the default. The jail is
+// not built yet, so 1/on is refused rather than silently not honoured.
+func parseJail(v string) (sandbox.JailMode, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "":
+		return sandbox.JailDefault, nil
+	case "0", "off":
+		return sandbox.JailOff, nil
+	case "1", "on":
+		return sandbox.JailOn, fmt.Errorf("%s=%s: this isopod has no jail yet, so it cannot confine the VMM; unset %s or set it to 0/off to run unconfined: %w",
+			knobs.Jail, v, knobs.Jail, errdefs.ErrNotSupported)
+	}
+	return sandbox.JailDefault, fmt.Errorf("%s=%q: use 1 or on (confined) or 0 or off (unconfined), or unset it: %w", knobs.Jail, v, errdefs.ErrInvalidArgument)
 }
 
 // SetKernel sets the custom guest kernel (a --kernel flag wins over
@@ -129,5 +150,6 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		AgentBin:      s.AgentBin,
 		QEMU:          s.QEMU,
 		Accel:         s.Accel,
+		Jail:          s.Jail,
 	})
 }

@@ -11,6 +11,7 @@ const (
 	Accel         = "ISOPOD_ACCEL"           // force "kvm" or "tcg"
 	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW" // "1": fork stages made over another base build
 	LogLevel      = "ISOPOD_LOG"             // debug|info|warn|error (stderr)
+	Jail          = "ISOPOD_JAIL"            // 1|on: confine the VMM (not built yet); 0|off: unconfined, with a warning
 	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"

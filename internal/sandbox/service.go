@@ -32,7 +32,26 @@ type Options struct {
 	QEMU string
 	// Accel forces an accelerator (ISOPOD_ACCEL); empty: KVM when usable.
 	Accel vmm.Accel
+	// Jail says whether the VMM runs inside its jail (ISOPOD_JAIL).
+	Jail JailMode
 }
+
+// JailMode is whether a VMM runs confined by isopod's jail.
+type JailMode uint8
+
+const (
+	// JailDefault: the setting is unset. Once the jail exists it means
+	// JailOn; until then VMMs run unconfined, without a warning.
+	JailDefault JailMode = iota
+	// JailOn confines every VMM (ISOPOD_JAIL=1 or on).
+	JailOn
+	// JailOff runs VMMs unconfined and says so in every run's report
+	// (ISOPOD_JAIL=0 or off): see UnconfinedWarning.
+	JailOff
+)
+
+// UnconfinedWarning is the warning every run's report carries under JailOff.
+const UnconfinedWarning = "unconfined: ISOPOD_JAIL=off runs the VMM without its jail"
 
 // Service is the core both front ends call. It is safe for concurrent use.
 type Service struct {

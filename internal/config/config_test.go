@@ -1,0 +1,60 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
+	"isopod/internal/sandbox"
+)
+
+// env is a lookup over a fixed environment.
+func env(kv map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := kv[k]
+		return v, ok
+	}
+}
+
+func TestJail(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		value string // "<unset>" leaves the variable out
+		want  sandbox.JailMode
+		class error // nil: accepted
+		says  []string
+	}{
+		{"<unset>", sandbox.JailDefault, nil, nil},
+		{"", sandbox.JailDefault, nil, nil},
+		{"0", sandbox.JailOff, nil, nil},
+		{"off", sandbox.JailOff, nil, nil},
+		{" OFF ", sandbox.JailOff, nil, nil},
+		{"1", 0, errdefs.ErrNotSupported, []string{knobs.Jail + "=1", "no jail yet", "0/off"}},
+		{"on", 0, errdefs.ErrNotSupported, []string{knobs.Jail + "=on", "no jail yet"}},
+		{"yes", 0, errdefs.ErrInvalidArgument, []string{`"yes"`, "1 or on", "0 or off"}},
+		{"true", 0, errdefs.ErrInvalidArgument, []string{"1 or on", "0 or off"}},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		if tt.value != "<unset>" {
+			vars[knobs.Jail] = tt.value
+		}
+		s, err := Load(env(vars))
+		if tt.class == nil {
+			if err != nil || s.Jail != tt.want {
+				t.Errorf("%s=%q: jail %v, err %v; want %v", knobs.Jail, tt.value, s.Jail, err, tt.want)
+			}
+			continue
+		}
+		if !errors.Is(err, tt.class) {
+			t.Errorf("%s=%q: err %v; want %v", knobs.Jail, tt.value, err, tt.class)
+			continue
+		}
+		for _, w := range tt.says {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s=%q: error %q does not say %q", knobs.Jail, tt.value, err, w)
+			}
+		}
+	}
+}
