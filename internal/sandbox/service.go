@@ -53,6 +53,14 @@ const (
 // UnconfinedWarning is the warning every run's report carries under JailOff.
 const UnconfinedWarning = "unconfined: ISOPOD_JAIL=off runs the VMM without its jail"
 
+// warnings are what a run's report says about the jail mode.
+func (j JailMode) warnings() []string {
+	if j == JailOff {
+		return []string{UnconfinedWarning}
+	}
+	return nil
+}
+
 // Service is the core both front ends call. It is safe for concurrent use.
 type Service struct {
 	opts Options
