@@ -53,7 +53,10 @@ func newTestDriver(t *testing.T) *Driver {
 }
 
 func TestConformance(t *testing.T) {
-	vmmtest.Suite(t, func(t *testing.T) vmm.Driver { return newTestDriver(t) })
+	vmmtest.Suite(t, vmmtest.Target{
+		NewDriver: func(t *testing.T) vmm.Driver { return newTestDriver(t) },
+		Guest:     vmmtest.BuildGuest,
+	})
 }
 
 func TestMachineDetails(t *testing.T) {

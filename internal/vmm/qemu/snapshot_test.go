@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmtest"
@@ -96,27 +97,13 @@ func TestSnapshotRestore(t *testing.T) {
 			}
 		}
 		guids[name] = guid
-		// The guest was waiting on its port; it answers on the new channel.
-		io.WriteString(m.Agent(), "ECHO restored "+name+"\n")
-		line := make(chan string, 1)
-		go func() {
-			b := make([]byte, 0, 64)
-			one := make([]byte, 1)
-			for {
-				if _, err := m.Agent().Read(one); err != nil || one[0] == '\n' {
-					break
-				}
-				b = append(b, one[0])
-			}
-			line <- string(b)
-		}()
-		select {
-		case got := <-line:
-			if got != "ECHO restored "+name {
-				t.Errorf("restored guest answered %q", got)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("restored guest %s did not answer; console:\n%s", name, serial.Tail(2000))
+		// The guest was waiting on its port; it answers the host's Hello
+		// on the new channel.
+		hctx, hcancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = agentclient.New(m.Agent(), nil).Hello(hctx)
+		hcancel()
+		if err != nil {
+			t.Fatalf("restored guest %s did not answer: %v; console:\n%s", name, err, serial.Tail(2000))
 		}
 		t.Logf("restore %s: Restore call %v, qemu start to running %v, qemu start to first agent reply %v (accel %s)",
 			name, restoreTook.Round(time.Millisecond), resumed.Round(time.Millisecond),

@@ -1,23 +1,30 @@
-// Package vmmtest is a conformance suite for [vmm.Driver] implementations.
-// It builds a tiny test guest (the pinned kernel plus an initramfs whose
-// /init is testdata/guestinit) and checks what every driver must do: boot to
-// the agent channel, carry bytes both ways, attach disks by serial with
-// read-only enforced, keep written data after power-off, copy the console,
-// and end its process on Kill.
+// Package vmmtest is the conformance suite for [vmm.Driver]
+// implementations ([Suite]) and its helpers. Every driver, the in-memory
+// fake and the real VMMs alike, runs the same suite: boot to the agent
+// channel and the agent's Hello, round trips, power-off by the host's Halt,
+// Kill, refused configs and, for drivers that can, snapshot and restore.
+// The checks that need a real guest kernel (disks by serial, read-only
+// disks, data surviving power-off, the kernel console, a garbage kernel
+// refused, the VMM process) form an optional part that a driver without one
+// skips, saying why.
 //
-// The kernel comes from $ISOPOD_TEST_KERNEL and its modules from
-// $ISOPOD_TEST_MODULES (the directory holding kernel/...); tests skip when
-// they are missing, under -short, or when go or cpio is not installed.
+// A real VMM boots a tiny test guest: the pinned kernel plus an initramfs
+// whose /init is testdata/guestinit, which serves isopod's agent protocol
+// with the agent's own code. The kernel comes from $ISOPOD_TEST_KERNEL and
+// its modules from $ISOPOD_TEST_MODULES (the directory holding kernel/...);
+// [BuildGuest] skips when they are missing, under -short, or when go is
+// not installed.
 package vmmtest
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"isopod/internal/image/cpio"
 )
 
 // Environment knobs for the test guest.
@@ -65,26 +72,26 @@ func BuildGuest(t *testing.T) Guest {
 	if err != nil {
 		t.Skip("go toolchain not on PATH; needed to build the test guest")
 	}
-	cpio, err := exec.LookPath("cpio")
-	if err != nil {
-		t.Skip("cpio not installed; needed to build the test initramfs")
-	}
 	_, self, _, _ := runtime.Caller(0)
 	src := filepath.Join(filepath.Dir(self), "testdata", "guestinit")
 
 	dir := t.TempDir()
-	root := filepath.Join(dir, "root")
-	for _, d := range []string{"etc", "lib/modules", "dev", "proc", "sys"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	build := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(root, "init"), ".")
+	initBin := filepath.Join(dir, "init")
+	build := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", initBin, ".")
 	build.Dir = src
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building guest init: %v\n%s", err, out)
 	}
+	initData, err := os.ReadFile(initBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := cpio.NewBuilder()
+	for _, d := range []string{"etc", "lib/modules", "dev", "proc", "sys"} {
+		must(t, b.AddDir(d, 0o755))
+	}
+	must(t, b.AddFile("init", 0o755, initData))
 	var list []string
 	for _, m := range guestModules {
 		data, err := os.ReadFile(filepath.Join(modules, m))
@@ -94,46 +101,45 @@ func BuildGuest(t *testing.T) Guest {
 			t.Fatal(err)
 		}
 		dst := "/lib/modules/" + filepath.Base(m)
-		if err := os.WriteFile(filepath.Join(root, dst), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.AddFile(dst, 0o644, data))
 		list = append(list, dst)
 	}
 	if len(list) > 0 && len(list) < len(guestModules) {
 		t.Skipf("only %d of %d guest modules under %s (set %s)", len(list), len(guestModules), modules, EnvTestModules)
 	}
-	if err := os.WriteFile(filepath.Join(root, "etc/modules"), []byte(strings.Join(list, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	must(t, b.AddFile("etc/modules", 0o644, []byte(strings.Join(list, "\n")+"\n")))
 
-	var names bytes.Buffer
-	err = filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		names.WriteString(rel + "\n")
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	initrd := filepath.Join(dir, "initrd.cpio")
 	out, err := os.Create(initrd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	pack := exec.Command(cpio, "-o", "-H", "newc", "--quiet")
-	pack.Dir = root
-	pack.Stdin = &names
-	pack.Stdout = out
-	var stderr bytes.Buffer
-	pack.Stderr = &stderr
-	if err := pack.Run(); err != nil {
-		t.Fatalf("cpio: %v: %s", err, stderr.String())
+	if _, err := b.WriteTo(out); err != nil {
+		t.Fatalf("writing the initramfs: %v", err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
 	}
 	return Guest{Kernel: kernel, Initrd: initrd}
+}
+
+// PlaceholderGuest is a Guest for a driver that boots no kernel: two small
+// files that exist, so that a driver's checks for missing inputs pass.
+func PlaceholderGuest(t *testing.T) Guest {
+	t.Helper()
+	dir := t.TempDir()
+	g := Guest{Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.cpio")}
+	must(t, os.WriteFile(g.Kernel, []byte("not a kernel\n"), 0o644))
+	must(t, os.WriteFile(g.Initrd, []byte("not an initramfs\n"), 0o644))
+	return g
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func envOr(k, def string) string {

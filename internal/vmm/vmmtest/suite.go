@@ -1,7 +1,6 @@
 package vmmtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -14,132 +13,56 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
 
-// Bounds for a guest under TCG on a loaded host.
-const (
-	bootTimeout = 120 * time.Second
-	stepTimeout = 30 * time.Second
-)
+// Target is a driver under test and the guest it boots.
+type Target struct {
+	// NewDriver returns the driver under test.
+	NewDriver func(t *testing.T) vmm.Driver
+	// Guest returns what the driver boots: [BuildGuest] for a VMM that
+	// runs a guest kernel, [PlaceholderGuest] for one that does not.
+	Guest func(t *testing.T) Guest
+	// NoKernel, when set, says why the driver runs no guest kernel. The
+	// checks that need one (disks by serial, read-only disks, data kept
+	// after power-off, the kernel console, a garbage kernel refused, the
+	// VMM process and its end) are skipped with it as the reason.
+	NoKernel string
+}
 
-// Suite runs the conformance checks against the Driver newDriver returns.
-func Suite(t *testing.T, newDriver func(t *testing.T) vmm.Driver) {
-	g := BuildGuest(t)
-	drv := newDriver(t)
+// needKernel skips a check that only a real guest kernel can pass.
+func (tg Target) needKernel(t *testing.T) {
+	t.Helper()
+	if tg.NoKernel != "" {
+		t.Skip(tg.NoKernel)
+	}
+}
 
-	t.Run("BootChannelDisksPowerOff", func(t *testing.T) { testBoot(t, drv, g) })
-	t.Run("Kill", func(t *testing.T) { testKill(t, drv, g) })
-	t.Run("BadKernel", func(t *testing.T) { testBadKernel(t, drv, g) })
+// Suite runs the conformance checks against tg.
+func Suite(t *testing.T, tg Target) {
+	g := tg.Guest(t)
+	drv := tg.NewDriver(t)
+
+	t.Run("BootHelloPowerOff", func(t *testing.T) { testBoot(t, tg, drv, g) })
+	t.Run("CloseChannelAndKill", func(t *testing.T) { testKill(t, tg, drv, g) })
+	t.Run("BadKernel", func(t *testing.T) { testBadKernel(t, tg, drv, g) })
 	t.Run("InvalidConfig", func(t *testing.T) {
 		cfg := Config(t, g)
 		cfg.VCPUs = 0
 		if m, err := drv.Start(context.Background(), cfg); err == nil {
 			m.Kill()
+			m.Wait()
 			t.Fatal("Start with 0 vcpus succeeded")
 		}
 		AssertNoProcess(t, cfg.ID)
 	})
+	t.Run("SnapshotRestore", func(t *testing.T) { testSnapshot(t, drv, g) })
 }
 
-// Config is a small guest config with a fresh ID and directory.
-func Config(t *testing.T, g Guest) vmm.Config {
-	t.Helper()
-	return vmm.Config{
-		ID:      "t" + strconv.FormatInt(time.Now().UnixNano()%1e12, 36),
-		Dir:     t.TempDir(),
-		Kernel:  g.Kernel,
-		Initrd:  g.Initrd,
-		Cmdline: "panic=-1",
-		VCPUs:   1,
-		MemMiB:  256,
-	}
-}
-
-// Session is a booted test guest and its line channel.
-type Session struct {
-	M      vmm.Machine
-	Cfg    vmm.Config
-	Serial *SyncBuffer
-	// Boot is the time from Start to the guest's first line.
-	Boot time.Duration
-
-	lines chan string
-	rerr  error
-}
-
-// Boot starts cfg (with a console buffer) and waits for the guest's HELLO.
-// The machine is killed and waited for in t.Cleanup.
-func Boot(t *testing.T, drv vmm.Driver, cfg vmm.Config) *Session {
-	t.Helper()
-	s := &Session{Cfg: cfg, Serial: &SyncBuffer{}, lines: make(chan string, 64)}
-	s.Cfg.SerialLog = s.Serial
-	ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
-	defer cancel()
-	start := time.Now()
-	m, err := drv.Start(ctx, s.Cfg)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	s.M = m
-	t.Cleanup(func() {
-		m.Kill()
-		m.Wait()
-		m.Agent().Close()
-	})
-	if tm, ok := m.(vmm.Timing); ok {
-		start = tm.Started()
-	}
-	go func() {
-		br := bufio.NewReader(m.Agent())
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				s.rerr = err
-				close(s.lines)
-				return
-			}
-			s.lines <- strings.TrimSuffix(line, "\n")
-		}
-	}()
-	hello := s.recv(t, bootTimeout)
-	s.Boot = time.Since(start)
-	if hello != "HELLO isopod" {
-		t.Fatalf("first agent line %q; want HELLO isopod", hello)
-	}
-	t.Logf("boot to first agent line: %v (accel %s)", s.Boot.Round(time.Millisecond), m.Accel())
-	return s
-}
-
-// Send writes one line to the guest.
-func (s *Session) Send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := io.WriteString(s.M.Agent(), line+"\n"); err != nil {
-		t.Fatalf("send %q: %v", line, err)
-	}
-}
-
-// Recv reads one line from the guest.
-func (s *Session) Recv(t *testing.T) string {
-	t.Helper()
-	return s.recv(t, stepTimeout)
-}
-
-func (s *Session) recv(t *testing.T, limit time.Duration) string {
-	t.Helper()
-	select {
-	case line, ok := <-s.lines:
-		if !ok {
-			t.Fatalf("agent channel ended: %v; console:\n%s", s.rerr, s.Serial.Tail(3000))
-		}
-		return line
-	case <-time.After(limit):
-		t.Fatalf("no agent line within %v; console:\n%s", limit, s.Serial.Tail(3000))
-	}
-	return ""
-}
-
-func testBoot(t *testing.T, drv vmm.Driver, g Guest) {
+// testBoot boots a guest with a read-only and a read-write disk, checks
+// the channel, and powers it off with the host's Halt.
+func testBoot(t *testing.T, tg Target, drv vmm.Driver, g Guest) {
 	cfg := Config(t, g)
 	ro := makeDisk(t, cfg.Dir, "ro.img", "read-only-content")
 	rw := makeDisk(t, cfg.Dir, "rw.img", "")
@@ -149,56 +72,42 @@ func testBoot(t *testing.T, drv vmm.Driver, g Guest) {
 	}
 	s := Boot(t, drv, cfg)
 	m := s.M
-	if m.Pid() <= 0 || m.StartTime() == 0 {
-		t.Errorf("Pid %d StartTime %d; want both set", m.Pid(), m.StartTime())
-	}
 	if a := m.Accel(); a != vmm.AccelKVM && a != vmm.AccelTCG {
 		t.Errorf("Accel() = %q; want kvm or tcg", a)
 	}
-
-	rt := time.Now()
-	s.Send(t, "ECHO round trip ü")
-	if got := s.Recv(t); got != "ECHO round trip ü" {
-		t.Errorf("echo: got %q", got)
+	if s.Hello.Version == 0 || s.Hello.AgentVersion == "" {
+		t.Errorf("hello %+v; want the protocol and agent versions", s.Hello)
 	}
+	rt := time.Now()
+	s.Ping(t)
 	t.Logf("agent round trip: %v", time.Since(rt).Round(time.Microsecond))
 
-	s.Send(t, "DISKS")
-	serials := map[string]bool{}
-	for line := s.Recv(t); line != "END"; line = s.Recv(t) {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == "DISK" {
-			serials[f[2]] = true
+	t.Run("Disks", func(t *testing.T) {
+		tg.needKernel(t)
+		out, _, code := s.Exec(t, "/init", "disks")
+		serials := map[string]bool{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 {
+				serials[f[1]] = true
+			}
 		}
-	}
-	for _, d := range cfg.Disks {
-		if !serials[d.Serial] {
-			t.Errorf("guest does not see a disk with serial %q (saw %v)", d.Serial, serials)
+		for _, d := range cfg.Disks {
+			if code != 0 || !serials[d.Serial] {
+				t.Errorf("guest does not see a disk with serial %q (exit %d, saw %v)", d.Serial, code, serials)
+			}
 		}
-	}
+		if _, stderr, code := s.Exec(t, "/init", "write", "isopod-base", "overwritten"); code == 0 {
+			t.Errorf("write to the read-only disk succeeded (stderr %q); want it refused", stderr)
+		}
+		if _, stderr, code := s.Exec(t, "/init", "write", "isopod-scratch", "durable-marker"); code != 0 {
+			t.Errorf("write to the read-write disk: exit %d, %s", code, stderr)
+		}
+	})
 
-	s.Send(t, "WRITE isopod-base overwritten")
-	if got := s.Recv(t); !strings.HasPrefix(got, "ERR") {
-		t.Errorf("write to read-only disk: got %q; want an error", got)
-	}
-	s.Send(t, "WRITE isopod-scratch durable-marker")
-	if got := s.Recv(t); got != "OK" {
-		t.Errorf("write to read-write disk: got %q; want OK", got)
-	}
 	poff := time.Now()
-	s.Send(t, "POWEROFF")
-
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range errs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = m.Wait()
-		}()
-	}
-	waitDone(t, &wg)
-	t.Logf("power-off to Wait returning: %v", time.Since(poff).Round(time.Millisecond))
+	s.Halt(t)
+	errs := waitAll(t, m, 2)
+	t.Logf("halt to Wait returning: %v", time.Since(poff).Round(time.Millisecond))
 	if errs[0] != nil || errs[1] != nil {
 		t.Errorf("Wait after power-off: %v, %v; want nil for both", errs[0], errs[1])
 	}
@@ -207,22 +116,42 @@ func testBoot(t *testing.T, drv vmm.Driver, g Guest) {
 	default:
 		t.Error("Done not closed after Wait returned")
 	}
-	assertGone(t, m)
 
-	if got := readPrefix(t, rw, len("durable-marker")); got != "durable-marker" {
-		t.Errorf("scratch disk after power-off starts with %q; want durable-marker", got)
-	}
-	if got := readPrefix(t, ro, len("read-only-content")); got != "read-only-content" {
-		t.Errorf("read-only disk changed: starts with %q", got)
-	}
-	if !strings.Contains(s.Serial.String(), "Linux version") {
-		t.Errorf("console log lacks the kernel banner; got:\n%s", s.Serial.Tail(2000))
-	}
+	t.Run("ProcessGone", func(t *testing.T) {
+		tg.needKernel(t)
+		if m.Pid() <= 0 || m.StartTime() == 0 {
+			t.Errorf("Pid %d StartTime %d; want both set", m.Pid(), m.StartTime())
+		}
+		assertGone(t, m)
+	})
+	t.Run("DiskDurable", func(t *testing.T) {
+		tg.needKernel(t)
+		if got := readPrefix(t, rw, len("durable-marker")); got != "durable-marker" {
+			t.Errorf("scratch disk after power-off starts with %q; want durable-marker", got)
+		}
+		if got := readPrefix(t, ro, len("read-only-content")); got != "read-only-content" {
+			t.Errorf("read-only disk changed: starts with %q", got)
+		}
+	})
+	t.Run("Console", func(t *testing.T) {
+		tg.needKernel(t)
+		if !strings.Contains(s.Serial.String(), "Linux version") {
+			t.Errorf("console log lacks the kernel banner; got:\n%s", s.Serial.Tail(2000))
+		}
+	})
 }
 
-func testKill(t *testing.T, drv vmm.Driver, g Guest) {
+// testKill checks that closing the channel leaves the machine running, and
+// that Kill ends it for every waiter with one error.
+func testKill(t *testing.T, tg Target, drv vmm.Driver, g Guest) {
 	s := Boot(t, drv, Config(t, g))
 	m := s.M
+	s.Client.Close()
+	select {
+	case <-m.Done():
+		t.Fatalf("machine exited when its agent channel was closed: %v", m.Wait())
+	case <-time.After(500 * time.Millisecond):
+	}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range errs {
@@ -245,22 +174,30 @@ func testKill(t *testing.T, drv vmm.Driver, g Guest) {
 	if err := m.Kill(); err != nil {
 		t.Errorf("Kill after exit: %v", err)
 	}
-	assertGone(t, m)
+	t.Run("ProcessGone", func(t *testing.T) {
+		tg.needKernel(t)
+		assertGone(t, m)
+	})
 }
 
-func testBadKernel(t *testing.T, drv vmm.Driver, g Guest) {
+func testBadKernel(t *testing.T, tg Target, drv vmm.Driver, g Guest) {
 	for _, tt := range []struct {
-		name   string
-		kernel func(dir string) string
+		name     string
+		kernel   func(dir string) string
+		real     bool // only a real guest kernel can fail it
+		notFound bool
 	}{
-		{"missing", func(dir string) string { return filepath.Join(dir, "no-such-vmlinuz") }},
-		{"garbage", func(dir string) string {
+		{name: "missing", kernel: func(dir string) string { return filepath.Join(dir, "no-such-vmlinuz") }, notFound: true},
+		{name: "garbage", real: true, kernel: func(dir string) string {
 			p := filepath.Join(dir, "garbage-vmlinuz")
 			os.WriteFile(p, bytes.Repeat([]byte("not a kernel\n"), 100), 0o644)
 			return p
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.real {
+				tg.needKernel(t)
+			}
 			cfg := Config(t, g)
 			cfg.Kernel = tt.kernel(cfg.Dir)
 			ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
@@ -272,6 +209,9 @@ func testBadKernel(t *testing.T, drv vmm.Driver, g Guest) {
 				t.Fatal("Start with a bad kernel succeeded")
 			}
 			t.Logf("error: %v", err)
+			if tt.notFound && !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("Start with a missing kernel: %v; want ErrNotFound", err)
+			}
 			AssertNoProcess(t, cfg.ID)
 			left, _ := os.ReadDir(cfg.Dir)
 			for _, e := range left {
@@ -281,6 +221,79 @@ func testBadKernel(t *testing.T, drv vmm.Driver, g Guest) {
 			}
 		})
 	}
+}
+
+// testSnapshot snapshots a booted guest and restores it: the restored
+// guest sends no Hello of its own and answers the host's.
+func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
+	r, ok := drv.(vmm.Restorer)
+	if !ok {
+		t.Skip("the driver is not a vmm.Restorer")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id, err := r.SnapshotIdentity(ctx)
+	if err != nil || id.VMM == "" || (id.Accel != vmm.AccelKVM && id.Accel != vmm.AccelTCG) {
+		t.Fatalf("SnapshotIdentity = %+v, %v; want a VMM and kvm or tcg", id, err)
+	}
+	b := Boot(t, drv, Config(t, g))
+	snapper, ok := b.M.(vmm.Snapshotter)
+	if !ok {
+		t.Fatalf("%T is not a vmm.Snapshotter, but its driver restores", b.M)
+	}
+	dir := t.TempDir()
+	if err := snapper.Snapshot(ctx, dir); err != nil {
+		t.Fatalf("Snapshot: %v; console:\n%s", err, b.Serial.Tail(2000))
+	}
+	b.M.Kill()
+	b.M.Wait()
+
+	s := Restore(t, r, Config(t, g), dir)
+	wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if h, err := s.Client.WaitHello(wctx); err == nil {
+		t.Errorf("the restored guest sent a Hello of its own: %+v", h)
+	}
+	wcancel()
+	s.Ping(t)
+	s.Halt(t)
+	if errs := waitAll(t, s.M, 1); errs[0] != nil {
+		t.Errorf("Wait after the restored guest's power-off: %v", errs[0])
+	}
+
+	bad := Config(t, g)
+	bad.MemMiB *= 2
+	if m, err := r.Restore(ctx, bad, dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if err == nil {
+			m.Kill()
+			m.Wait()
+		}
+		t.Errorf("Restore with another memory size: %v; want ErrInvalidArgument", err)
+	}
+	AssertNoProcess(t, bad.ID)
+	none := Config(t, g)
+	if m, err := r.Restore(ctx, none, t.TempDir()); !errors.Is(err, errdefs.ErrNotFound) {
+		if err == nil {
+			m.Kill()
+			m.Wait()
+		}
+		t.Errorf("Restore from an empty directory: %v; want ErrNotFound", err)
+	}
+}
+
+// waitAll calls m.Wait from n goroutines and returns what each got.
+func waitAll(t *testing.T, m vmm.Machine, n int) []error {
+	t.Helper()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.Wait()
+		}()
+	}
+	waitDone(t, &wg)
+	return errs
 }
 
 // AssertNoProcess fails if a process whose argv mentions isopod-<id> exists.
@@ -358,32 +371,4 @@ func readPrefix(t *testing.T, path string, n int) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// SyncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type SyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *SyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns everything written so far.
-func (b *SyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// Tail returns the last n bytes written.
-func (b *SyncBuffer) Tail(n int) string {
-	s := b.String()
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

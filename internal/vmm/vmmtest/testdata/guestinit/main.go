@@ -1,20 +1,22 @@
 // Command guestinit is the /init of the tiny initramfs that vmmtest builds
-// for driver boot tests. It loads the kernel modules listed in /etc/modules,
-// opens the virtio-serial port named isopod.agent, announces itself with one
-// line and then serves line commands from the host:
+// for driver tests. As PID 1 it mounts the kernel filesystems, loads the
+// kernel modules listed in /etc/modules, opens the virtio-serial port named
+// isopod.agent and serves the agent protocol on it with isopod's own agent
+// code (no System: machine operations are refused). A Halt powers the
+// machine off; when the host closes the channel it says so on the console
+// and opens the port again.
 //
-//	ECHO text         -> "ECHO text"
-//	DISKS             -> "DISK vdX serial" per disk, then "END"
-//	WRITE serial text -> writes text at offset 0 of that disk and fsyncs;
-//	                     "OK" or "ERR message"
-//	POWEROFF          -> syncs and powers the machine off
+// Run as any other process (an exec of the host's), it is a tool for the
+// suite's checks:
 //
-// When the host closes the channel it says so on the console and idles.
-// Anything it cannot do it reports on the console and powers off.
+//	/init disks              "vdX serial" per disk, one a line
+//	/init write SERIAL TEXT  writes TEXT at offset 0 of that disk and fsyncs
+//
+// Anything PID 1 cannot do it reports on the console and powers off.
 package main
 
 import (
-	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,16 +25,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"isopod/internal/agent"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintf(os.Stderr, "guestinit: %v\n", err)
+	if os.Getpid() != 1 {
+		os.Exit(tool(os.Args[1:]))
 	}
-	poweroff()
+	dev, err := boot()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "guestinit: %v\n", err)
+		poweroff()
+	}
+	serve(dev)
 }
 
-func run() error {
+func boot() (string, error) {
 	for _, m := range []struct{ src, dst, typ string }{
 		{"devtmpfs", "/dev", "devtmpfs"},
 		{"proc", "/proc", "proc"},
@@ -40,7 +49,7 @@ func run() error {
 	} {
 		os.MkdirAll(m.dst, 0o755)
 		if err := syscall.Mount(m.src, m.dst, m.typ, 0, ""); err != nil && err != syscall.EBUSY {
-			return fmt.Errorf("mount %s: %w", m.dst, err)
+			return "", fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
 	// The initramfs has no /dev/console node; take the console now.
@@ -49,51 +58,50 @@ func run() error {
 			unix.Dup3(int(c.Fd()), fd, 0)
 		}
 	}
+	// The agent's default working directory.
+	os.MkdirAll("/root", 0o700)
 	if err := loadModules("/etc/modules"); err != nil {
-		return err
+		return "", err
 	}
 	fmt.Println("guestinit: modules loaded")
-	dev, err := findPort("isopod.agent", 10*time.Second)
-	if err != nil {
-		return err
-	}
-	port, err := os.OpenFile(dev, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open port: %w", err)
-	}
-	defer port.Close()
-	if _, err := port.WriteString("HELLO isopod\n"); err != nil {
-		return fmt.Errorf("write hello: %w", err)
-	}
-	sc := bufio.NewScanner(port)
-	for sc.Scan() {
-		cmd, arg, _ := strings.Cut(sc.Text(), " ")
-		var reply string
-		switch cmd {
-		case "ECHO":
-			reply = "ECHO " + arg
-		case "DISKS":
-			reply = disks() + "END"
-		case "WRITE":
-			serial, text, _ := strings.Cut(arg, " ")
-			reply = "OK"
-			if err := writeDisk(serial, text); err != nil {
-				reply = "ERR " + err.Error()
-			}
-		case "POWEROFF":
-			syscall.Sync()
-			return nil
-		default:
-			reply = "ERR unknown command " + cmd
+	return findPort("isopod.agent", 10*time.Second)
+}
+
+// serve answers the host until it halts the machine.
+func serve(dev string) {
+	srv := agent.NewServer(agent.Options{ReapAll: true, Logger: agent.NewConsoleLogger(os.Stderr, false)})
+	for {
+		port, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "guestinit: open port: %v\n", err)
+			poweroff()
 		}
-		if _, err := port.WriteString(reply + "\n"); err != nil {
-			return fmt.Errorf("write reply: %w", err)
+		err = srv.Serve(context.Background(), port)
+		port.Close()
+		if err == nil {
+			poweroff()
 		}
+		// The machine keeps running until the host ends it; a host that
+		// connects again finds the port open.
+		fmt.Printf("guestinit: port closed (%v)\n", err)
+		time.Sleep(200 * time.Millisecond)
 	}
-	// The host closed the channel; the machine keeps running until the
-	// host ends it.
-	fmt.Printf("guestinit: port closed (%v)\n", sc.Err())
-	select {}
+}
+
+func tool(args []string) int {
+	switch {
+	case len(args) == 1 && args[0] == "disks":
+		fmt.Print(disks())
+		return 0
+	case len(args) == 3 && args[0] == "write":
+		if err := writeDisk(args[1], args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "guestinit write: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "usage: /init disks | /init write SERIAL TEXT")
+	return 2
 }
 
 func loadModules(list string) error {
@@ -143,7 +151,7 @@ func disks() string {
 		if err != nil {
 			continue
 		}
-		fmt.Fprintf(&b, "DISK %s %s\n", filepath.Base(filepath.Dir(s)), strings.TrimSpace(string(v)))
+		fmt.Fprintf(&b, "%s %s\n", filepath.Base(filepath.Dir(s)), strings.TrimSpace(string(v)))
 	}
 	return b.String()
 }
@@ -169,6 +177,7 @@ func writeDisk(serial, text string) error {
 }
 
 func poweroff() {
+	time.Sleep(20 * time.Millisecond) // let the last reply leave
 	syscall.Sync()
 	syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
 	// Power-off returned: fall back to a reset, which ends a -no-reboot VM.

@@ -1,0 +1,97 @@
+package vmmfake
+
+import (
+	"sync"
+	"time"
+
+	"isopod/internal/agent"
+	"isopod/internal/agentproto"
+)
+
+// State is what a fake guest's machine operations did: the agent asked its
+// [agent.System], which only records.
+type State struct {
+	// Hostname is the last one set; a cold boot starts with the command
+	// line's isopod.hostname.
+	Hostname string `json:"hostname,omitempty"`
+	// Clock is the last wall clock the host sent (zero: none).
+	Clock time.Time `json:"clock"`
+	// Net is the last network configuration applied (nil: none).
+	Net *agentproto.NetConfig `json:"net,omitempty"`
+	// EntropyBytes counts the random bytes the host added, EntropyCalls
+	// the requests.
+	EntropyBytes int `json:"entropy_bytes"`
+	EntropyCalls int `json:"entropy_calls"`
+	// Syncs counts disk syncs (a Halt with Sync).
+	Syncs int `json:"syncs"`
+}
+
+// system is the fake guest's agent.System.
+type system struct {
+	mu sync.Mutex // guards following
+	st State
+}
+
+var _ agent.System = (*system)(nil)
+
+// newSystem starts from a snapshot's state, or a cold boot's command line.
+func newSystem(from State, cmdline string) *system {
+	s := &system{st: from}
+	if s.st.Hostname == "" {
+		s.st.Hostname = cmdlineValue(cmdline, agentproto.CmdlineHostname)
+	}
+	if s.st.Net != nil {
+		n := *s.st.Net
+		s.st.Net = &n
+	}
+	return s
+}
+
+func (s *system) snapshot() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	if st.Net != nil {
+		n := *st.Net
+		n.DNS = append([]string(nil), n.DNS...)
+		n.Env = append([]string(nil), n.Env...)
+		st.Net = &n
+	}
+	return st
+}
+
+func (s *system) SetHostname(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.Hostname = name
+	return nil
+}
+
+func (s *system) SetClock(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.Clock = t
+	return nil
+}
+
+func (s *system) ConfigureNet(cfg agentproto.NetConfig) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.Net = &cfg
+	return nil
+}
+
+func (s *system) AddEntropy(seed []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.EntropyBytes += len(seed)
+	s.st.EntropyCalls++
+	return nil
+}
+
+func (s *system) SyncDisks() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.Syncs++
+	return nil
+}
