@@ -3,9 +3,12 @@
 // The tests boot real microVMs under QEMU (KVM where usable, TCG otherwise)
 // and run real programs in the guest.
 //
-// They use the images under $ISOPOD_HOME (default ~/.isopod), which
-// scripts/install.sh fetches and builds, and skip with that hint when they
-// are missing. They are skipped under -short.
+// Each test binary runs in a private state root (see [PrivateHome]) that
+// links the kernel, images and warm-pool snapshots of the user's
+// $ISOPOD_HOME (default ~/.isopod), which scripts/install.sh fetches and
+// builds, and is removed afterwards: the tests never write to the user's
+// own store. They skip with that hint when the images are missing, and
+// under -short.
 package e2e
 
 import (
@@ -31,17 +34,21 @@ import (
 var (
 	// BinDir holds the built isopod, isopod-mcp and isopod-agent.
 	BinDir string
-	// HomeDir is the state root with the images.
+	// HomeDir is the test binary's private state root, the one every
+	// isopod it starts uses.
 	HomeDir string
+	// SourceHome is the user's state root, whose kernel and images HomeDir
+	// links.
+	SourceHome string
 )
 
 // Main is a test package's TestMain: it builds the binaries, runs the tests
-// and returns the exit code.
+// in a private state root and returns the exit code.
 func Main(m *testing.M) int {
 	return func() int {
 		flag.Parse()
 		if testing.Short() {
-			return m.Run()
+			return PrivateHome(m)
 		}
 		dir, err := os.MkdirTemp("", "isopod-e2e-bin-")
 		if err != nil {
@@ -60,12 +67,7 @@ func Main(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "building isopod-agent: %v\n%s", err, out)
 			return 1
 		}
-		HomeDir = os.Getenv("ISOPOD_HOME")
-		if HomeDir == "" {
-			h, _ := os.UserHomeDir()
-			HomeDir = filepath.Join(h, ".isopod")
-		}
-		return m.Run()
+		return PrivateHome(m)
 	}()
 }
 
@@ -79,7 +81,7 @@ func RequireVM(t testing.TB) {
 		t.Skip("qemu-system-x86_64 not installed: run ./scripts/install.sh")
 	}
 	if _, err := os.Stat(filepath.Join(HomeDir, "images", "base-min.sqfs")); err != nil {
-		t.Skipf("base-min not built under %s: run ./scripts/install.sh", HomeDir)
+		t.Skipf("base-min not built under %s: run ./scripts/install.sh", SourceHome)
 	}
 }
 
@@ -88,7 +90,7 @@ func RequireDebian(t testing.TB) {
 	t.Helper()
 	RequireVM(t)
 	if _, err := os.Stat(filepath.Join(HomeDir, "images", "base-debian.sqfs")); err != nil {
-		t.Skipf("base-debian not built under %s: run `isopod image build base-debian` (or ISOPOD_INSTALL_DEBIAN=1 ./scripts/install.sh)", HomeDir)
+		t.Skipf("base-debian not built under %s: run `isopod image build base-debian` (or ISOPOD_INSTALL_DEBIAN=1 ./scripts/install.sh)", SourceHome)
 	}
 }
 

@@ -191,7 +191,7 @@ func TestStdioCopyOutOff(t *testing.T) {
 }
 
 // vmBase returns a built, current base from the state root the environment
-// names (where the project's CI builds images), or skips.
+// names (the private one TestMain links to the user's images), or skips.
 func vmBase(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/integration/e2e"
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
@@ -649,5 +650,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serveEnv) == "1" {
 		os.Exit(serveForTest())
 	}
-	os.Exit(m.Run())
+	// The servers these tests start, and the VM tests' settings, use a
+	// private state root, never the user's.
+	os.Exit(e2e.PrivateHome(m))
 }
