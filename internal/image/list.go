@@ -101,10 +101,9 @@ func baseStatus(paths paths.Paths, flavor string) (ImageInfo, error) {
 	}
 	ii.Built, ii.Size, ii.ContentSHA256 = true, fi.Size(), side.ContentSHA256
 	ii.ProtocolVersion, ii.BuiltUnix = side.ProtocolVersion, side.BuiltUnix
-	switch {
-	case side.ProtocolVersion != agentproto.Version:
-		ii.Stale, ii.StaleReason = true, fmt.Sprintf("protocol %d, isopod speaks %d", side.ProtocolVersion, agentproto.Version)
-	case fi.Size() != side.Size:
+	// A base holds no part of isopod (the agent is in the initramfs), so
+	// only a file that is not what its record says makes it stale.
+	if fi.Size() != side.Size {
 		ii.Stale, ii.StaleReason = true, fmt.Sprintf("image is %d bytes, its record says %d", fi.Size(), side.Size)
 	}
 	return ii, nil
