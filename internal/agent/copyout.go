@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -13,25 +12,25 @@ import (
 	"isopod/internal/errdefs"
 )
 
-// copyOut streams one regular guest file to the host as KindFileChunk
-// frames followed by KindFileDone. Any failure, before or during the
-// stream, ends the request with KindError.
+// copyOut streams one regular guest file's data to the host as
+// KindFileChunk frames followed by KindFileDone. Any failure, before or
+// during the stream, ends the request with KindError.
 func (c *conn) copyOut(m *agentproto.Msg) {
-	n, mode, err := c.streamFile(m)
+	size, sent, mode, err := c.streamFile(m)
 	if err != nil {
 		c.replyErr(m.ID, err)
 		return
 	}
-	c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindFileDone, File: &agentproto.FileDone{Bytes: n, Mode: mode}}, nil)
+	c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindFileDone, File: &agentproto.FileDone{Bytes: size, Data: sent, Mode: mode}}, nil)
 }
 
-func (c *conn) streamFile(m *agentproto.Msg) (int64, uint32, error) {
+func (c *conn) streamFile(m *agentproto.Msg) (size, sent int64, mode uint32, err error) {
 	path := m.Path
 	if path == "" {
-		return 0, 0, fmt.Errorf("copy out: no path given: %w", errdefs.ErrInvalidArgument)
+		return 0, 0, 0, fmt.Errorf("copy out: no path given: %w", errdefs.ErrInvalidArgument)
 	}
-	if m.MaxBytes < 0 {
-		return 0, 0, fmt.Errorf("copy out %s: max_bytes %d is negative: %w", path, m.MaxBytes, errdefs.ErrInvalidArgument)
+	if m.MaxBytes < 0 || (m.MaxData != nil && *m.MaxData < 0) {
+		return 0, 0, 0, fmt.Errorf("copy out %s: negative limits: %w", path, errdefs.ErrInvalidArgument)
 	}
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(DefaultCwd, path)
@@ -42,43 +41,98 @@ func (c *conn) streamFile(m *agentproto.Msg) (int64, uint32, error) {
 		if errors.Is(err, unix.ENOENT) {
 			err = fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
 		}
-		return 0, 0, fmt.Errorf("copy out %s: %w", path, err)
+		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, 0, fmt.Errorf("copy out %s: %w", path, err)
+		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
 		what := "not a regular file"
 		if fi.IsDir() {
 			what = "a directory"
 		}
-		return 0, 0, fmt.Errorf("copy out %s: is %s; only regular files can be copied out: %w", path, what, errdefs.ErrInvalidArgument)
+		return 0, 0, 0, fmt.Errorf("copy out %s: is %s; only regular files can be copied out: %w", path, what, errdefs.ErrInvalidArgument)
 	}
-	if m.MaxBytes > 0 && fi.Size() > m.MaxBytes {
-		return 0, 0, fmt.Errorf("copy out %s: the file is %d bytes, over the limit of %d: %w", path, fi.Size(), m.MaxBytes, errdefs.ErrInvalidArgument)
+	size = fi.Size()
+	if m.MaxBytes > 0 && size > m.MaxBytes {
+		return 0, 0, 0, fmt.Errorf("copy out %s: the file is %d bytes, over the limit of %d: %w", path, size, m.MaxBytes, errdefs.ErrInvalidArgument)
 	}
+	sent, err = c.sendData(m, f, size)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
+	}
+	return size, sent, uint32(fi.Mode().Perm()), nil
+}
+
+// sendData sends the first size bytes of f as chunks that say where they
+// belong, leaving out holes (found with SEEK_DATA and SEEK_HOLE) and chunks
+// that are all zeros. It returns the data bytes sent.
+func (c *conn) sendData(m *agentproto.Msg, f *os.File, size int64) (int64, error) {
+	fd := int(f.Fd())
 	buf := make([]byte, agentproto.ChunkSize)
-	var total int64
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			total += int64(n)
-			if m.MaxBytes > 0 && total > m.MaxBytes {
-				return 0, 0, fmt.Errorf("copy out %s: the file grew past the limit of %d bytes while being read: %w", path, m.MaxBytes, errdefs.ErrInvalidArgument)
-			}
-			if err := c.send(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindFileChunk}, buf[:n]); err != nil {
-				return 0, 0, fmt.Errorf("copy out %s: sending: %w", path, err)
-			}
-		}
-		if err == io.EOF {
+	var sent int64
+	for off := int64(0); off < size; {
+		data, hole := nextExtent(fd, off, size)
+		if data >= size {
 			break
 		}
-		if err != nil {
-			return 0, 0, fmt.Errorf("copy out %s: reading after %d bytes: %w", path, total, err)
+		for p := data; p < hole; {
+			n, err := unix.Pread(fd, buf[:min(int64(len(buf)), hole-p)], p)
+			if err != nil {
+				return sent, fmt.Errorf("reading at %d: %w", p, err)
+			}
+			if n == 0 {
+				break // the file shrank while being read
+			}
+			if !allZero(buf[:n]) {
+				sent += int64(n)
+				if m.MaxData != nil && sent > *m.MaxData {
+					return sent, fmt.Errorf("more than %d bytes of data, the copy-out limit: %w", *m.MaxData, errdefs.ErrInvalidArgument)
+				}
+				if err := c.send(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindFileChunk, Offset: p}, buf[:n]); err != nil {
+					return sent, fmt.Errorf("sending: %w", err)
+				}
+			}
+			p += int64(n)
+		}
+		off = hole
+	}
+	return sent, nil
+}
+
+// nextExtent returns the next data extent at or after off: its start and
+// where the hole after it begins (both at most size). A filesystem without
+// SEEK_DATA gives the rest of the file as one extent.
+func nextExtent(fd int, off, size int64) (data, hole int64) {
+	data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return size, size // no data after off
+	case err != nil:
+		return off, size
+	}
+	hole, err = unix.Seek(fd, data, unix.SEEK_HOLE)
+	if err != nil || hole > size {
+		hole = size
+	}
+	return min(data, size), hole
+}
+
+// allZero reports whether b holds only zero bytes.
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, x := range b {
+		if x != 0 {
+			return false
 		}
 	}
-	return total, uint32(fi.Mode().Perm()), nil
+	return true
 }

@@ -112,19 +112,38 @@ func (c *Client) pumpStdin(ctx context.Context, id uint64, r io.Reader, credits 
 	}
 }
 
-// CopyOut streams the guest file at path into w. maxBytes > 0 makes the guest
-// refuse a larger file. The returned FileDone is set only when the guest
-// reported the file complete and every byte reached w.
-func (c *Client) CopyOut(ctx context.Context, path string, maxBytes int64, w io.Writer) (*agentproto.FileDone, error) {
+// CopyLimits bound one copy-out.
+type CopyLimits struct {
+	// MaxSize is the largest file size accepted; 0 means no limit.
+	MaxSize int64
+	// MaxData is the most data bytes the guest may send (a sparse file's
+	// holes and runs of zeros are not sent); NoLimit means no limit, 0
+	// allows a file with no data only.
+	MaxData int64
+}
+
+// NoLimit is CopyLimits.MaxData without a limit.
+const NoLimit = -1
+
+// CopyOut writes the data of the guest file at path into w, each chunk at
+// its offset; the bytes in between (holes, zeros) are not written, so the
+// caller makes the destination sparse and sets its size to FileDone.Bytes.
+// The returned FileDone is set only when the guest reported the file
+// complete and every byte reached w.
+func (c *Client) CopyOut(ctx context.Context, path string, lim CopyLimits, w io.WriterAt) (*agentproto.FileDone, error) {
 	id, q, err := c.register()
 	if err != nil {
 		return nil, err
 	}
 	defer c.unregister(id)
-	if err := c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindCopyOut, Path: path, MaxBytes: maxBytes}, nil); err != nil {
+	m := &agentproto.Msg{ID: id, Kind: agentproto.KindCopyOut, Path: path, MaxBytes: lim.MaxSize}
+	if lim.MaxData >= 0 {
+		m.MaxData = &lim.MaxData
+	}
+	if err := c.send(m, nil); err != nil {
 		return nil, err
 	}
-	var n int64
+	var data, end int64
 	for {
 		f, err := c.recv(ctx, q)
 		if err != nil {
@@ -132,16 +151,24 @@ func (c *Client) CopyOut(ctx context.Context, path string, maxBytes int64, w io.
 		}
 		switch f.msg.Kind {
 		case agentproto.KindFileChunk:
-			n += int64(len(f.payload))
-			if maxBytes > 0 && n > maxBytes {
-				return nil, fmt.Errorf("copy-out %s: guest sent more than %d bytes", path, maxBytes)
+			off, n := f.msg.Offset, int64(len(f.payload))
+			data += n
+			switch {
+			case off < 0 || (lim.MaxSize > 0 && off+n > lim.MaxSize):
+				return nil, fmt.Errorf("copy-out %s: guest sent bytes at %d, past the %d-byte limit", path, off+n, lim.MaxSize)
+			case lim.MaxData >= 0 && data > lim.MaxData:
+				return nil, fmt.Errorf("copy-out %s: guest sent more than %d bytes of data", path, lim.MaxData)
 			}
-			if _, err := w.Write(f.payload); err != nil {
+			if _, err := w.WriteAt(f.payload, off); err != nil {
 				return nil, fmt.Errorf("copy-out %s: %w", path, err)
 			}
+			end = max(end, off+n)
 		case agentproto.KindFileDone:
-			if f.msg.File == nil || f.msg.File.Bytes != n {
-				return nil, fmt.Errorf("copy-out %s: guest reported a different size than it sent (%d bytes received)", path, n)
+			if f.msg.File == nil || f.msg.File.Data != data || end > f.msg.File.Bytes {
+				return nil, fmt.Errorf("copy-out %s: guest reported a different file than it sent (%d bytes of data received, up to offset %d)", path, data, end)
+			}
+			if lim.MaxSize > 0 && f.msg.File.Bytes > lim.MaxSize {
+				return nil, fmt.Errorf("copy-out %s: guest reported %d bytes, past the %d-byte limit", path, f.msg.File.Bytes, lim.MaxSize)
 			}
 			return f.msg.File, nil
 		case agentproto.KindError:

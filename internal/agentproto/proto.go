@@ -41,7 +41,7 @@ package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 1
+const Version = 2
 
 // Limits.
 const (
@@ -75,9 +75,11 @@ const (
 	KindExecDone Kind = "exec_done" // guest -> host: Done set; last frame of an exec
 	KindSignal   Kind = "signal"    // host -> guest: Signal set; to the exec's process group
 
-	// Files.
-	KindCopyOut   Kind = "copy_out"   // host -> guest: Path, MaxBytes
-	KindFileChunk Kind = "file_chunk" // guest -> host: payload is file bytes
+	// Files. A copy-out sends only the file's data: holes (and runs of
+	// zeros) are left out, so a sparse file stays sparse and costs nothing
+	// to copy. Each chunk says where its bytes belong.
+	KindCopyOut   Kind = "copy_out"   // host -> guest: Path, MaxBytes (file size), MaxData (bytes sent)
+	KindFileChunk Kind = "file_chunk" // guest -> host: payload is file bytes at Offset
 	KindFileDone  Kind = "file_done"  // guest -> host: File set; the file is complete
 
 	// Machine configuration.
@@ -105,7 +107,9 @@ type Msg struct {
 	Signal int       `json:"signal,omitempty"` // on KindSignal
 
 	Path     string    `json:"path,omitempty"`      // on KindCopyOut
-	MaxBytes int64     `json:"max_bytes,omitempty"` // on KindCopyOut
+	MaxBytes int64     `json:"max_bytes,omitempty"` // on KindCopyOut: the largest file size accepted
+	MaxData  *int64    `json:"max_data,omitempty"`  // on KindCopyOut: the most data bytes to send; absent: no limit
+	Offset   int64     `json:"offset,omitempty"`    // on KindFileChunk: where the payload belongs
 	File     *FileDone `json:"file,omitempty"`
 
 	Net      *NetConfig `json:"net,omitempty"`
@@ -145,8 +149,9 @@ type ExecDone struct {
 
 // FileDone closes a copy-out stream.
 type FileDone struct {
-	Bytes int64  `json:"bytes"`
-	Mode  uint32 `json:"mode"` // permission bits of the guest file
+	Bytes int64  `json:"bytes"` // the file's size
+	Data  int64  `json:"data"`  // the bytes sent (the rest are holes or zeros)
+	Mode  uint32 `json:"mode"`  // permission bits of the guest file
 }
 
 // NetConfig addresses the guest's one NIC.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -16,12 +15,16 @@ import (
 
 // stagedFile writes a host destination without ever leaving it half-written:
 // bytes go to a sibling ".NAME.isopod-PID-N.part" and are renamed onto the
-// destination only by Commit. A symlink at the destination is refused
-// (O_NOFOLLOW), and the mode is masked: never setuid, setgid, sticky, or
-// group/other write.
+// destination only by Commit. Every step works relative to a descriptor of
+// the destination's directory, so the directory cannot be swapped under it.
+// A symlink at the destination is refused (O_NOFOLLOW), the mode is masked
+// (never setuid, setgid, sticky, or group/other write), and holes the guest
+// left out stay holes.
 type stagedFile struct {
-	dest string
-	part string
+	dest string   // for messages
+	dir  *os.File // the destination's directory
+	name string   // the destination's name in dir
+	part string   // the staging file's name in dir
 	f    *os.File
 	done bool
 }
@@ -67,40 +70,77 @@ func checkDestination(dest string) error {
 	return nil
 }
 
-func newStagedFile(dest string) (*stagedFile, error) {
-	if err := checkDestination(dest); err != nil {
-		return nil, err
+// newStagedFile stages a write of dest. dir, when set, is the destination's
+// directory opened by the caller (the MCP server opens it beneath its
+// host-I/O root) and dest's last element is the name in it; otherwise the
+// directory is opened by its path, following symlinks there as an operator
+// would expect.
+func newStagedFile(dest string, dir *os.File) (*stagedFile, error) {
+	s := &stagedFile{dest: dest, name: filepath.Base(dest)}
+	if dir == nil {
+		if err := checkDestination(dest); err != nil {
+			return nil, err
+		}
+		d, err := os.OpenFile(filepath.Dir(dest), os.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, fmt.Errorf("copy-out: opening the directory of %s: %w", dest, err)
+		}
+		s.dir = d
+	} else {
+		d, err := dupFile(dir)
+		if err != nil {
+			return nil, err
+		}
+		s.dir = d
 	}
-	part := filepath.Join(filepath.Dir(dest), stagingName(filepath.Base(dest)))
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	s.part = stagingName(s.name)
+	fd, err := unix.Openat(int(s.dir.Fd()), s.part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
+		s.dir.Close()
 		return nil, fmt.Errorf("copy-out: staging %s: %w", dest, err)
 	}
-	return &stagedFile{dest: dest, part: part, f: f}, nil
+	s.f = os.NewFile(uintptr(fd), s.part)
+	return s, nil
 }
 
-func (s *stagedFile) Write(p []byte) (int, error) { return s.f.Write(p) }
+// dupFile returns an independent descriptor of f.
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("copy-out: %w", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
 
-// Commit gives the file its masked mode and renames it onto the destination,
-// refusing a symlink that appeared there meanwhile.
-func (s *stagedFile) Commit(mode fs.FileMode) error {
-	if err := s.f.Chmod(mode.Perm() &^ 0o022); err != nil {
+func (s *stagedFile) WriteAt(p []byte, off int64) (int, error) { return s.f.WriteAt(p, off) }
+
+// Commit sets the file's size (the guest's holes past the last data stay
+// holes), gives it its masked mode and renames it onto the destination,
+// refusing a symlink or directory that appeared there meanwhile.
+func (s *stagedFile) Commit(size int64, mode fs.FileMode) error {
+	err := s.f.Truncate(size)
+	if err == nil {
+		err = s.f.Chmod(mode.Perm() &^ 0o022)
+	}
+	if err == nil {
+		err = s.f.Close()
+	}
+	if err != nil {
 		s.Abort()
 		return fmt.Errorf("copy-out: %w", err)
 	}
-	if err := s.f.Close(); err != nil {
-		s.Abort()
-		return fmt.Errorf("copy-out: %w", err)
-	}
-	if st, err := os.Lstat(s.dest); err == nil && (st.Mode()&fs.ModeSymlink != 0 || st.IsDir()) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(s.dir.Fd()), s.name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil &&
+		(st.Mode&unix.S_IFMT == unix.S_IFLNK || st.Mode&unix.S_IFMT == unix.S_IFDIR) {
 		s.Abort()
 		return fmt.Errorf("copy-out: host path %s became a symlink or directory; refusing to replace it: %w", s.dest, errdefs.ErrInvalidArgument)
 	}
-	if err := unix.Renameat(unix.AT_FDCWD, s.part, unix.AT_FDCWD, s.dest); err != nil {
+	if err := unix.Renameat(int(s.dir.Fd()), s.part, int(s.dir.Fd()), s.name); err != nil {
 		s.Abort()
 		return fmt.Errorf("copy-out: publishing %s: %w", s.dest, err)
 	}
 	s.done = true
+	s.dir.Close()
 	return nil
 }
 
@@ -111,5 +151,6 @@ func (s *stagedFile) Abort() {
 	}
 	s.done = true
 	s.f.Close()
-	os.Remove(s.part)
+	unix.Unlinkat(int(s.dir.Fd()), s.part, 0)
+	s.dir.Close()
 }

@@ -19,8 +19,8 @@ import (
 
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
-	haltTimeout    = 10 * time.Second // the halt after a committing command; then the VMM is killed
-	execGrace      = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
+	haltTimeout = 10 * time.Second // the halt after a committing command; then the VMM is killed
+	execGrace   = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
 )
 
 // run is the state of one call to Run, torn down by cleanup.
@@ -281,27 +281,37 @@ func (r *run) fillOutput() {
 }
 
 // copyOut copies each requested guest file to its host path, staged so that
-// a failure leaves the destination as it was.
+// a failure leaves the destination as it was. All copies together are
+// bounded by the run's own timeout (counted again from here) and by the
+// run's cap on data written to the host; holes stay holes.
 func (r *run) copyOut(ctx context.Context) error {
 	if len(r.req.CopyOut) == 0 {
 		return nil
 	}
 	t := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
+	defer cancel()
+	budget := r.req.CopyOutMaxData
+	if budget == 0 {
+		budget = DefaultCopyOutMaxData
+	}
 	for _, c := range r.req.CopyOut {
-		sf, err := newStagedFile(c.Host)
+		sf, err := newStagedFile(c.Host, c.HostDir)
 		if err != nil {
 			return err
 		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-		fd, err := r.client.CopyOut(cctx, c.Guest, MaxCopyOutBytes, sf)
-		cancel()
+		fd, err := r.client.CopyOut(cctx, c.Guest, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget}, sf)
 		if err != nil {
 			sf.Abort()
+			if cctx.Err() != nil && ctx.Err() == nil {
+				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
+			}
 			return fmt.Errorf("--copy-out %s:%s: %w", c.Guest, c.Host, err)
 		}
-		if err := sf.Commit(fs.FileMode(fd.Mode)); err != nil {
+		if err := sf.Commit(fd.Bytes, fs.FileMode(fd.Mode)); err != nil {
 			return err
 		}
+		budget -= fd.Data
 		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
 	}
 	ms := time.Since(t).Milliseconds()

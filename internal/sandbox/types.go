@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"io"
+	"os"
 
 	"isopod/internal/vmm"
 )
@@ -27,14 +28,21 @@ const (
 	LogCap = 64 << 20
 	// SerialLogCap is how much of the guest console is kept on disk.
 	SerialLogCap = 16 << 20
-	// MaxCopyOutBytes caps one copied file.
+	// MaxCopyOutBytes caps the size of one copied file.
 	MaxCopyOutBytes = 16 << 30
+	// DefaultCopyOutMaxData caps the data all copy-outs of a run write to
+	// the host (holes are free), unless the request sets its own cap.
+	DefaultCopyOutMaxData = 4 << 30
 )
 
 // CopyOut names one guest file to copy to the host after the command.
 type CopyOut struct {
 	Guest string `json:"guest"`
 	Host  string `json:"host"`
+	// HostDir, when set, is Host's directory, opened by the caller; the
+	// file is written in it under Host's last element, whatever the path
+	// to it now resolves to.
+	HostDir *os.File `json:"-"`
 }
 
 // Request is one run. The zero value of every optional field means its
@@ -64,8 +72,11 @@ type Request struct {
 	Stdin     io.Reader
 	StdinFile string
 
-	CopyOut  []CopyOut
-	CommitAs string
+	CopyOut []CopyOut
+	// CopyOutMaxData caps the data bytes all copy-outs write to the host;
+	// 0 means DefaultCopyOutMaxData.
+	CopyOutMaxData int64
+	CommitAs       string
 }
 
 // Copied reports one copied file.

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -137,7 +136,7 @@ func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Clien
 		}
 		netUp = time.Now()
 	}
-	if _, err := c.CopyOut(ctx, "/bin/sh", 64<<20, io.Discard); err != nil {
+	if _, err := c.CopyOut(ctx, "/bin/sh", agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{}); err != nil {
 		s.log.Debug("warm pool: prefetching /bin/sh", "err", err)
 	}
 	return netUp, nil
@@ -212,3 +211,8 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	res.Key, res.Built, res.BuildMS, res.Accel, res.Path = meta.Key, true, meta.BuildMS, meta.Accel, s.warm.Dir(meta.Key)
 	return res, nil
 }
+
+// discardAt is an io.WriterAt that keeps nothing.
+type discardAt struct{}
+
+func (discardAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
