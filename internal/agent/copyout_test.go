@@ -7,33 +7,33 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 )
 
-// copyOut runs one copy-out and returns the data and the closing frame.
-func (c *client) copyOut(path string, max int64) ([]byte, *agentproto.Msg) {
-	c.t.Helper()
-	id := c.id()
-	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindCopyOut, Path: path, MaxBytes: max}, nil)
-	var data []byte
-	for {
-		f := c.next(id, 10*time.Second)
-		switch f.m.Kind {
-		case agentproto.KindFileChunk:
-			if len(f.p) > agentproto.ChunkSize {
-				c.t.Fatalf("file chunk of %d bytes; the limit is %d", len(f.p), agentproto.ChunkSize)
-			}
-			data = append(data, f.p...)
-		case agentproto.KindFileDone, agentproto.KindError:
-			return data, f.m
-		default:
-			c.t.Fatalf("unexpected %s during copy-out", f.m.Kind)
-		}
+// memFile is an in-memory io.WriterAt that records the size of every
+// write (one per chunk).
+type memFile struct {
+	b     []byte
+	sizes []int
+}
+
+func (f *memFile) WriteAt(p []byte, off int64) (int, error) {
+	if end := off + int64(len(p)); end > int64(len(f.b)) {
+		f.b = append(f.b, make([]byte, end-int64(len(f.b)))...)
 	}
+	f.sizes = append(f.sizes, len(p))
+	return copy(f.b[off:], p), nil
+}
+
+// copyOut runs one copy-out with the client.
+func (c *testConn) copyOut(path string, lim agentclient.CopyLimits) (*memFile, *agentproto.FileDone, error) {
+	w := &memFile{}
+	fd, err := c.CopyOut(c.ctx(), path, lim, w)
+	return w, fd, err
 }
 
 func TestCopyOut(t *testing.T) {
@@ -46,40 +46,46 @@ func TestCopyOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Chmod(bigPath, 0o640)
-	got, done := c.copyOut(bigPath, 6<<20)
-	if done.Kind != agentproto.KindFileDone || done.File == nil {
-		t.Fatalf("copy-out ended with %s %q", done.Kind, done.Error)
+	got, done, err := c.copyOut(bigPath, agentclient.CopyLimits{MaxSize: 6 << 20, MaxData: agentclient.NoLimit})
+	if err != nil {
+		t.Fatalf("copy-out: %v", err)
 	}
-	if !bytes.Equal(got, big) || done.File.Bytes != int64(len(big)) || done.File.Mode != 0o640 {
-		t.Errorf("got %d bytes, done %+v; want %d identical bytes and mode 0640", len(got), done.File, len(big))
+	if !bytes.Equal(got.b, big) || done.Bytes != int64(len(big)) || done.Mode != 0o640 {
+		t.Errorf("got %d bytes, done %+v; want %d identical bytes and mode 0640", len(got.b), done, len(big))
+	}
+	for _, n := range got.sizes {
+		if n == 0 || n > agentproto.ChunkSize {
+			t.Fatalf("a file chunk of %d bytes; want 1..%d", n, agentproto.ChunkSize)
+		}
 	}
 
 	empty := filepath.Join(dir, "empty")
 	os.WriteFile(empty, nil, 0o600)
-	if got, done := c.copyOut(empty, 0); done.Kind != agentproto.KindFileDone || len(got) != 0 || done.File.Bytes != 0 {
-		t.Errorf("empty file: %s %+v", done.Kind, done.File)
+	if got, done, err := c.copyOut(empty, agentclient.CopyLimits{}); err != nil || len(got.b) != 0 || done.Bytes != 0 {
+		t.Errorf("empty file: %+v, %v", done, err)
 	}
 
 	fifo := filepath.Join(dir, "fifo")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	noLimit := agentclient.CopyLimits{MaxData: agentclient.NoLimit}
 	bad := []struct {
 		name, path string
-		max        int64
+		lim        agentclient.CopyLimits
 		want       string
 	}{
-		{"missing", filepath.Join(dir, "nope"), 0, filepath.Join(dir, "nope") + ": no such file or directory"},
-		{"directory", dir, 0, "is a directory"},
-		{"fifo", fifo, 0, "not a regular file"},
-		{"over the limit", bigPath, 1000, "over the limit of 1000"},
-		{"negative limit", bigPath, -1, "negative"},
+		{"missing", filepath.Join(dir, "nope"), noLimit, filepath.Join(dir, "nope") + ": no such file or directory"},
+		{"directory", dir, noLimit, "is a directory"},
+		{"fifo", fifo, noLimit, "not a regular file"},
+		{"over the limit", bigPath, agentclient.CopyLimits{MaxSize: 1000, MaxData: agentclient.NoLimit}, "over the limit of 1000"},
+		{"negative limit", bigPath, agentclient.CopyLimits{MaxSize: -1, MaxData: agentclient.NoLimit}, "negative"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
-			got, done := c.copyOut(tt.path, tt.max)
-			if done.Kind != agentproto.KindError || !strings.Contains(done.Error, tt.want) || len(got) != 0 {
-				t.Errorf("got %s %q after %d bytes; want an error containing %q", done.Kind, done.Error, len(got), tt.want)
+			got, done, err := c.copyOut(tt.path, tt.lim)
+			if err == nil || done != nil || !strings.Contains(err.Error(), tt.want) || len(got.b) != 0 {
+				t.Errorf("got %+v, %v after %d bytes; want an error containing %q", done, err, len(got.b), tt.want)
 			}
 		})
 	}

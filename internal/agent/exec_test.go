@@ -50,9 +50,6 @@ func TestExec(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := c.exec(tt.exec)
-			if r.err != "" {
-				t.Fatalf("exec failed: %s", r.err)
-			}
 			if tt.signal != 0 {
 				if r.done.Signal == nil || *r.done.Signal != tt.signal || r.done.ExitCode != nil {
 					t.Errorf("done = %+v; want signal %d", r.done, tt.signal)
@@ -122,8 +119,9 @@ func TestExecLargeOutput(t *testing.T) {
 	if r.code() != 0 || !bytes.Equal(r.stdout, data) {
 		t.Fatalf("got code %d and %d bytes; want 0 and the %d bytes of the file", r.code(), len(r.stdout), len(data))
 	}
-	for _, n := range r.chunks {
-		if n > agentproto.ChunkSize || n == 0 {
+	id := c.wire.lastSent(t, agentproto.KindExec)
+	for _, f := range c.wire.frames(id) {
+		if n := len(f.p); f.m.Kind == agentproto.KindOutput && (n > agentproto.ChunkSize || n == 0) {
 			t.Fatalf("an output frame carries %d bytes; want 1..%d", n, agentproto.ChunkSize)
 		}
 	}
@@ -193,16 +191,14 @@ func TestExecTimeout(t *testing.T) {
 
 func TestExecSignal(t *testing.T) {
 	c := startAgent(t, Options{})
-	id := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo ready; sleep 1000"}})
-	if f := c.next(id, 5*time.Second); f.m.Kind != agentproto.KindOutput {
-		t.Fatalf("first frame %s; want output", f.m.Kind)
-	}
+	res := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo ready; sleep 1000"}})
 	// SIGTERM, not SIGINT: a test run from a shell without job control
-	// inherits SIGINT ignored, and so would the exec.
-	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindSignal, Signal: int(unix.SIGTERM)}, nil)
-	r := c.wait(id, 5*time.Second)
-	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGTERM) || r.done.TimedOut {
-		t.Errorf("done = %+v; want ended by SIGTERM", r.done)
+	// inherits SIGINT ignored, and so would the exec. The client has no
+	// call for a signal: it is written raw.
+	c.sendRaw(&agentproto.Msg{ID: c.wire.lastSent(t, agentproto.KindExec), Kind: agentproto.KindSignal, Signal: int(unix.SIGTERM)}, nil)
+	r := <-res
+	if r.err != nil || r.signal() != int(unix.SIGTERM) || r.done.TimedOut {
+		t.Errorf("done = %+v, %v; want ended by SIGTERM", r.done, r.err)
 	}
 }
 
@@ -236,112 +232,113 @@ func TestExecEscapedGrandchild(t *testing.T) {
 	}
 }
 
-// sendStdin feeds data to an exec in ChunkSize frames, keeping at most
-// StdinWindow frames unacknowledged, then sends EOF. Output frames that
-// arrive meanwhile are kept in res.
-func (c *client) sendStdin(id uint64, data []byte, res *execResult) {
-	c.t.Helper()
-	inflight := 0
-	awaitAck := func() {
-		for {
-			f := c.next(id, 10*time.Second)
-			switch f.m.Kind {
-			case agentproto.KindStdinAck:
-				inflight--
-				return
-			case agentproto.KindOutput:
-				if f.m.Stream == "stdout" {
-					res.stdout = append(res.stdout, f.p...)
-				} else {
-					res.stderr = append(res.stderr, f.p...)
-				}
-			default:
-				c.t.Fatalf("while sending stdin: unexpected %s %+v", f.m.Kind, f.m)
-			}
-		}
-	}
-	for len(data) > 0 {
-		n := min(len(data), agentproto.ChunkSize)
-		for inflight >= agentproto.StdinWindow {
-			awaitAck()
-		}
-		c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, data[:n])
-		inflight++
-		data = data[n:]
-	}
-	c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindStdin, EOF: true}, nil)
-	inflight++
-	for inflight > 0 {
-		awaitAck()
-	}
-}
-
 func TestExecStdin(t *testing.T) {
 	c := startAgent(t, Options{})
 	data := make([]byte, 1<<20)
 	rand.Read(data)
-	id := c.startExec(agentproto.Exec{Argv: []string{"sha256sum"}, Stdin: true})
-	var r execResult
-	c.sendStdin(id, data, &r)
-	rest := c.wait(id, 10*time.Second)
-	out := string(append(r.stdout, rest.stdout...))
+	r := c.execWith(agentproto.Exec{Argv: []string{"sha256sum"}}, bytes.NewReader(data), nil)
 	sum := sha256.Sum256(data)
-	if rest.code() != 0 || !strings.HasPrefix(out, hex.EncodeToString(sum[:])) {
-		t.Errorf("sha256sum said %q (code %d); want %x", out, rest.code(), sum)
+	if r.err != nil || r.code() != 0 || !strings.HasPrefix(string(r.stdout), hex.EncodeToString(sum[:])) {
+		t.Errorf("sha256sum said %q (code %d, %v); want %x", r.stdout, r.code(), r.err, sum)
+	}
+	// The client kept to the window: every stdin frame was acknowledged.
+	id := c.wire.lastSent(t, agentproto.KindExec)
+	acks := 0
+	for _, f := range c.wire.frames(id) {
+		if f.m.Kind == agentproto.KindStdinAck {
+			acks++
+		}
+	}
+	if want := len(data)/agentproto.ChunkSize + 1; acks < want {
+		t.Errorf("%d stdin acks; want at least %d (one per frame and the EOF)", acks, want)
 	}
 }
 
 func TestExecConcurrent(t *testing.T) {
 	c := startAgent(t, Options{})
-	slow := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "sleep 0.5; echo slow"}})
-	fast := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo fast"}})
-	rf := c.wait(fast, 10*time.Second)
-	rs := c.wait(slow, 10*time.Second)
-	if string(rf.stdout) != "fast\n" || string(rs.stdout) != "slow\n" {
-		t.Errorf("stdout: fast %q slow %q", rf.stdout, rs.stdout)
+	order := make(chan string, 2)
+	results := make(chan execResult, 2)
+	for _, tt := range []struct{ name, script string }{
+		{"slow", "sleep 0.5; echo slow"},
+		{"fast", "echo fast"},
+	} {
+		go func() {
+			r := c.execWith(agentproto.Exec{Argv: []string{"sh", "-c", tt.script}}, nil, nil)
+			order <- tt.name
+			results <- r
+		}()
 	}
-	if rf.doneSeq > rs.doneSeq {
-		t.Errorf("the fast exec finished after the slow one: they did not run concurrently")
+	first, second := <-order, <-order
+	got := map[string]bool{}
+	for range 2 {
+		r := <-results
+		got[string(r.stdout)] = r.err == nil
 	}
+	if !got["fast\n"] || !got["slow\n"] {
+		t.Errorf("outputs %v; want fast and slow, each its own", got)
+	}
+	if first != "fast" || second != "slow" {
+		t.Errorf("finished %s then %s: they did not run concurrently", first, second)
+	}
+}
+
+// zeros is an endless stdin.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // An exec that never reads its stdin, with a full window of stdin frames
 // pending, must not stall anything else on the connection.
 func TestStdinBackpressureDoesNotBlock(t *testing.T) {
 	c := startAgent(t, Options{})
-	stuck := c.startExec(agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true})
-	chunk := make([]byte, agentproto.ChunkSize)
-	for i := 0; i < agentproto.StdinWindow; i++ {
-		c.send(&agentproto.Msg{ID: stuck, Kind: agentproto.KindStdin}, chunk)
+	stuck := make(chan execResult, 1)
+	go func() { stuck <- c.execWith(agentproto.Exec{Argv: []string{"sleep", "1000"}}, zeros{}, nil) }()
+	// Wait until the client has filled the window.
+	deadline := time.Now().Add(5 * time.Second)
+	for n := 0; n < agentproto.StdinWindow; n = c.wire.countSent(agentproto.KindStdin) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client sent %d stdin frames; want a full window of %d", n, agentproto.StdinWindow)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	stuckID := c.wire.lastSent(t, agentproto.KindExec)
 	start := time.Now()
 	r := c.exec(agentproto.Exec{Argv: []string{"echo", "other"}})
 	if string(r.stdout) != "other\n" {
 		t.Errorf("other exec: %q", r.stdout)
 	}
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil), agentproto.KindPong, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindPing}, nil), "")
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("other requests took %s behind a stuck stdin", d)
 	}
-	c.send(&agentproto.Msg{ID: stuck, Kind: agentproto.KindSignal, Signal: int(unix.SIGKILL)}, nil)
-	rs := c.wait(stuck, 5*time.Second)
-	if rs.done == nil || rs.done.Signal == nil || *rs.done.Signal != int(unix.SIGKILL) {
-		t.Errorf("stuck exec ended with %+v; want SIGKILL", rs.done)
+	c.sendRaw(&agentproto.Msg{ID: stuckID, Kind: agentproto.KindSignal, Signal: int(unix.SIGKILL)}, nil)
+	select {
+	case rs := <-stuck:
+		if rs.err != nil || rs.signal() != int(unix.SIGKILL) {
+			t.Errorf("stuck exec ended with %+v, %v; want SIGKILL", rs.done, rs.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stuck exec did not end")
 	}
 }
 
+// A host that ignores the stdin window loses the connection. The client
+// keeps to the window, so the exec and its stdin are written raw.
 func TestStdinWindowOverrunEndsConnection(t *testing.T) {
 	c := startAgent(t, Options{})
-	id := c.startExec(agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true})
-	chunk := make([]byte, agentproto.ChunkSize)
-	// The agent stops reading at the violation, so the client may block:
+	c.rawID++
+	id := c.rawID
+	c.sendRaw(&agentproto.Msg{ID: id, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"sleep", "1000"}, Stdin: true}}, nil)
+	var b bytes.Buffer
+	agentproto.WriteFrame(&b, &agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, make([]byte, agentproto.ChunkSize))
+	// The agent stops reading at the violation, so the writes may block:
 	// send from a goroutine that the cleanup's close releases.
 	go func() {
 		for i := 0; i < 4*agentproto.StdinWindow; i++ {
-			c.wmu.Lock()
-			err := agentproto.WriteFrame(c.w, &agentproto.Msg{ID: id, Kind: agentproto.KindStdin}, chunk)
-			c.wmu.Unlock()
-			if err != nil {
+			if _, err := c.wire.writeRaw(b.Bytes()); err != nil {
 				return
 			}
 		}
@@ -349,9 +346,9 @@ func TestStdinWindowOverrunEndsConnection(t *testing.T) {
 	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "unacknowledged stdin") {
 		t.Errorf("Serve = %v; want a window violation", err)
 	}
-	r := c.wait(id, 5*time.Second)
-	if r.done == nil || r.done.Signal == nil {
-		t.Errorf("exec at connection end: %+v; want killed", r.done)
+	done := c.wire.await(t, id, func(f frame) bool { return f.m.Kind == agentproto.KindExecDone }).m.Done
+	if done == nil || done.Signal == nil {
+		t.Errorf("exec at connection end: %+v; want killed", done)
 	}
 }
 

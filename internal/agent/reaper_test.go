@@ -1,17 +1,21 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 )
 
@@ -39,6 +43,17 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// stdioConn joins an agent process's stdout and stdin into one stream.
+// Close closes its stdin only: the agent then exits, which ends stdout.
+type stdioConn struct {
+	r io.Reader
+	w io.WriteCloser
+}
+
+func (c stdioConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c stdioConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c stdioConn) Close() error                { return c.w.Close() }
 
 // zombieChildren lists children of pid that are zombies.
 func zombieChildren(pid int) []string {
@@ -84,27 +99,43 @@ func TestReapAll(t *testing.T) {
 			t.Error("agent process did not exit after its stdin closed")
 		}
 	})
-	c := newClient(t, out, in)
-	c.awaitHello()
+	c := agentclient.New(stdioConn{out, in}, nil)
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.WaitHello(ctx); err != nil {
+		t.Fatalf("WaitHello: %v", err)
+	}
 
 	// Many short processes at once: a status that arrives before its pid is
 	// registered must still reach its exec.
-	var ids []uint64
-	for i := 0; i < 30; i++ {
-		ids = append(ids, c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%3)}}))
+	codes := make([]int, 30)
+	var wg sync.WaitGroup
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = -1
+			done, err := c.Exec(ctx, agentclient.ExecRequest{Exec: agentproto.Exec{Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%3)}}})
+			if err == nil && done.ExitCode != nil {
+				codes[i] = *done.ExitCode
+			}
+		}()
 	}
-	for i, id := range ids {
-		if r := c.wait(id, 20*time.Second); r.code() != i%3 {
-			t.Errorf("exec %d: code %d; want %d", i, r.code(), i%3)
+	wg.Wait()
+	for i, code := range codes {
+		if code != i%3 {
+			t.Errorf("exec %d: code %d; want %d", i, code, i%3)
 		}
 	}
 
 	// Orphans: a background child killed with the group and one that left
 	// the group and exits later are both re-parented to the agent, which
 	// must reap them.
-	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", "sleep 5 & setsid sleep 0.2 & echo $$"}})
-	if r.code() != 0 {
-		t.Fatalf("orphan maker: code %d stderr %q", r.code(), r.stderr)
+	var stderr bytes.Buffer
+	done, err := c.Exec(ctx, agentclient.ExecRequest{Exec: agentproto.Exec{Argv: []string{"sh", "-c", "sleep 5 & setsid sleep 0.2 & echo $$"}}, Stderr: &stderr})
+	if err != nil || done.ExitCode == nil || *done.ExitCode != 0 {
+		t.Fatalf("orphan maker: %+v, %v, stderr %q", done, err, stderr.String())
 	}
 	var z []string
 	for i := 0; i < 40; i++ {

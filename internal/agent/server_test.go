@@ -2,8 +2,12 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"io"
+	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -11,24 +15,341 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
 )
+
+// The tests drive Serve with the host's own client (internal/agentclient)
+// over a socket pair. Protocol violations and requests the client never
+// makes are written raw on the same connection, and every frame the agent
+// sends is recorded, so that tests can look at what the client hides.
+
+// frame is one frame as it crossed the wire.
+type frame struct {
+	m *agentproto.Msg
+	p []byte
+}
+
+// wireTap is the host end of a test connection. The client reads and
+// writes through it; it records every frame in both directions.
+type wireTap struct {
+	net.Conn
+
+	wmu sync.Mutex // serialises writes: the client's frames and raw ones
+
+	mu   sync.Mutex // guards following
+	in   []byte     // received bytes not yet a whole frame
+	got  []frame    // frames the agent sent, in order
+	sent []*agentproto.Msg
+	wake chan struct{} // signalled on every frame received
+}
+
+func newWireTap(c net.Conn) *wireTap { return &wireTap{Conn: c, wake: make(chan struct{}, 1)} }
+
+func (w *wireTap) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if n > 0 {
+		w.mu.Lock()
+		w.in = append(w.in, p[:n]...)
+		for len(w.in) >= 4 {
+			size := 4 + int(binary.LittleEndian.Uint32(w.in))
+			if len(w.in) < size {
+				break
+			}
+			if m, payload, err := agentproto.ReadFrame(bytes.NewReader(w.in[:size])); err == nil {
+				w.got = append(w.got, frame{m, payload})
+			}
+			w.in = w.in[size:]
+		}
+		w.mu.Unlock()
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
+}
+
+// Write passes one of the client's frames (agentproto.WriteFrame writes
+// each with one call) and records its header.
+func (w *wireTap) Write(p []byte) (int, error) {
+	if m, _, err := agentproto.ReadFrame(bytes.NewReader(p)); err == nil {
+		w.mu.Lock()
+		w.sent = append(w.sent, m)
+		w.mu.Unlock()
+	}
+	return w.writeRaw(p)
+}
+
+// writeRaw writes bytes that need not be a valid frame.
+func (w *wireTap) writeRaw(p []byte) (int, error) {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	return w.Conn.Write(p)
+}
+
+// frames returns the frames received so far for id.
+func (w *wireTap) frames(id uint64) []frame {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []frame
+	for _, f := range w.got {
+		if f.m.ID == id {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// await waits for the first frame for id that match accepts.
+func (w *wireTap) await(t *testing.T, id uint64, match func(frame) bool) frame {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		for _, f := range w.frames(id) {
+			if match == nil || match(f) {
+				return f
+			}
+		}
+		select {
+		case <-w.wake:
+		case <-deadline:
+			t.Fatalf("no matching frame for id %d within 10s (got %d frames for it)", id, len(w.frames(id)))
+		}
+	}
+}
+
+// lastSent waits until the client has sent a request of kind and returns
+// the ID of the last one.
+func (w *wireTap) lastSent(t *testing.T, kind agentproto.Kind) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		for i := len(w.sent) - 1; i >= 0; i-- {
+			if w.sent[i].Kind == kind {
+				id := w.sent[i].ID
+				w.mu.Unlock()
+				return id
+			}
+		}
+		w.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("the client sent no %s", kind)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// countSent is how many requests of kind the client has sent.
+func (w *wireTap) countSent(kind agentproto.Kind) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, m := range w.sent {
+		if m.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// testConn is a served agent and a client on the other end.
+type testConn struct {
+	*agentclient.Client
+	t        *testing.T
+	wire     *wireTap
+	serveErr chan error
+	hello    agentproto.Hello
+	helloErr error // the client's verdict on the hello (a version check)
+	rawID    uint64
+}
+
+// startAgent serves opts over a fresh socket pair and returns a client that
+// has received the agent's Hello.
+func startAgent(t *testing.T, opts Options) *testConn {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := os.NewFile(uintptr(fds[0]), "guest")
+	hostFile := os.NewFile(uintptr(fds[1]), "host")
+	host, err := net.FileConn(hostFile)
+	hostFile.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Logger == nil && testing.Verbose() {
+		opts.Logger = NewConsoleLogger(os.Stderr, true)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &testConn{t: t, wire: newWireTap(host), serveErr: make(chan error, 1), rawID: 1 << 40}
+	go func() { c.serveErr <- Serve(ctx, guest, opts) }()
+	c.Client = agentclient.New(c.wire, nil)
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		select {
+		case err := <-c.serveErr:
+			c.serveErr <- err
+		case <-time.After(5 * time.Second):
+			t.Error("Serve did not return after the connection closed")
+		}
+		guest.Close()
+	})
+	hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer hcancel()
+	c.hello, c.helloErr = c.WaitHello(hctx)
+	if c.helloErr != nil && !errors.Is(c.helloErr, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("WaitHello: %v", c.helloErr)
+	}
+	return c
+}
+
+func (c *testConn) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	c.t.Cleanup(cancel)
+	return ctx
+}
+
+// call sends a request answered by OK or an error.
+func (c *testConn) call(m *agentproto.Msg, payload []byte) error {
+	return c.Call(c.ctx(), m, payload)
+}
+
+// raw sends m with a fresh ID of its own, past the client, and returns the
+// agent's first reply.
+func (c *testConn) raw(m *agentproto.Msg, payload []byte) *agentproto.Msg {
+	c.t.Helper()
+	c.rawID++
+	m.ID = c.rawID
+	c.sendRaw(m, payload)
+	return c.wire.await(c.t, m.ID, nil).m
+}
+
+// sendRaw writes one frame past the client.
+func (c *testConn) sendRaw(m *agentproto.Msg, payload []byte) {
+	c.t.Helper()
+	var b bytes.Buffer
+	if err := agentproto.WriteFrame(&b, m, payload); err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := c.wire.writeRaw(b.Bytes()); err != nil {
+		c.t.Fatalf("sending %s: %v", m.Kind, err)
+	}
+}
+
+// execResult is everything one exec gave.
+type execResult struct {
+	stdout, stderr []byte
+	done           *agentproto.ExecDone
+	err            error
+}
+
+func (r execResult) code() int {
+	if r.done == nil || r.done.ExitCode == nil {
+		return -1
+	}
+	return *r.done.ExitCode
+}
+
+func (r execResult) signal() int {
+	if r.done == nil || r.done.Signal == nil {
+		return 0
+	}
+	return *r.done.Signal
+}
+
+// execWith runs one exec with the client.
+func (c *testConn) execWith(e agentproto.Exec, stdin io.Reader, stdout io.Writer) execResult {
+	var o, er bytes.Buffer
+	var w io.Writer = &o
+	if stdout != nil {
+		w = io.MultiWriter(&o, stdout)
+	}
+	done, err := c.Exec(c.ctx(), agentclient.ExecRequest{Exec: e, Stdin: stdin, Stdout: w, Stderr: &er})
+	return execResult{stdout: o.Bytes(), stderr: er.Bytes(), done: done, err: err}
+}
+
+// startExec runs e in the background and returns once its first output
+// arrived; the result comes on the channel.
+func (c *testConn) startExec(e agentproto.Exec) <-chan execResult {
+	c.t.Helper()
+	first := &firstWrite{ch: make(chan struct{})}
+	res := make(chan execResult, 1)
+	go func() { res <- c.execWith(e, nil, first) }()
+	select {
+	case <-first.ch:
+	case r := <-res:
+		c.t.Fatalf("exec %q ended before its first output: %+v, %v", e.Argv, r.done, r.err)
+	case <-time.After(10 * time.Second):
+		c.t.Fatalf("no output from exec %q", e.Argv)
+	}
+	return res
+}
+
+// firstWrite closes ch on the first write.
+type firstWrite struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.ch) })
+	return len(p), nil
+}
+
+func (c *testConn) exec(e agentproto.Exec) execResult {
+	c.t.Helper()
+	r := c.execWith(e, nil, nil)
+	if r.err != nil {
+		c.t.Fatalf("exec %q: %v", e.Argv, r.err)
+	}
+	return r
+}
+
+// serveResult waits for Serve to return.
+func (c *testConn) serveResult(timeout time.Duration) error {
+	c.t.Helper()
+	select {
+	case err := <-c.serveErr:
+		c.serveErr <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		c.t.Fatalf("Serve did not return within %s", timeout)
+		return nil
+	}
+}
+
+// wantErr checks a call's result: nil when part is empty, else an error
+// containing part.
+func wantErr(t *testing.T, err error, part string) {
+	t.Helper()
+	switch {
+	case part == "" && err != nil:
+		t.Fatalf("call failed: %v", err)
+	case part != "" && (err == nil || !strings.Contains(err.Error(), part)):
+		t.Fatalf("call: %v; want an error containing %q", err, part)
+	}
+}
 
 func TestHelloAndPing(t *testing.T) {
 	c := startAgent(t, Options{})
-	if c.hello.Version != agentproto.Version || c.hello.AgentVersion != Version {
-		t.Errorf("guest hello = %+v; want version %d, agent version %q", c.hello, agentproto.Version, Version)
+	if c.helloErr != nil || c.hello.Version != agentproto.Version || c.hello.AgentVersion != Version {
+		t.Errorf("guest hello = %+v, %v; want version %d, agent version %q", c.hello, c.helloErr, agentproto.Version, Version)
 	}
 	if c.hello.Kernel == "" {
 		t.Errorf("guest hello has no kernel release: %+v", c.hello)
 	}
-	r := c.request(&agentproto.Msg{Kind: agentproto.KindHello, Hello: &agentproto.Hello{Version: agentproto.Version}}, nil)
-	if r.Kind != agentproto.KindHello || r.Hello == nil || r.Hello.Version != agentproto.Version {
-		t.Errorf("hello reply = %+v; want a hello", r)
+	if h, err := c.Hello(c.ctx()); err != nil || h.Version != agentproto.Version {
+		t.Errorf("hello reply = %+v, %v; want a hello", h, err)
 	}
-	r = c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil)
-	if r.Kind != agentproto.KindPong || r.Hello == nil || r.Hello.Version != agentproto.Version {
-		t.Errorf("ping reply = %+v; want a pong with a hello body", r)
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindPing}, nil), "")
+	pong := c.wire.await(t, c.wire.lastSent(t, agentproto.KindPing), nil).m
+	if pong.Kind != agentproto.KindPong || pong.Hello == nil || pong.Hello.Version != agentproto.Version {
+		t.Errorf("ping reply = %+v; want a pong with a hello body", pong)
 	}
 }
 
@@ -63,10 +384,15 @@ func TestProtoVersionOverride(t *testing.T) {
 			if c.hello.Version != tt.want {
 				t.Errorf("hello version = %d; want %d", c.hello.Version, tt.want)
 			}
+			// The host refuses a guest of another protocol.
+			if mismatch := tt.want != agentproto.Version; mismatch != errors.Is(c.helloErr, errdefs.ErrFailedPrecondition) {
+				t.Errorf("the host's verdict on the hello: %v; want a refusal only for another version", c.helloErr)
+			}
 		})
 	}
 }
 
+// Requests the host's client never makes are written raw.
 func TestBadRequests(t *testing.T) {
 	c := startAgent(t, Options{})
 	tests := []struct {
@@ -74,25 +400,34 @@ func TestBadRequests(t *testing.T) {
 		msg  agentproto.Msg
 		want string
 	}{
-		{"unknown kind", agentproto.Msg{ID: 7, Kind: "bogus"}, `unknown message kind "bogus"`},
-		{"reserved id", agentproto.Msg{ID: 0, Kind: agentproto.KindPing}, "id 0 is reserved"},
-		{"empty argv", agentproto.Msg{ID: 8, Kind: agentproto.KindExec, Exec: &agentproto.Exec{}}, "argv is empty"},
-		{"no exec body", agentproto.Msg{ID: 9, Kind: agentproto.KindExec}, "argv is empty"},
-		{"bad env", agentproto.Msg{ID: 10, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"=x"}}}, "empty name"},
-		{"env without =", agentproto.Msg{ID: 11, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A"}}}, "want KEY=VALUE"},
-		{"env with NUL", agentproto.Msg{ID: 12, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A=b\x00"}}}, "contains NUL"},
-		{"negative timeout", agentproto.Msg{ID: 13, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, TimeoutMS: -1}}, "negative"},
-		{"copy out without path", agentproto.Msg{ID: 14, Kind: agentproto.KindCopyOut}, "no path"},
+		{"unknown kind", agentproto.Msg{Kind: "bogus"}, `unknown message kind "bogus"`},
+		{"empty argv", agentproto.Msg{Kind: agentproto.KindExec, Exec: &agentproto.Exec{}}, "argv is empty"},
+		{"no exec body", agentproto.Msg{Kind: agentproto.KindExec}, "argv is empty"},
+		{"bad env", agentproto.Msg{Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"=x"}}}, "empty name"},
+		{"env without =", agentproto.Msg{Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A"}}}, "want KEY=VALUE"},
+		{"env with NUL", agentproto.Msg{Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, Env: []string{"A=b\x00"}}}, "contains NUL"},
+		{"negative timeout", agentproto.Msg{Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"true"}, TimeoutMS: -1}}, "negative"},
+		{"copy out without path", agentproto.Msg{Kind: agentproto.KindCopyOut}, "no path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c.send(&tt.msg, nil)
-			r := c.next(tt.msg.ID, 5*time.Second).m
+			r := c.raw(&tt.msg, nil)
 			if r.Kind != agentproto.KindError || !strings.Contains(r.Error, tt.want) {
 				t.Errorf("reply = %s %q; want an error containing %q", r.Kind, r.Error, tt.want)
 			}
 		})
 	}
+	t.Run("reserved id", func(t *testing.T) {
+		c.sendRaw(&agentproto.Msg{ID: 0, Kind: agentproto.KindPing}, nil)
+		r := c.wire.await(t, 0, func(f frame) bool { return f.m.Kind == agentproto.KindError }).m
+		if !strings.Contains(r.Error, "id 0 is reserved") {
+			t.Errorf("reply to id 0 = %q; want it refused", r.Error)
+		}
+	})
+	// The client sees the same refusals as errors.
+	_, err := c.Exec(c.ctx(), agentclient.ExecRequest{Exec: agentproto.Exec{Argv: []string{"true"}, TimeoutMS: -1}})
+	wantErr(t, err, "negative")
+	wantErr(t, c.call(&agentproto.Msg{Kind: "bogus"}, nil), `unknown message kind "bogus"`)
 }
 
 // fakeSystem records machine operations instead of changing the host.
@@ -144,42 +479,32 @@ func (f *fakeSystem) SyncDisks() error {
 	return f.fail
 }
 
-func wantKind(t *testing.T, r *agentproto.Msg, kind agentproto.Kind, errPart string) {
-	t.Helper()
-	if r.Kind != kind {
-		t.Fatalf("reply = %s %q; want %s", r.Kind, r.Error, kind)
-	}
-	if errPart != "" && !strings.Contains(r.Error, errPart) {
-		t.Fatalf("error %q; want it to contain %q", r.Error, errPart)
-	}
-}
-
 func TestMachineOps(t *testing.T) {
 	sys := &fakeSystem{}
 	c := startAgent(t, Options{System: sys})
 
 	long := strings.Repeat("h", agentproto.MaxHostname+1)
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: long}, nil), agentproto.KindError, "the limit is 64")
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname}, nil), agentproto.KindError, "empty")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: long}, nil), "the limit is 64")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSetHostname}, nil), "empty")
 	if sys.hostname != "" {
 		t.Fatalf("an invalid hostname reached the system: %q", sys.hostname)
 	}
 	max := strings.Repeat("h", agentproto.MaxHostname)
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: max}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: max}, nil), "")
 	if sys.hostname != max {
 		t.Errorf("hostname = %q; want %q", sys.hostname, max)
 	}
 
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSyncClock}, nil), agentproto.KindError, "unix_nano")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSyncClock}, nil), "unix_nano")
 	now := time.Now()
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: now.UnixNano()}}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: now.UnixNano()}}, nil), "")
 	if !sys.clock.Equal(now) {
 		t.Errorf("clock = %v; want %v", sys.clock, now)
 	}
 
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, nil), agentproto.KindError, "empty")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, nil), "empty")
 	seed := []byte("0123456789abcdef")
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, seed), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, seed), "")
 	if !bytes.Equal(sys.entropy, seed) {
 		t.Errorf("entropy = %q; want %q", sys.entropy, seed)
 	}
@@ -203,7 +528,7 @@ func TestConfigureNet(t *testing.T) {
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
-			wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: tt.net}, nil), agentproto.KindError, tt.want)
+			wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: tt.net}, nil), tt.want)
 		})
 	}
 	if sys.net != nil {
@@ -211,7 +536,7 @@ func TestConfigureNet(t *testing.T) {
 	}
 	cfg := &agentproto.NetConfig{Address: "10.0.2.15/24", Gateway: "10.0.2.2", DNS: []string{"10.0.2.3"},
 		Env: []string{"HTTP_PROXY=http://10.0.2.2:3128", "LANG=en_US.UTF-8"}}
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: cfg}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: cfg}, nil), "")
 	if sys.net == nil || sys.net.Address != cfg.Address {
 		t.Fatalf("system got %+v; want %+v", sys.net, cfg)
 	}
@@ -229,7 +554,7 @@ func TestConfigureNet(t *testing.T) {
 	sys.mu.Unlock()
 	again := *cfg
 	again.Env = []string{"HTTP_PROXY=http://10.0.2.2:8080"}
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), "")
 	if sys.net != nil {
 		t.Errorf("the configuration in force was applied again: %+v", sys.net)
 	}
@@ -238,13 +563,13 @@ func TestConfigureNet(t *testing.T) {
 		t.Errorf("env after a repeated configure: got %q", got)
 	}
 	again.Env = cfg.Env
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &again}, nil), "")
 
 	// A failure of the system is reported and keeps the old env.
 	sys.mu.Lock()
 	sys.fail = errors.New("no such device")
 	sys.mu.Unlock()
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &agentproto.NetConfig{Address: "10.0.3.15/24", Env: []string{"HTTP_PROXY=x"}}}, nil), agentproto.KindError, "no such device")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &agentproto.NetConfig{Address: "10.0.3.15/24", Env: []string{"HTTP_PROXY=x"}}}, nil), "no such device")
 	r = c.exec(agentproto.Exec{Argv: []string{"sh", "-c", `echo "$HTTP_PROXY"`}})
 	if got := string(r.stdout); got != "http://10.0.2.2:3128\n" {
 		t.Errorf("env after a failed configure: got %q", got)
@@ -258,18 +583,17 @@ func TestNoSystemRefusesMachineOps(t *testing.T) {
 		{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: 1}},
 		{Kind: agentproto.KindConfigureNet, Net: &agentproto.NetConfig{Address: "10.0.2.15/24"}},
 	} {
-		wantKind(t, c.request(&m, nil), agentproto.KindError, "PID 1")
+		wantErr(t, c.call(&m, nil), "PID 1")
 	}
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, []byte("x")), agentproto.KindError, "PID 1")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, []byte("x")), "PID 1")
 }
 
 func TestHalt(t *testing.T) {
 	sys := &fakeSystem{}
 	c := startAgent(t, Options{System: sys})
-	id := c.startExec(agentproto.Exec{Argv: []string{"sleep", "30"}})
-	time.Sleep(50 * time.Millisecond)
+	res := c.startExec(agentproto.Exec{Argv: []string{"sh", "-c", "echo ready; exec sleep 30"}})
 	start := time.Now()
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), agentproto.KindOK, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), "")
 	if err := c.serveResult(5 * time.Second); err != nil {
 		t.Errorf("Serve after halt = %v; want nil", err)
 	}
@@ -279,26 +603,28 @@ func TestHalt(t *testing.T) {
 	if sys.synced != 1 {
 		t.Errorf("SyncDisks called %d times; want 1", sys.synced)
 	}
-	r := c.wait(id, 5*time.Second)
-	if r.done == nil || r.done.Signal == nil || *r.done.Signal != int(unix.SIGKILL) {
-		t.Errorf("exec running at halt ended with %+v; want killed", r.done)
+	select {
+	case r := <-res:
+		if r.err != nil || r.signal() != int(unix.SIGKILL) {
+			t.Errorf("exec running at halt ended with %+v, %v; want killed", r.done, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the exec running at halt did not end")
 	}
 }
 
 func TestHaltSyncFailure(t *testing.T) {
 	sys := &fakeSystem{fail: errors.New("disk gone")}
 	c := startAgent(t, Options{System: sys})
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), agentproto.KindError, "disk gone")
-	wantKind(t, c.request(&agentproto.Msg{Kind: agentproto.KindPing}, nil), agentproto.KindPong, "")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), "disk gone")
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindPing}, nil), "")
 }
 
 func TestOversizeFrameEndsConnection(t *testing.T) {
 	c := startAgent(t, Options{})
 	var hdr [8]byte
 	binary.LittleEndian.PutUint32(hdr[:4], agentproto.MaxFrame)
-	c.wmu.Lock()
-	c.w.Write(hdr[:])
-	c.wmu.Unlock()
+	c.wire.writeRaw(hdr[:])
 	err := c.serveResult(5 * time.Second)
 	if !errors.Is(err, agentproto.ErrFrameTooLarge) {
 		t.Errorf("Serve = %v; want ErrFrameTooLarge", err)
@@ -311,9 +637,7 @@ func TestGarbageHeaderEndsConnection(t *testing.T) {
 	b = binary.LittleEndian.AppendUint32(b, 4+3)
 	b = binary.LittleEndian.AppendUint32(b, 3)
 	b = append(b, "{{{"...)
-	c.wmu.Lock()
-	c.w.Write(b)
-	c.wmu.Unlock()
+	c.wire.writeRaw(b)
 	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "decoding header") {
 		t.Errorf("Serve = %v; want a decoding error", err)
 	}

@@ -1,7 +1,8 @@
 package agent
 
 import (
-	"bufio"
+	"bytes"
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 )
 
@@ -131,52 +133,63 @@ func TestBootInVM(t *testing.T) {
 		t.Fatal("could not connect to the agent socket")
 	}
 	defer conn.Close()
-	cl := newClient(t, bufio.NewReader(conn), conn)
+	cl := agentclient.New(conn, nil)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	bootStart := time.Now()
-	f := cl.next(0, 90*time.Second)
-	if f.m.Kind != agentproto.KindHello || f.m.Hello == nil {
-		t.Fatalf("first frame %+v", f.m)
+	h, err := cl.WaitHello(ctx)
+	if err != nil {
+		t.Fatalf("WaitHello: %v", err)
 	}
-	h := f.m.Hello
-	t.Logf("hello after %s: %+v", time.Since(bootStart), *h)
-	if h.BootError != "" || h.Kernel == "" || h.Version != agentproto.Version {
-		t.Fatalf("hello %+v; want no boot error", *h)
+	t.Logf("hello after %s: %+v", time.Since(bootStart), h)
+	if h.BootError != "" || h.Kernel == "" {
+		t.Fatalf("hello %+v; want no boot error", h)
+	}
+	guestExec := func(argv ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		var o, e bytes.Buffer
+		done, err := cl.Exec(ctx, agentclient.ExecRequest{Exec: agentproto.Exec{Argv: argv, TimeoutMS: 5000}, Stdout: &o, Stderr: &e})
+		if err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		code = -1
+		if done.ExitCode != nil {
+			code = *done.ExitCode
+		}
+		return o.String(), e.String(), code
 	}
 
-	r := cl.exec(agentproto.Exec{Argv: []string{"sh", "-c", "hostname; pwd; echo kept > /root/kept; cat /proc/self/mountinfo | grep -c ' / / '"}})
-	if r.code() != 0 || !strings.HasPrefix(string(r.stdout), "smoke\n/root\n") {
-		t.Errorf("exec: code %d stdout %q stderr %q", r.code(), r.stdout, r.stderr)
+	if out, errs, code := guestExec("sh", "-c", "hostname; pwd; echo kept > /root/kept; cat /proc/self/mountinfo | grep -c ' / / '"); code != 0 || !strings.HasPrefix(out, "smoke\n/root\n") {
+		t.Errorf("exec: code %d stdout %q stderr %q", code, out, errs)
 	}
-	r = cl.exec(agentproto.Exec{Argv: []string{"sh", "-c", "cat /etc/layer.txt; test -e /bin/ls || echo ls-deleted"}})
-	if string(r.stdout) != "from layer 0\nls-deleted\n" {
-		t.Errorf("layer contents: code %d stdout %q stderr %q", r.code(), r.stdout, r.stderr)
+	if out, errs, code := guestExec("sh", "-c", "cat /etc/layer.txt; test -e /bin/ls || echo ls-deleted"); out != "from layer 0\nls-deleted\n" {
+		t.Errorf("layer contents: code %d stdout %q stderr %q", code, out, errs)
 	}
-	r = cl.exec(agentproto.Exec{Argv: []string{"nosuchprog"}})
-	if r.code() != 127 || !strings.Contains(string(r.stderr), "command not found") {
-		t.Errorf("missing program: code %d stderr %q", r.code(), r.stderr)
+	if _, errs, code := guestExec("nosuchprog"); code != 127 || !strings.Contains(errs, "command not found") {
+		t.Errorf("missing program: code %d stderr %q", code, errs)
 	}
 	// Orphans of an exec are reaped by PID 1.
-	r = cl.exec(agentproto.Exec{Argv: []string{"sh", "-c", "sleep 100 & echo bg"}, TimeoutMS: 5000})
-	if r.code() != 0 {
-		t.Errorf("background exec: %+v", r.done)
+	if _, errs, code := guestExec("sh", "-c", "sleep 100 & echo bg"); code != 0 {
+		t.Errorf("background exec: code %d stderr %q", code, errs)
 	}
-	id := cl.id()
-	cl.send(&agentproto.Msg{ID: id, Kind: agentproto.KindCopyOut, Path: "/etc/hello.txt"}, nil)
-	var got []byte
-	for {
-		fr := cl.next(id, 10*time.Second)
-		if fr.m.Kind == agentproto.KindFileChunk {
-			got = append(got, fr.p...)
-			continue
-		}
-		if fr.m.Kind != agentproto.KindFileDone || string(got) != "hello from the base\n" || fr.m.File.Mode != 0o640 {
-			t.Errorf("copy out: %s %q %+v data %q", fr.m.Kind, fr.m.Error, fr.m.File, got)
-		}
-		break
+	var got memFile
+	if fd, err := cl.CopyOut(ctx, "/etc/hello.txt", agentclient.CopyLimits{MaxData: agentclient.NoLimit}, &got); err != nil ||
+		string(got.b) != "hello from the base\n" || fd.Mode != 0o640 {
+		t.Errorf("copy out: %+v, %v, data %q", fd, err, got.b)
 	}
-	wantKind(t, cl.request(&agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil), agentproto.KindOK, "")
-	wantKind(t, cl.request(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, make([]byte, 64)), agentproto.KindOK, "")
-	wantKind(t, cl.request(&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil), agentproto.KindOK, "")
+	for _, call := range []struct {
+		msg     *agentproto.Msg
+		payload []byte
+	}{
+		{&agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil},
+		{&agentproto.Msg{Kind: agentproto.KindAddEntropy}, make([]byte, 64)},
+		{&agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil},
+	} {
+		if err := cl.Call(ctx, call.msg, call.payload); err != nil {
+			t.Errorf("%s: %v", call.msg.Kind, err)
+		}
+	}
 	select {
 	case <-exited:
 	case <-time.After(20 * time.Second):
