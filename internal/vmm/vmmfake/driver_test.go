@@ -149,6 +149,9 @@ func TestCrashMidExec(t *testing.T) {
 	if err := s.M.Wait(); !errors.Is(err, died) {
 		t.Errorf("Wait after Crash: %v; want the crash's error", err)
 	}
+	if !strings.HasSuffix(s.Serial.String(), died.Error()+"\n") {
+		t.Errorf("console does not end with the crash:\n%s", s.Serial.Tail(500))
+	}
 	if err := <-res; !errors.Is(err, agentclient.ErrClosed) {
 		t.Errorf("exec when the guest died: %v; want ErrClosed", err)
 	}

@@ -51,7 +51,8 @@ type Machine struct {
 	host    net.Conn // the channel's host end, returned by Agent
 	guest   net.Conn // the agent's end
 	sys     *system
-	console *slog.Logger
+	serial  *consoleWriter // the console, as the guest writes it
+	console *slog.Logger   // the agent's lines on serial
 
 	ctx    context.Context // the agent's; cancelled when the machine stops
 	cancel context.CancelFunc
@@ -86,9 +87,9 @@ func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
 		host.Close()
 		return nil, err
 	}
-	var console io.Writer = io.Discard
+	console := &consoleWriter{w: io.Discard}
 	if cfg.SerialLog != nil {
-		console = cfg.SerialLog
+		console.w = cfg.SerialLog
 	}
 	accel := g.accel
 	if accel == "" {
@@ -99,6 +100,7 @@ func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
 		drv: d, cfg: cfg, accel: accel, g: g, started: time.Now(),
 		host: host, guest: gconn,
 		sys:     newSystem(g.state, cfg.Cmdline),
+		serial:  console,
 		console: agent.NewConsoleLogger(console, cmdlineValue(cfg.Cmdline, agentproto.CmdlineDebug) == "1"),
 		ctx:     ctx, cancel: cancel,
 		paused:  make(chan struct{}),
@@ -166,6 +168,7 @@ func (m *Machine) hello() agentproto.Hello {
 func (m *Machine) exit(err error) {
 	m.exitOnce.Do(func() {
 		m.err = err
+		m.serial.stop()
 		close(m.stopped)
 		m.cancel()
 		m.guest.Close()
@@ -211,14 +214,15 @@ func (m *Machine) Kill() error {
 	return nil
 }
 
-// Crash makes the guest die as a hostile or broken guest would: the channel
-// closes under the host and the machine stops with err (ErrCrashed when
+// Crash makes the guest die as a hostile or broken guest would: err's text
+// (a kernel's last words, say) is the console's last line, the channel
+// closes under the host, and the machine stops with err (ErrCrashed when
 // nil). Safe from any goroutine, OnRequest included.
 func (m *Machine) Crash(err error) {
 	if err == nil {
 		err = ErrCrashed
 	}
-	m.console.Error("vmmfake guest crashed", "err", err)
+	io.WriteString(m.serial, err.Error()+"\n")
 	m.exit(err)
 }
 
@@ -270,6 +274,29 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("vmmfake snapshot: %w", err)
 	}
 	return nil
+}
+
+// consoleWriter serialises the console's writers (the agent's logger and
+// Crash) and drops what a stopped guest would never have written.
+type consoleWriter struct {
+	mu      sync.Mutex // guards following
+	w       io.Writer
+	stopped bool
+}
+
+func (c *consoleWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return len(p), nil
+	}
+	return c.w.Write(p)
+}
+
+func (c *consoleWriter) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
 }
 
 // errStopped ends the agent's reads and writes once the machine stopped.
