@@ -17,8 +17,9 @@ import (
 	"isopod/internal/paths"
 )
 
-// BuildBaseMin builds base-min: the pinned static busybox with a link for
-// every applet, and the skeleton every base has.
+// BuildBaseMin builds base-min: the pinned static busybox (BusyboxPin,
+// fetched from a Debian mirror's pool) with a link for every applet, and the
+// skeleton every base has.
 func BuildBaseMin(ctx context.Context, paths paths.Paths, opts BuildOptions) (BaseInfo, error) {
 	log := logger(opts.Logger)
 	pin := BusyboxPin
@@ -44,12 +45,9 @@ func BuildBaseMin(ctx context.Context, paths paths.Paths, opts BuildOptions) (Ba
 		return BaseInfo{}, err
 	}
 	log.Info("downloading busybox", "package", pin.Package, "version", pin.Version)
-	deb, err := opts.Apt.Download(ctx, dl, pin.Package, pin.Version)
+	deb, err := fetchFromPool(ctx, opts.HTTPClient, log, dl, poolMirrors(opts.Mirror, "/etc/apt"), pin)
 	if err != nil {
 		return BaseInfo{}, fmt.Errorf("fetching %s: %w", pin.Package, err)
-	}
-	if err := verifyDigest(deb, pin.SHA256); err != nil {
-		return BaseInfo{}, err
 	}
 	root := filepath.Join(work, "root")
 	if err := makeRootSkeleton(root); err != nil {

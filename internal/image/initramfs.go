@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -36,9 +37,13 @@ type BuildOptions struct {
 	Kernel string
 	// Force rebuilds even when the existing build is current.
 	Force bool
-	// Mirror overrides the Debian mirror base-debian is bootstrapped from;
-	// default: the host's configured apt source for the suite.
+	// Mirror overrides the Debian mirror base-debian is bootstrapped from
+	// and base-min's busybox is fetched from; default: the host's
+	// configured apt sources (base-min: then DefaultDebianMirror).
 	Mirror string
+	// HTTPClient fetches packages pinned by pool path; nil: a client that
+	// takes no proxy from the environment.
+	HTTPClient *http.Client
 }
 
 // InitramfsInfo is the initramfs sidecar (images/initramfs*.json).

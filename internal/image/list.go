@@ -22,8 +22,10 @@ type ImageInfo struct {
 	ContentSHA256   string `json:"content_sha256,omitempty"`
 	ProtocolVersion int    `json:"protocol_version,omitempty"`
 	BuiltUnix       int64  `json:"built_unix,omitempty"`
-	// Stale: built for another protocol version, or (initramfs) holding
-	// another agent build or made for another kernel. Rebuild it.
+	// Stale: a base whose file disagrees with its record or that was made
+	// by another build recipe, or an initramfs built for another protocol
+	// version, holding another agent build or made for another kernel.
+	// Rebuild it.
 	Stale       bool   `json:"stale"`
 	StaleReason string `json:"stale_reason,omitempty"`
 }
@@ -102,9 +104,13 @@ func baseStatus(paths paths.Paths, flavor string) (ImageInfo, error) {
 	ii.Built, ii.Size, ii.ContentSHA256 = true, fi.Size(), side.ContentSHA256
 	ii.ProtocolVersion, ii.BuiltUnix = side.ProtocolVersion, side.BuiltUnix
 	// A base holds no part of isopod (the agent is in the initramfs), so
-	// only a file that is not what its record says makes it stale.
-	if fi.Size() != side.Size {
+	// only a file that is not what its record says, or a record of another
+	// way of making the base (see baseRecipes), makes it stale.
+	switch {
+	case fi.Size() != side.Size:
 		ii.Stale, ii.StaleReason = true, fmt.Sprintf("image is %d bytes, its record says %d", fi.Size(), side.Size)
+	case side.Recipe != baseRecipes[flavor]:
+		ii.Stale, ii.StaleReason = true, fmt.Sprintf("made by build recipe %d, this isopod makes recipe %d", side.Recipe, baseRecipes[flavor])
 	}
 	return ii, nil
 }
@@ -129,7 +135,8 @@ func LookupBase(paths paths.Paths, flavor string) (ImageInfo, error) {
 		return ImageInfo{}, fmt.Errorf("base %s is not built: run `isopod image build %s` (or `isopod image build-all`): %w", flavor, flavor, errdefs.ErrFailedPrecondition)
 	}
 	if ii.Stale {
-		return ImageInfo{}, fmt.Errorf("base %s is stale (%s): run `isopod image build %s`: %w", flavor, ii.StaleReason, flavor, errdefs.ErrFailedPrecondition)
+		return ImageInfo{}, fmt.Errorf("base %s is stale (%s): run `isopod image build %s`; stages made over the old build "+
+			"are then refused as made over another base build until they are rebuilt: %w", flavor, ii.StaleReason, flavor, errdefs.ErrFailedPrecondition)
 	}
 	return ii, nil
 }

@@ -23,7 +23,7 @@ func fakeBase(t *testing.T, paths paths.Paths, flavor string, proto int) {
 	if err := os.WriteFile(p, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	info := BaseInfo{Flavor: flavor, ContentSHA256: sha256Bytes(data), ProtocolVersion: proto, Size: int64(len(data)), Inputs: []Pin{BusyboxPin}}
+	info := BaseInfo{Flavor: flavor, Recipe: baseRecipes[flavor], ContentSHA256: sha256Bytes(data), ProtocolVersion: proto, Size: int64(len(data)), Inputs: []Pin{BusyboxPin}}
 	if err := writeJSONAtomic(sidecarPath(p), info); err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +60,27 @@ func TestListImagesAndLookupBase(t *testing.T) {
 	}
 	if _, err := LookupBase(paths, FlavorBaseDebian); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "isopod image build base-debian") {
 		t.Errorf("stale lookup: %v", err)
+	}
+	// A base made by an earlier recipe (base-min before its busybox
+	// changed) is stale, and the refusal says how to rebuild it and what
+	// that means for stages.
+	side := sidecarPath(BasePath(paths, FlavorBaseMin))
+	var info BaseInfo
+	if err := readJSON(side, &info); err != nil {
+		t.Fatal(err)
+	}
+	info.Recipe--
+	if err := writeJSONAtomic(side, info); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LookupBase(paths, FlavorBaseMin)
+	for _, want := range []string{"build recipe", "isopod image build base-min", "stages made over the old build"} {
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), want) {
+			t.Errorf("lookup of an earlier recipe's base-min: got %v; want a failed precondition mentioning %q", err, want)
+		}
+	}
+	if _, ok := currentBase(paths, FlavorBaseMin, nil); ok {
+		t.Error("an earlier recipe's base-min is current; want it rebuilt")
 	}
 	if _, err := LookupBase(paths, "base-nope"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("unknown flavor: %v", err)

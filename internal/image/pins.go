@@ -5,6 +5,9 @@ type Pin struct {
 	Package string `json:"package"`
 	Version string `json:"version"`
 	SHA256  string `json:"sha256"`
+	// Filename is the .deb's path in a Debian mirror, for a package taken
+	// from a suite the host's apt does not serve; empty: apt downloads it.
+	Filename string `json:"filename,omitempty"`
 }
 
 // KernelPin is the guest kernel: Debian bookworm's cloud kernel.
@@ -18,11 +21,14 @@ var KernelPin = Pin{
 // follows it.
 const KernelMetaPackage = "linux-image-cloud-amd64"
 
-// BusyboxPin is the busybox that base-min is made of.
+// BusyboxPin is the busybox that base-min is made of: Debian trixie's
+// static build, fetched from a Debian mirror's pool (see fetchFromPool).
+// bookworm's 1:1.35.0-4+deb12u1+b1 crashed in `wget -T`.
 var BusyboxPin = Pin{
-	Package: "busybox-static",
-	Version: "1:1.35.0-4+deb12u1+b1",
-	SHA256:  "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744",
+	Package:  "busybox-static",
+	Version:  "1:1.37.0-6+b9",
+	SHA256:   "598a3fd92bdafc34cd81196b2952ad36e910e47a4ecf162f8ce5e8e262598e53",
+	Filename: "pool/main/b/busybox/busybox-static_1.37.0-6+b9_amd64.deb",
 }
 
 // GuestModules are the modules the guest needs when the kernel builds them

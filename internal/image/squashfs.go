@@ -18,7 +18,7 @@ import (
 // BaseInfo is a base image sidecar (images/base-<flavor>.json).
 type BaseInfo struct {
 	Flavor string `json:"flavor"`
-	// Recipe is the build recipe's revision; see baseRecipe.
+	// Recipe is the build recipe's revision; see baseRecipes.
 	Recipe          int    `json:"recipe"`
 	ContentSHA256   string `json:"content_sha256"` // sha256 of the .sqfs
 	ProtocolVersion int    `json:"protocol_version"`
@@ -34,9 +34,11 @@ type BaseInfo struct {
 	Cached bool   `json:"-"`
 }
 
-// baseRecipe is bumped whenever the way bases are made changes (layout,
-// mksquashfs options), so that a current-looking base is rebuilt.
-const baseRecipe = 1
+// baseRecipes are the bases' build recipe revisions. A flavor's is bumped
+// whenever the way it is made changes (layout, inputs, mksquashfs options):
+// a base made by another revision is rebuilt by the next build and refused
+// as stale until then. base-min 2: busybox 1.37 from trixie.
+var baseRecipes = map[string]int{FlavorBaseMin: 2, FlavorBaseDebian: 1}
 
 // BasePath is where a base flavor's squashfs lives.
 func BasePath(paths paths.Paths, flavor string) string {
@@ -157,7 +159,7 @@ func packAndPublish(ctx context.Context, paths paths.Paths, root string, info *B
 	info.ContentSHA256 = sum
 	info.Size = fi.Size()
 	info.ProtocolVersion = agentproto.Version
-	info.Recipe = baseRecipe
+	info.Recipe = baseRecipes[info.Flavor]
 	info.BuiltUnix = time.Now().Unix()
 	info.Path = dst
 	unlock, err := lock(paths, info.Flavor)
@@ -171,8 +173,9 @@ func packAndPublish(ctx context.Context, paths paths.Paths, root string, info *B
 	return writeJSONAtomic(sidecarPath(dst), info)
 }
 
-// currentBase returns the published sidecar of flavor when it is built for
-// this protocol and matches inputs (nil inputs: any).
+// currentBase returns the published sidecar of flavor when it was made by
+// this isopod's recipe and matches inputs (nil inputs: any). A base holds
+// no part of isopod, so another protocol version does not rebuild it.
 func currentBase(paths paths.Paths, flavor string, inputs []Pin) (BaseInfo, bool) {
 	var info BaseInfo
 	p := BasePath(paths, flavor)
@@ -180,7 +183,7 @@ func currentBase(paths paths.Paths, flavor string, inputs []Pin) (BaseInfo, bool
 		return BaseInfo{}, false
 	}
 	fi, err := os.Stat(p)
-	if err != nil || fi.Size() != info.Size || info.ProtocolVersion != agentproto.Version || info.Recipe != baseRecipe {
+	if err != nil || fi.Size() != info.Size || info.Recipe != baseRecipes[flavor] {
 		return BaseInfo{}, false
 	}
 	if inputs != nil {
