@@ -20,7 +20,6 @@ import (
 
 	"isopod/internal/config"
 	"isopod/internal/knobs"
-	"isopod/internal/sandbox"
 )
 
 // The test binary doubles as the server: with serveEnv=1, TestMain serves
@@ -229,12 +228,12 @@ func findVMBase() (base, why string) {
 	return "", fmt.Sprintf("no base is built under %s; build the images first (isopod image ls)", paths.Home)
 }
 
-func reportOf(t *testing.T, r *mcp.CallToolResult) sandbox.Report {
+func reportOf(t *testing.T, r *mcp.CallToolResult) RunResult {
 	t.Helper()
 	if r.IsError {
 		t.Fatalf("tool error: %s", resultText(r))
 	}
-	var rep sandbox.Report
+	var rep RunResult
 	raw, _ := json.Marshal(r.StructuredContent)
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatalf("report: %v (%s)", err, raw)

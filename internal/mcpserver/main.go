@@ -6,8 +6,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"isopod/internal/config"
 )
 
@@ -60,14 +58,10 @@ func mainWith(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer,
 		return 1
 	}
 	log.Info("isopod-mcp serving on stdio", "version", version, "state", paths.Home, "allow_base_skew", settings.AllowBaseSkew)
-	t := &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}
+	t := &StdioTransport{Reader: io.NopCloser(stdin), Writer: stdout, Logger: log}
 	if err := srv.Run(ctx, t); err != nil {
 		log.Error("isopod-mcp: session ended with an error", "err", err)
 		return 1
 	}
 	return 0
 }
-
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,21 +48,23 @@ type CopyOutArg struct {
 	Host  string `json:"host" jsonschema:"destination on the HOST, under the server's host-I/O root (relative paths are taken from that root); an existing file there is replaced"`
 }
 
-const runDescription = `Run one shell command in a fresh, isolated microVM and destroy the VM afterwards. Returns one JSON report: exit_code (null if killed by a signal or timed out), signal, timed_out, stdout and stderr (first 64 KiB each, with *_truncated, exact *_bytes, and complete logs at *_log_path), timings in ms (total_ms, exec_ms, boot_ms...), vm_id, and stage_id/stage_name when commit_as committed. A non-zero exit_code is a normal result, not a tool error.
+const runDescription = `Run one shell command in a fresh, isolated microVM and destroy the VM afterwards. Returns one JSON report: exit_code (null if killed by a signal or timed out), signal, timed_out, stdout and stderr (first 64 KiB each, with *_truncated, exact *_bytes, and complete logs at *_log_path), timings in ms (total_ms, duration_ms for the command itself, boot_ms...), vm_id and vm_name, and stage_id/stage_name when commit_as committed (commit_error when the commit failed; the run still succeeded). A non-zero exit_code is a normal result, not a tool error.
 
 Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. Fork a saved stage with stage. timeout_s covers boot and command together.
 
 Network: on by default (NAT). network=false for untrusted code; allow_hosts (even []) switches to default-deny filtering and the report's egress lists what was allowed and denied.`
 
 // sandboxRun is the sandbox_run handler.
-func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in RunArgs) (*mcp.CallToolResult, *sandbox.Report, error) {
+func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in RunArgs) (*RunResult, error) {
 	s.countRun()
 	ctx, done := s.track(ctx)
 	defer done()
 
 	r, err := s.buildRequest(in)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox_run refused (%s): %v", errdefs.Class(err), err)
+		// Nothing has started: whatever its class, this is a refusal.
+		s.log.Info("tool refused", "tool", ToolSandboxRun, "err", err)
+		return nil, errors.New(refusalText(ToolSandboxRun, err))
 	}
 	stop := s.keepalive(ctx, req)
 	rep, err := s.cfg.Core.Run(ctx, r)
@@ -70,23 +73,55 @@ func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in Ru
 		err = fmt.Errorf("the core returned no report")
 	}
 	if err != nil {
-		base := r.Base
-		if base == "" {
-			base = DefaultBase
-		}
-		return nil, nil, s.toolError(ctx, ToolSandboxRun, base, err)
+		return nil, s.toolError(ctx, failure{tool: ToolSandboxRun, stage: r.Stage, base: r.Base}, err)
 	}
-	return nil, rep, nil
+	return runResult(rep), nil
+}
+
+// inspectorArgs accepts what form-based clients (MCP Inspector) send for
+// sandbox_run's boolean and array arguments: text. network "true" or
+// "false" becomes the boolean; allow_hosts, allow_cidrs and copy_out given
+// as the JSON text of an array ("[]", "[\"pypi.org\"]") become that array;
+// an empty string (or "null") for any of the four means not given. Anything
+// else is left for the checker to refuse.
+func inspectorArgs(args map[string]any) {
+	if v, ok := args["network"].(string); ok {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "", "null":
+			delete(args, "network")
+		case "true":
+			args["network"] = true
+		case "false":
+			args["network"] = false
+		}
+	}
+	for _, name := range []string{"allow_hosts", "allow_cidrs", "copy_out"} {
+		v, ok := args[name].(string)
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		if v == "" || v == "null" {
+			delete(args, name)
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(v))
+		dec.UseNumber()
+		var arr []any
+		if strings.HasPrefix(v, "[") && dec.Decode(&arr) == nil && dec.InputOffset() == int64(len(v)) {
+			args[name] = arr
+		}
+	}
 }
 
 // buildRequest maps sandbox_run's arguments to a core request. Host paths
 // are confined here, before anything starts.
 func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf(format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	bad := func(path, format string, a ...any) error {
+		return &refusal{path, fmt.Sprintf(format, a...)}
 	}
 	if strings.TrimSpace(in.Cmd) == "" {
-		return sandbox.Request{}, bad("cmd is empty; give the shell command to run, e.g. \"echo hi\"")
+		return sandbox.Request{}, bad("cmd", "empty; give the shell command to run, e.g. \"echo hi\"")
 	}
 	r := sandbox.Request{
 		Argv:       []string{"/bin/sh", "-c", in.Cmd},
@@ -114,7 +149,7 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	}
 	if in.Network != nil && !*in.Network {
 		if in.AllowHosts != nil || in.AllowCIDRs != nil {
-			return sandbox.Request{}, bad("network=false removes the network card, so allow_hosts/allow_cidrs cannot apply; drop one of them")
+			return sandbox.Request{}, bad("network", "false removes the network card, so allow_hosts and allow_cidrs cannot apply; drop one or the other")
 		}
 		r.NoNetwork = true
 	}
@@ -126,14 +161,14 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	slices.Sort(keys)
 	for _, k := range keys {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return sandbox.Request{}, bad("env name %q is invalid: names must be non-empty and contain no '=' or NUL", k)
+			return sandbox.Request{}, bad("env", "the name %s is invalid: names must be non-empty and contain no '=' or NUL", describe(k))
 		}
 		r.Env = append(r.Env, k+"="+in.Env[k])
 	}
 
 	if in.StdinFile != "" {
 		if in.Stdin != "" {
-			return sandbox.Request{}, bad("stdin and stdin_file are both set; give one")
+			return sandbox.Request{}, bad("stdin_file", "stdin is given too; give one of them")
 		}
 		data, _, err := s.cfg.HostIO.ReadStdinFile(in.StdinFile)
 		if err != nil {
@@ -145,8 +180,8 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	}
 
 	for i, c := range in.CopyOut {
-		if c.Guest == "" {
-			return sandbox.Request{}, bad("copy_out[%d].guest is empty; give the file's absolute path inside the VM", i)
+		if !strings.HasPrefix(c.Guest, "/") {
+			return sandbox.Request{}, bad(fmt.Sprintf("copy_out[%d].guest", i), "give the file's absolute path inside the VM (got %s)", describe(c.Guest))
 		}
 		host, err := s.cfg.HostIO.ResolveCopyOut(c.Host)
 		if err != nil {
@@ -182,12 +217,4 @@ func (s *Server) makeParents(cos []sandbox.CopyOut) error {
 		}
 	}
 	return nil
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
 }

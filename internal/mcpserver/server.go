@@ -126,19 +126,22 @@ func New(cfg Config) (*Server, error) {
 		Logger:       sdkLog,
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
-	if err := s.addTools(); err != nil {
-		return nil, err
-	}
+	s.addTools()
 	return s, nil
 }
 
 // MCP returns the underlying SDK server (for in-process transports).
 func (s *Server) MCP() *mcp.Server { return s.mcp }
 
-// Run starts the start-up GC, serves one session over t until it ends or
-// ctx is cancelled, then tears down any run still in flight and waits for it.
+// Run starts the start-up GC and serves one session over t until it ends
+// or ctx is cancelled. Cancelling ctx (the process was told to stop)
+// cancels every run in flight at once: the SDK's session close waits for
+// the handlers, which end only when their runs do. Run returns once they
+// have, their VMs torn down by the core.
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	defer s.Close()
+	stop := context.AfterFunc(ctx, s.cancel)
+	defer stop()
 	if !s.cfg.NoStartupGC {
 		s.gcAsync("startup")
 	}

@@ -4,159 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/integration/e2e"
-	"isopod/internal/errdefs"
-	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
-
-// scriptedCore stands in for the VM-backed core where a test needs to
-// control timing or failures the real core cannot produce on demand. It
-// records what the server asked for.
-type scriptedCore struct {
-	mu     sync.Mutex
-	reqs   []sandbox.Request
-	stdins []string
-	run    func(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
-	images *sandbox.ImageListResult
-	gcs    atomic.Int32
-	keep   atomic.Int32
-	refs   []string
-}
-
-func (c *scriptedCore) Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error) {
-	var in string
-	if req.Stdin != nil {
-		b, _ := io.ReadAll(req.Stdin)
-		in = string(b)
-	}
-	c.mu.Lock()
-	c.reqs = append(c.reqs, req)
-	c.stdins = append(c.stdins, in)
-	run := c.run
-	c.mu.Unlock()
-	if run == nil {
-		code := 0
-		return &sandbox.Report{OK: true, VMID: "vm-test", ExitCode: &code, Stdout: "hi\n", Path: "cold"}, nil
-	}
-	return run(ctx, req)
-}
-
-func (c *scriptedCore) requests() []sandbox.Request {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.reqs)
-}
-
-func (c *scriptedCore) StageList(context.Context) (*sandbox.StageListResult, error) {
-	return &sandbox.StageListResult{OK: true, Stages: []sandbox.StageEntry{}}, nil
-}
-
-func (c *scriptedCore) StageInfo(_ context.Context, ref string) (*sandbox.StageInfoResult, error) {
-	c.mu.Lock()
-	c.refs = append(c.refs, ref)
-	c.mu.Unlock()
-	return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
-}
-
-func (c *scriptedCore) StageRemove(_ context.Context, ref string) (*sandbox.StageRemoveResult, error) {
-	return &sandbox.StageRemoveResult{OK: true, Removed: "abc", Label: ref}, nil
-}
-
-func (c *scriptedCore) VMList(context.Context) (*sandbox.VMListResult, error) {
-	return &sandbox.VMListResult{OK: true, VMs: []sandbox.VMEntry{}}, nil
-}
-
-func (c *scriptedCore) VMGC(_ context.Context, keep int) (*sandbox.VMGCResult, error) {
-	c.gcs.Add(1)
-	c.keep.Store(int32(keep))
-	return &sandbox.VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}, nil
-}
-
-func (c *scriptedCore) ImageList(context.Context) (*sandbox.ImageListResult, error) {
-	if c.images == nil {
-		return nil, errdefs.ErrNotSupported
-	}
-	return c.images, nil
-}
-
-// session is a client connected in memory to a Server.
-type session struct {
-	cs       *mcp.ClientSession
-	srv      *Server
-	progress chan *mcp.ProgressNotificationParams
-}
-
-func connect(t *testing.T, cfg Config) *session {
-	t.Helper()
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &session{srv: srv, progress: make(chan *mcp.ProgressNotificationParams, 1000)}
-	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-test", Version: "0"}, &mcp.ClientOptions{
-		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-			s.progress <- r.Params
-		},
-	})
-	ct, st := mcp.NewInMemoryTransports()
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx, st) }()
-	cs, err := client.Connect(context.Background(), ct, nil)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	s.cs = cs
-	t.Cleanup(func() {
-		cs.Close()
-		cancel()
-		select {
-		case <-ran:
-		case <-time.After(10 * time.Second):
-			t.Error("server did not stop")
-		}
-	})
-	return s
-}
-
-func (s *session) call(t *testing.T, ctx context.Context, name string, args any, token any) *mcp.CallToolResult {
-	t.Helper()
-	p := &mcp.CallToolParams{Name: name, Arguments: args}
-	if token != nil {
-		p.SetProgressToken(token)
-	}
-	res, err := s.cs.CallTool(ctx, p)
-	if err != nil {
-		t.Fatalf("%s: protocol error: %v", name, err)
-	}
-	return res
-}
-
-func resultText(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
 
 func TestListTools(t *testing.T) {
 	s := connect(t, Config{Core: &scriptedCore{}, NoStartupGC: true})
@@ -225,6 +85,21 @@ func TestListTools(t *testing.T) {
 	}
 	if d := run["network"].(map[string]any)["default"]; d != true {
 		t.Errorf("network default = %v, want true", d)
+	}
+	// Plain types: a nullable ["null", ...] type makes form-based clients
+	// send text.
+	for name, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array", "env": "object"} {
+		if got := run[name].(map[string]any)["type"]; got != typ {
+			t.Errorf("%s type = %v; want %q", name, got, typ)
+		}
+	}
+	for _, name := range []string{"allow_hosts", "allow_cidrs"} {
+		if d, ok := run[name].(map[string]any)["default"]; ok {
+			t.Errorf("%s has a default (%v); absent and [] differ", name, d)
+		}
+	}
+	if d, ok := run["copy_out"].(map[string]any)["default"].([]any); !ok || len(d) != 0 {
+		t.Errorf("copy_out default = %v; want []", run["copy_out"].(map[string]any)["default"])
 	}
 	if _, ok := run["base"].(map[string]any)["default"]; ok {
 		t.Error("base carries a schema default, which would override a forked stage's base")
@@ -373,126 +248,6 @@ func TestRunReportAndGuestFailure(t *testing.T) {
 	}
 }
 
-func TestToolErrorsNameTheFix(t *testing.T) {
-	tests := []struct {
-		name   string
-		err    error
-		images *sandbox.ImageListResult
-		args   map[string]any
-		want   []string
-	}{
-		{"unbuilt base carries its build hint", fmt.Errorf("base base-debian: %w", errdefs.ErrFailedPrecondition),
-			&sandbox.ImageListResult{OK: true, Images: []sandbox.ImageEntry{
-				{Flavor: "base-min", Built: true},
-				{Flavor: "base-debian", Hint: "isopod image build base-debian"},
-			}}, map[string]any{"cmd": "true"},
-			[]string{"failed_precondition", "base base-debian is not built", "isopod image build base-debian"}},
-		{"stale base", fmt.Errorf("stale: %w", errdefs.ErrFailedPrecondition),
-			&sandbox.ImageListResult{OK: true, Images: []sandbox.ImageEntry{
-				{Flavor: "base-min", Built: true, Stale: true, StaleReason: "agent", Hint: "isopod image build base-min"},
-			}}, map[string]any{"cmd": "true", "base": "base-min"},
-			[]string{"is stale (agent)", "isopod image build base-min"}},
-		{"without an image list, a generic fix", fmt.Errorf("kernel missing: %w", errdefs.ErrFailedPrecondition),
-			nil, map[string]any{"cmd": "true"}, []string{"kernel missing", "image_list shows"}},
-		{"label taken", fmt.Errorf("label proj/x: %w", errdefs.ErrAlreadyExists),
-			nil, map[string]any{"cmd": "true", "commit_as": "proj/x"}, []string{"already_exists", "choose another commit_as label"}},
-		{"unclassified", errors.New("disk full"), nil, map[string]any{"cmd": "true"}, []string{"internal", "disk full", "Fix:"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			core := &scriptedCore{images: tc.images, run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
-				return nil, tc.err
-			}}
-			s := connect(t, Config{Core: core, NoStartupGC: true})
-			res := s.call(t, context.Background(), ToolSandboxRun, tc.args, nil)
-			if !res.IsError {
-				t.Fatal("an isopod failure was not a tool error")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(resultText(res), w) {
-					t.Errorf("error %q lacks %q", resultText(res), w)
-				}
-			}
-		})
-	}
-}
-
-func TestRefusalsNeverReachTheCore(t *testing.T) {
-	h := newHostTree(t)
-	tests := []struct {
-		name   string
-		policy func(HostIO) HostIO
-		args   map[string]any
-		want   []string
-	}{
-		{"copy_out escape", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}},
-			[]string{h.root, knobs.MCPHostIORoot}},
-		{"copy_out through a symlink out", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}},
-			[]string{h.root, knobs.MCPHostIORoot}},
-		{"copy_out dangling link/", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "dangling/"}}},
-			[]string{"does not resolve"}},
-		{"copy_out into the state dir", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": ".isopod/credentials.json"}}},
-			[]string{"state directory"}},
-		{"copy_out switched off", func(p HostIO) HostIO { p.CopyOut = false; return p },
-			map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "fine.txt"}}},
-			[]string{knobs.MCPCopyOut + "=off"}},
-		{"stdin_file outside", nil, map[string]any{"stdin_file": h.secret}, []string{h.root, knobs.MCPHostIORoot}},
-		{"stdin_file FIFO", nil, map[string]any{"stdin_file": "fifo"}, []string{"a FIFO"}},
-		{"stdin_file 5 MiB", nil, map[string]any{"stdin_file": "big"}, []string{"4 MiB"}},
-		{"stdin and stdin_file", nil, map[string]any{"stdin_file": "ok.txt", "stdin": "x"}, []string{"give one"}},
-		{"filters without a network", nil, map[string]any{"network": false, "allow_hosts": []string{}}, []string{"network=false"}},
-		{"bad env name", nil, map[string]any{"env": map[string]string{"A=B": "c"}}, []string{"env name"}},
-		{"empty cmd", nil, map[string]any{"cmd": " "}, []string{"cmd is empty"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			p := h.policy()
-			if tc.policy != nil {
-				p = tc.policy(p)
-			}
-			core := &scriptedCore{}
-			s := connect(t, Config{Core: core, HostIO: p, NoStartupGC: true})
-			args := map[string]any{"cmd": "cat /etc/hostname"}
-			for k, v := range tc.args {
-				args[k] = v
-			}
-			before := snapshotDir(t, h.base)
-			res := s.call(t, context.Background(), ToolSandboxRun, args, nil)
-			sameSnapshot(t, before, snapshotDir(t, h.base))
-			if !res.IsError {
-				t.Fatalf("accepted: %s", resultText(res))
-			}
-			if n := len(core.requests()); n != 0 {
-				t.Errorf("the core saw %d runs", n)
-			}
-			for _, w := range append(tc.want, "sandbox_run refused") {
-				if !strings.Contains(resultText(res), w) {
-					t.Errorf("error %q lacks %q", resultText(res), w)
-				}
-			}
-		})
-	}
-}
-
-func TestSchemaRejectsBadInput(t *testing.T) {
-	core := &scriptedCore{}
-	s := connect(t, Config{Core: core, NoStartupGC: true})
-	for _, args := range []map[string]any{
-		{},
-		{"cmd": "true", "bogus": 1},
-		{"cmd": "true", "timeout_s": sandbox.MaxTimeoutS + 1},
-		{"cmd": "true", "mem_mib": 1},
-		{"cmd": "true", "network": "yes"},
-	} {
-		if res := s.call(t, context.Background(), ToolSandboxRun, args, nil); !res.IsError {
-			t.Errorf("%v accepted", args)
-		}
-	}
-	if n := len(core.requests()); n != 0 {
-		t.Errorf("the core saw %d runs", n)
-	}
-}
-
 func TestProgressKeepalive(t *testing.T) {
 	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
 		select {
@@ -630,6 +385,9 @@ func TestHousekeepingTools(t *testing.T) {
 	if res := s.call(t, ctx, ToolVMGC, map[string]any{}, nil); res.IsError || core.keep.Load() != DefaultGCKeepLast {
 		t.Errorf("vm_gc default: %s (keep %d)", resultText(res), core.keep.Load())
 	}
+	if res := s.call(t, ctx, ToolVMGC, map[string]any{"keep_last": 0}, nil); res.IsError || core.keep.Load() != 0 {
+		t.Errorf("vm_gc keep_last 0: %s (keep %d); want 0 to mean 0", resultText(res), core.keep.Load())
+	}
 	if res := s.call(t, ctx, ToolVMGC, map[string]any{"keep_last": -1}, nil); !res.IsError {
 		t.Error("vm_gc accepted a negative keep_last")
 	}
@@ -638,7 +396,7 @@ func TestHousekeepingTools(t *testing.T) {
 			t.Errorf("%s: %s", name, resultText(res))
 		}
 	}
-	if res := s.call(t, ctx, ToolStageRm, map[string]any{"reference": "proj/x"}, nil); res.IsError || !strings.Contains(resultText(res), `"removed":"abc"`) {
+	if res := s.call(t, ctx, ToolStageRm, map[string]any{"reference": "proj/x"}, nil); res.IsError || !strings.HasPrefix(resultText(res), `{"removed":"abc"`) {
 		t.Errorf("stage_rm: %s", resultText(res))
 	}
 	if res := s.call(t, ctx, ToolImageList, map[string]any{}, nil); !res.IsError || !strings.Contains(resultText(res), "not_supported") {

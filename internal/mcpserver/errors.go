@@ -1,0 +1,194 @@
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+// How the server words failures. A refused argument is "<tool> refused:
+// <argument>: <what is wrong> (got <value>)"; anything else isopod could
+// not do is "<tool> failed (<class>): <error>. Fix: <next step>".
+//
+// The core says what it refuses in two ways. Its own request checks return
+// a *sandbox.ArgError naming the field neutrally, which is said here with
+// the tool argument's name. Other core messages (the stage store's, the
+// egress policy's) are written for the CLI; mcpWords turns the flags and
+// commands they name into this server's arguments and tools. Host commands
+// a person must run (isopod image build ...) are left as they are.
+
+// mcpWords rewrites the CLI's vocabulary in core messages into the MCP
+// server's.
+var mcpWords = strings.NewReplacer(
+	"`isopod stage list`", "stage_list",
+	"isopod stage list", "stage_list",
+	"`isopod vm ls`", "vm_list",
+	"`isopod image ls`", "image_list",
+	"isopod image ls", "image_list",
+	"`isopod stage rm ", "`stage_rm ",
+	"`--stage base`", `stage "base"`,
+	"--stage base", `stage "base"`,
+	"--keep-last", "keep_last",
+	"--commit-as", "commit_as",
+	"--allow-host", "allow_hosts",
+	"--allow-cidr", "allow_cidrs",
+	"--deny-egress", "allow_hosts=[]",
+	"--no-network", "network=false",
+	"--stdin-file", "stdin_file",
+	"--copy-out", "copy_out",
+	"--timeout-s", "timeout_s",
+	"--scratch-mib", "scratch_mib",
+	"--mem-mib", "mem_mib",
+	"--vcpus", "vcpus",
+	"--stage", "stage",
+	"--base", "base",
+	"--env", "env",
+	"--cwd", "cwd",
+)
+
+// isRefusal reports whether err is an argument problem: a *refusal, a
+// *sandbox.ArgError or any invalid argument.
+func isRefusal(err error) bool {
+	var r *refusal
+	var ae *sandbox.ArgError
+	return errors.As(err, &r) || errors.As(err, &ae) || errors.Is(err, errdefs.ErrInvalidArgument)
+}
+
+// refusalText words an argument problem of tool.
+func refusalText(tool string, err error) string {
+	var r *refusal
+	if errors.As(err, &r) {
+		return tool + " refused: " + r.Error()
+	}
+	var ae *sandbox.ArgError
+	if errors.As(err, &ae) {
+		msg := tool + " refused: " + ae.Field + ": " + ae.Reason
+		if ae.Value != "" {
+			msg += " (got " + ae.Value + ")"
+		}
+		return msg
+	}
+	return tool + " refused: " + mcpWords.Replace(plain(err))
+}
+
+// classes are the errdefs sentinels, whose text a wrapped error ends with.
+var classes = []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+	errdefs.ErrFailedPrecondition, errdefs.ErrUnavailable, errdefs.ErrNotSupported}
+
+// plain is err's message without the class it was wrapped with at its end
+// ("...: invalid argument"): the class is said separately.
+func plain(err error) string {
+	msg := err.Error()
+	for _, c := range classes {
+		if errors.Is(err, c) {
+			msg = strings.TrimSuffix(msg, ": "+c.Error())
+		}
+	}
+	return msg
+}
+
+// failure is the context of a failed call that picks its fix.
+type failure struct {
+	tool string
+	// stage and base are a sandbox_run's: the stage it forked ("" for other
+	// tools) and the base it asked for.
+	stage, base string
+}
+
+// toolError turns a failure into a tool error a model can act on.
+func (s *Server) toolError(ctx context.Context, f failure, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s cancelled: %v; any VM it started has been torn down", f.tool, err)
+	}
+	if isRefusal(err) {
+		s.log.Info("tool refused", "tool", f.tool, "err", err)
+		return errors.New(refusalText(f.tool, err))
+	}
+	class := errdefs.Class(err)
+	fix := s.fix(ctx, f, class)
+	s.log.Info("tool failed", "tool", f.tool, "class", class, "err", err)
+	return fmt.Errorf("%s failed (%s): %s. Fix: %s", f.tool, class, mcpWords.Replace(plain(err)), fix)
+}
+
+// fix names the next step: for a sandbox_run, from what the core says of
+// the stage or base it asked for; otherwise the class's generic one.
+func (s *Server) fix(ctx context.Context, f failure, class string) string {
+	if f.tool != ToolSandboxRun || (class != "failed_precondition" && class != "not_found") {
+		return fixFor(class)
+	}
+	base := f.base
+	if f.stage != "" && f.stage != sandbox.BaseStage {
+		// A fork boots the base its chain was made on, whatever the call
+		// said; and the stage itself may be what is missing.
+		info, err := s.cfg.Core.StageInfo(ctx, f.stage)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Sprintf("there is no stage %q: stage_list shows the stages that exist (give a label, a name or a stage_id from it), or use stage \"base\" to start from a clean base.", f.stage)
+		}
+		if err != nil || info == nil {
+			return fixFor(class)
+		}
+		base = info.Stage.BaseFlavor
+	}
+	if h := s.baseHint(ctx, base); h != "" {
+		return h
+	}
+	return fixFor(class)
+}
+
+// baseHint asks the core how to make base usable, when it is not.
+func (s *Server) baseHint(ctx context.Context, base string) string {
+	if base == "" {
+		return ""
+	}
+	res, err := s.cfg.Core.ImageList(ctx)
+	if err != nil || res == nil {
+		return ""
+	}
+	for _, im := range res.Images {
+		if im.Flavor != base {
+			continue
+		}
+		if im.Built && !im.Stale {
+			return ""
+		}
+		why := "is not built"
+		if im.Built {
+			why = "is stale"
+			if im.StaleReason != "" {
+				why += " (" + im.StaleReason + ")"
+			}
+		}
+		hint := im.Hint
+		if hint == "" {
+			hint = "build it with the isopod CLI (isopod image ls shows how)"
+		}
+		return fmt.Sprintf("base %s %s: %s", base, why, hint)
+	}
+	return fmt.Sprintf("there is no base named %s; image_list shows the bases this host has", base)
+}
+
+// fixFor names the generic next step for an error class.
+func fixFor(class string) string {
+	switch class {
+	case "invalid_argument":
+		return "correct the argument named above and call again."
+	case "not_found":
+		return "stage_list shows the stages that exist and image_list the bases; check the name."
+	case "already_exists":
+		return "that label is taken: choose another commit_as label, or stage_rm the old stage first."
+	case "failed_precondition":
+		return "the host is not ready for this request; image_list shows which bases are built and how to build them, and a stage made over an older base must be rebuilt from stage \"base\"."
+	case "unavailable":
+		return "the VM or a resource did not answer in time; retry, raise timeout_s or mem_mib, and read serial_log_path of the VM in vm_list."
+	case "not_supported":
+		return "this host lacks something isopod needs (named above); it must be fixed on the host, not by a different call."
+	}
+	return "this is a host-side isopod failure; retry once, and if it persists read the VM's logs (vm_list) or report it to whoever runs this server."
+}
