@@ -95,8 +95,8 @@ func TestImportRules(t *testing.T) {
 				return !under("internal/netstack")(imp) && !strings.HasPrefix(imp, "gvisor.dev/") &&
 					!under("internal/egress/proxy")(imp) && imp != "net/http"
 			}},
-		{"only the front ends read settings (config)",
-			func(p string) bool { return !frontEnd(p) },
+		{"only the front ends (and end-to-end test helpers) read settings (config)",
+			func(p string) bool { return !frontEnd(p) && !strings.HasPrefix(p, mod+"integration/") },
 			func(_, imp string) bool { return imp != mod+"internal/config" }},
 		{"only the wiring point (sandbox) and the benchmarks name a VMM driver",
 			func(p string) bool { return p != mod+"internal/sandbox" && p != mod+"internal/bench" },
