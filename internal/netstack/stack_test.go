@@ -284,9 +284,13 @@ func TestStackLoopback(t *testing.T) {
 			req.Host = tt.host
 			resp, err := fresh.Do(req)
 			if tt.want == "" {
-				if err == nil {
-					resp.Body.Close()
-					t.Errorf("Host %s: got %s; want the connection reset", tt.host, resp.Status)
+				if err != nil {
+					t.Fatalf("Host %s: %v; want a 403", tt.host, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "(host_mismatch)") {
+					t.Errorf("Host %s: %s %q; want 403 naming host_mismatch", tt.host, resp.Status, body)
 				}
 				continue
 			}

@@ -21,12 +21,9 @@ import (
 	"isopod/internal/egress/sniff"
 )
 
-// Sniffing bounds: how much of a connection's start a Sniffer may see, and
-// how long the guest has to send it.
-const (
-	sniffCap     = 16 << 10
-	sniffTimeout = 10 * time.Second
-)
+// sniffTimeout is how long a guest has to send the first request (or
+// ClientHello) of a connection that must carry its name.
+const sniffTimeout = 10 * time.Second
 
 // copyBufSize is the buffer each direction of a spliced connection uses.
 const copyBufSize = 128 << 10
@@ -98,8 +95,10 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	s.splice(f, ev, guest, ep, host, nil)
 }
 
-// sniffTCP accepts the connection in the stack, lets the Sniffer judge its
-// first bytes, and only then dials.
+// sniffTCP accepts the connection in the stack, has the names its first
+// request (or ClientHello) carries judged by the Sniffer, and only then
+// dials. Later requests on the connection are judged as they come (see
+// sniff.Guard).
 func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffer, flow egress.Flow, ev flightrec.Event) {
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
@@ -112,53 +111,70 @@ func (s *Stack) sniffTCP(r *tcp.ForwarderRequest, f *flowState, sn egress.Sniffe
 	r.Complete(false)
 	guest := gonet.NewTCPConn(&wq, ep)
 	f.onAbort(func() { ep.Abort() })
-	refuse := func(reason, errText string) {
-		ep.Abort() // RST
-		ev.Reason, ev.Error = reason, errText
-		ev.DurationMS = time.Since(ev.Time).Milliseconds()
-		s.refuse(ev)
-	}
-
-	head := make([]byte, 0, 4096)
-	deadline := time.Now().Add(sniffTimeout)
-	guest.SetReadDeadline(deadline)
-	var v egress.Verdict
-	for {
-		if len(head) == cap(head) {
-			head = append(head, make([]byte, min(cap(head), sniffCap-len(head)))...)[:len(head)]
-		}
-		n, err := guest.Read(head[len(head):cap(head)])
-		head = head[:len(head)+n]
-		name, from, perr := sniff.HeadName(head)
-		more := sniff.NeedMore(perr)
-		if !more || err != nil || len(head) >= sniffCap {
-			if perr != nil {
-				name = ""
-			}
-			fl := flow
-			fl.Host, fl.HostFrom = name, from
-			v = sn.Sniff(fl)
-			break
-		}
-	}
+	guard := sniff.NewGuard(guest, sniff.Config{Strict: true, Judge: func(raw, from string) egress.Verdict {
+		fl := flow
+		fl.Host, fl.HostFrom = raw, from
+		return sn.Sniff(fl)
+	}})
+	guest.SetReadDeadline(time.Now().Add(sniffTimeout))
+	v, err := guard.First()
 	guest.SetReadDeadline(time.Time{})
+	if err != nil {
+		s.refuseSniffed(guest, ep, ev, err)
+		return
+	}
 	if v.Host != "" {
 		ev.Host = v.Host
-	}
-	if !v.Allow {
-		refuse(v.Reason, "")
-		return
 	}
 	ev.Reason = v.Reason
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DialTimeout)
 	host, err := s.dialTCP(ctx, dialTarget(v, flow.Dst))
 	cancel()
 	if err != nil {
-		ev.Allowed = true
-		refuse(egress.ReasonDialFailed, err.Error())
+		ep.Abort() // RST
+		ev.Allowed, ev.Reason, ev.Error = true, egress.ReasonDialFailed, err.Error()
+		ev.DurationMS = time.Since(ev.Time).Milliseconds()
+		s.emit(ev)
 		return
 	}
-	s.splice(f, ev, guest, ep, host, head)
+	s.splice(f, ev, guest, ep, host, guard)
+}
+
+// refuseSniffed refuses a connection whose first request (or ClientHello)
+// failed: an HTTP request gets 403, anything else a RST. One record.
+func (s *Stack) refuseSniffed(guest *gonet.TCPConn, ep tcpip.Endpoint, ev flightrec.Event, err error) {
+	v := egress.Verdict{Reason: egress.ReasonHostMismatch}
+	var ref *sniff.Refusal
+	http := false
+	if errors.As(err, &ref) {
+		v, http = ref.Verdict, ref.HTTP
+	}
+	if v.Host != "" {
+		ev.Host = v.Host
+	}
+	ev.Reason = v.Reason
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	s.refuse(ev)
+	if !http {
+		ep.Abort()
+		return
+	}
+	sniff.WriteForbidden(guest, v.Reason)
+	closeAfterRefusal(guest)
+}
+
+// refusalDrain bounds how long a refused connection's unread bytes are read
+// and dropped after the answer, so that closing it does not reset the
+// answer away.
+const refusalDrain = 500 * time.Millisecond
+
+// closeAfterRefusal ends the write side, drops what the client still sends
+// for a moment, and closes.
+func closeAfterRefusal(c *gonet.TCPConn) {
+	c.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(refusalDrain))
+	io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+	c.Close()
 }
 
 func dialTarget(v egress.Verdict, dst netip.AddrPort) netip.AddrPort {
@@ -178,8 +194,9 @@ func (s *Stack) dialTCP(ctx context.Context, dst netip.AddrPort) (*net.TCPConn, 
 }
 
 // splice copies both ways until both directions end (or one fails), then
-// records the flow. head is sent to the host first (bytes a Sniffer read).
-func (s *Stack) splice(f *flowState, ev flightrec.Event, guest *gonet.TCPConn, ep tcpip.Endpoint, host *net.TCPConn, head []byte) {
+// records the flow. With a guard, what the guest sends is read through it,
+// and a request it refuses is recorded on its own and ends the connection.
+func (s *Stack) splice(f *flowState, ev flightrec.Event, guest *gonet.TCPConn, ep tcpip.Endpoint, host *net.TCPConn, guard *sniff.Guard) {
 	var abortOnce sync.Once
 	abort := func() {
 		abortOnce.Do(func() {
@@ -199,33 +216,44 @@ func (s *Stack) splice(f *flowState, ev flightrec.Event, guest *gonet.TCPConn, e
 			abort()
 		}
 	}
-	if len(head) > 0 {
-		n, err := host.Write(head)
-		up.Add(int64(n))
-		s.bytesUp.Add(int64(n))
-		if err != nil {
-			fail(err)
-		}
+	var fromGuest, fromHost io.Reader = guest, host
+	if guard != nil {
+		fromGuest, fromHost = guard, guard.Downstream(host)
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
+	var refused atomic.Bool
+	var grace *time.Timer
 	go func() {
 		defer wg.Done()
-		if err := s.copyCount(host, guest, &up, &s.bytesUp); err != nil {
+		err := s.copyCount(host, fromGuest, &up, &s.bytesUp)
+		var ref *sniff.Refusal
+		switch {
+		case errors.As(err, &ref):
+			// The requests before it were allowed: let the server answer
+			// them, then end the connection.
+			s.refuseLater(ev, ref.Verdict)
+			refused.Store(true)
+			grace = time.AfterFunc(refusalGrace, abort)
+			host.CloseWrite()
+		case err != nil:
 			fail(err)
-			return
+		default:
+			host.CloseWrite()
 		}
-		host.CloseWrite()
 	}()
 	go func() {
 		defer wg.Done()
-		if err := s.copyCount(guest, host, &down, &s.bytesDn); err != nil {
+		if err := s.copyCount(guest, fromHost, &down, &s.bytesDn); err != nil {
 			fail(err)
 			return
 		}
 		guest.CloseWrite()
 	}()
 	wg.Wait()
+	if grace != nil {
+		grace.Stop()
+	}
 	guest.Close()
 	host.Close()
 
@@ -234,8 +262,30 @@ func (s *Stack) splice(f *flowState, ev flightrec.Event, guest *gonet.TCPConn, e
 	ev.DurationMS = time.Since(ev.Time).Milliseconds()
 	if e, ok := firstErr.Load().(string); ok && s.ctx.Err() == nil {
 		ev.Error = e
+	} else if refused.Load() {
+		ev.Error = errRefusedLater.Error()
 	}
 	s.emit(ev)
+}
+
+// refusalGrace bounds how long the server may take to answer the requests
+// before a refused one, once the client's side has been ended for it.
+const refusalGrace = 5 * time.Second
+
+// errRefusedLater is the allowed flow's error when a later request on it
+// was refused.
+var errRefusedLater = errors.New("a later request on the connection was refused")
+
+// refuseLater records a request refused after the connection's first: its
+// own record, beside the connection's.
+func (s *Stack) refuseLater(ev flightrec.Event, v egress.Verdict) {
+	ev.Time = time.Now()
+	ev.Reason = v.Reason
+	if v.Host != "" {
+		ev.Host = v.Host
+	}
+	ev.BytesUp, ev.BytesDown, ev.Error = 0, 0, ""
+	s.refuse(ev)
 }
 
 // copyCount copies src to dst until EOF, adding every byte written to both

@@ -54,7 +54,8 @@ func Handler() http.Handler {
 }
 
 // ServeHTTP serves h (Handler() when nil) on addr inside namespace ns until
-// t ends, and returns the listening address.
+// t ends, and returns the listening address. It speaks HTTP/1 and HTTP/2
+// cleartext.
 func (n *Net) ServeHTTP(t testing.TB, ns, addr string, h http.Handler) string {
 	t.Helper()
 	if h == nil {
@@ -64,7 +65,10 @@ func (n *Net) ServeHTTP(t testing.TB, ns, addr string, h http.Handler) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true) // HTTP/2 with prior knowledge, as curl --http2-prior-knowledge
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -165,6 +165,20 @@ func (n *Net) teardown() {
 	}
 }
 
+// AddAddress gives namespace ns (Public, Public2 or LAN) one more address,
+// routed to it from the other namespaces, until t ends (the namespaces go
+// with it).
+func (n *Net) AddAddress(ns, addr string) error {
+	via := map[string]string{n.Public: PublicIP, n.Public2: Public2IP, n.LAN: LANIP}[ns]
+	if via == "" {
+		return fmt.Errorf("testnet: no extra addresses for namespace %s", ns)
+	}
+	if err := ip("-n", ns, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
+		return err
+	}
+	return ip("-n", n.Router, "route", "add", addr+"/32", "via", via)
+}
+
 // Command returns a command that runs name inside namespace ns (through
 // "ip netns exec", so /etc/netns/<ns>/ files apply).
 func (n *Net) Command(ns, name string, args ...string) *exec.Cmd {

@@ -2,9 +2,11 @@ package testnet
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -82,6 +84,27 @@ func TestNet(t *testing.T) {
 		if err != nil || body != HelloBody {
 			t.Errorf("GET %s from the host namespace: %q, %v", addr, body, err)
 		}
+	}
+	// An extra address reaches the namespace it was given to.
+	if err := n.AddAddress(n.Public, "203.0.113.11"); err != nil {
+		t.Fatal(err)
+	}
+	n.ServeHTTP(t, n.Public, "203.0.113.11:80", nil)
+	if body, err := get(t, n, n.Host, "203.0.113.11:80", HelloPath); err != nil || body != HelloBody {
+		t.Errorf("GET from an added address: %q, %v", body, err)
+	}
+	// The test servers speak HTTP/2 cleartext too.
+	var h2 http.Protocols
+	h2.SetUnencryptedHTTP2(true)
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Protocols: &h2,
+		DialContext: func(_ context.Context, network, addr string) (net.Conn, error) { return n.Dial(n.Host, network, addr, 3*time.Second) }}}
+	if resp, err := c.Get("http://" + PublicIP + HelloPath); err != nil || resp.ProtoMajor != 2 {
+		t.Errorf("GET over h2c: %v, %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if err := n.AddAddress(n.Host, "192.0.2.9"); err == nil {
+		t.Error("AddAddress on the host namespace succeeded")
 	}
 	// Nothing outside the test network routes.
 	start := time.Now()

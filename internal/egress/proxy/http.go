@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -12,56 +13,78 @@ import (
 
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/sniff"
 )
 
-// handleHTTP serves one client connection of the HTTP proxy: one request
-// (CONNECT opens a tunnel; an absolute-form http:// request is forwarded
-// with Connection: close).
+// handleHTTP serves one client connection of the HTTP proxy: one request.
+// CONNECT opens a tunnel; an absolute-form http:// request is forwarded
+// with Connection: close. Either must name one host: a Host field that
+// names another is refused.
 func (p *Server) handleHTTP(c net.Conn) {
 	br := bufio.NewReader(c)
 	c.SetReadDeadline(time.Now().Add(requestTimeout))
-	req, err := http.ReadRequest(br)
+	head, raw, err := sniff.ReadHead(br)
 	c.SetReadDeadline(time.Time{})
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			httpError(c, http.StatusBadRequest, "malformed proxy request")
-			p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Reason: egress.ReasonBadRequest})
+		if len(raw) == 0 && errors.Is(err, io.EOF) {
+			return // the client sent nothing
 		}
+		reason := egress.ReasonBadRequest
+		if errors.Is(err, sniff.ErrMalformed) {
+			reason = egress.ReasonMalformed
+		}
+		httpError(c, http.StatusBadRequest, "malformed proxy request")
+		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: egress.MalformedHost, Reason: reason})
 		return
 	}
-	if req.Method == http.MethodConnect {
-		p.httpConnect(c, br, req)
+	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: egress.RecordHost(head.Authority)}
+	if head.Method == http.MethodConnect {
+		p.httpConnect(c, br, head, ev)
 		return
 	}
+	port, ok := parsePort(head.AuthorityPort, 80)
 	switch {
-	case req.URL.Scheme == "https":
+	case head.Scheme == "https":
+		ev.Port, ev.Reason = 443, egress.ReasonBadRequest
 		httpError(c, http.StatusNotImplemented, "this proxy does not fetch https:// URLs for you; use CONNECT (an https_proxy setting makes clients do that)")
-		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: req.URL.Hostname(), Port: 443, Reason: egress.ReasonBadRequest})
+		p.record(ev)
 		return
-	case req.URL.Scheme != "http" || req.URL.Host == "":
-		httpError(c, http.StatusBadRequest, "want an absolute http:// URL or CONNECT host:port")
-		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Reason: egress.ReasonBadRequest})
-		return
-	}
-	port := uint16(80)
-	if s := req.URL.Port(); s != "" {
-		n, err := strconv.ParseUint(s, 10, 16)
-		if err != nil || n == 0 {
-			httpError(c, http.StatusBadRequest, "bad port in URL")
-			return
+	case head.Scheme != "http" || !ok:
+		ev.Reason = egress.ReasonBadRequest
+		if ev.Host == "" {
+			ev.Host = egress.MalformedHost
 		}
-		port = uint16(n)
+		httpError(c, http.StatusBadRequest, "want an absolute http:// URL with a port in 1-65535, or CONNECT host:port")
+		p.record(ev)
+		return
 	}
-	host := req.URL.Hostname()
-	up, _, ev := p.open(egress.ProtoHTTPProxy, host, port)
+	ev.Port = port
+	if stray, bad := strayHost(head.Authority, head.Hosts); bad {
+		p.refuseStray(c, ev, stray)
+		return
+	}
+	p.forward(c, br, head, raw, port)
+}
+
+// forward sends an absolute-form request to the host it names and copies
+// the answer back.
+func (p *Server) forward(c net.Conn, br *bufio.Reader, head *sniff.Head, raw []byte, port uint16) {
+	up, _, ev := p.open(egress.ProtoHTTPProxy, head.Authority, port)
 	if up == nil {
 		refuseHTTP(c, ev)
 		p.recordDone(ev)
 		return
 	}
 	defer up.Close()
-	// An absolute-form target overrides any Host header (RFC 9112 3.2.2):
-	// the origin is told the name that was judged.
+	req, err := http.ReadRequest(bufio.NewReader(io.MultiReader(bytes.NewReader(raw), br)))
+	if err != nil {
+		httpError(c, http.StatusBadRequest, "malformed proxy request")
+		ev.Allowed, ev.Reason, ev.Error = false, egress.ReasonMalformed, err.Error()
+		p.recordDone(ev)
+		return
+	}
+	// The origin is told the name that was judged (RFC 9112 3.2.2: an
+	// absolute-form target overrides Host).
 	req.Host = req.URL.Host
 	req.URL.Scheme, req.URL.Host = "", ""
 	req.RequestURI = ""
@@ -79,48 +102,65 @@ func (p *Server) handleHTTP(c net.Conn) {
 	p.recordDone(ev)
 }
 
-func (p *Server) httpConnect(c net.Conn, br *bufio.Reader, req *http.Request) {
-	host, portS, err := net.SplitHostPort(req.RequestURI)
-	port, perr := strconv.ParseUint(portS, 10, 16)
-	if err != nil || perr != nil || port == 0 {
-		httpError(c, http.StatusBadRequest, "CONNECT wants host:port")
-		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: egress.RecordHost(req.RequestURI), Reason: egress.ReasonBadRequest})
+// httpConnect opens a CONNECT tunnel.
+func (p *Server) httpConnect(c net.Conn, br *bufio.Reader, head *sniff.Head, ev flightrec.Event) {
+	port, ok := parsePort(head.AuthorityPort, 0)
+	if !ok || head.Authority == "" {
+		httpError(c, http.StatusBadRequest, "CONNECT wants host:port with a port in 1-65535")
+		ev.Reason = egress.ReasonBadRequest
+		if ev.Host == "" {
+			ev.Host = egress.MalformedHost
+		}
+		p.record(ev)
 		return
 	}
-	up, t, ev := p.open(egress.ProtoHTTPProxy, host, uint16(port))
-	if up == nil {
-		refuseHTTP(c, ev)
-		p.recordDone(ev)
+	ev.Port = port
+	if stray, bad := strayHost(head.Authority, head.Hosts); bad {
+		p.refuseStray(c, ev, stray)
 		return
 	}
-	defer up.Close()
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		return
-	}
-	p.tunnel(c, br, up, t, uint16(port), ev)
+	p.tunnel(c, br, egress.ProtoHTTPProxy, head.Authority, port, func(a answer, ev flightrec.Event) error {
+		switch a {
+		case answerOK:
+			_, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n")
+			return err
+		default:
+			refuseHTTP(c, ev)
+			return nil
+		}
+	})
 }
 
-// tunnel checks the first bytes (ports 80/443), then splices.
-func (p *Server) tunnel(c net.Conn, br *bufio.Reader, up net.Conn, t egress.Target, port uint16, ev flightrec.Event) {
-	head, ok := p.checkHead(c, br, t, port, &ev)
-	if !ok {
-		if tc, isTCP := c.(interface{ SetLinger(int) error }); isTCP {
-			tc.SetLinger(0)
-		}
-		p.recordDone(ev)
-		return
+// parsePort reads a port ("" gives def; 0 and out of range are not ports).
+func parsePort(s string, def uint16) (uint16, bool) {
+	if s == "" {
+		return def, def != 0
 	}
-	if len(head) > 0 {
-		n, err := up.Write(head)
-		ev.BytesUp += int64(n)
-		if err != nil {
-			ev.Error = err.Error()
-			p.record(ev)
-			return
+	n, err := strconv.ParseUint(s, 10, 16)
+	return uint16(n), err == nil && n != 0
+}
+
+// strayHost returns the first Host (as recorded) that does not name the
+// target, and whether there is one.
+func strayHost(target string, hosts []string) (string, bool) {
+	want := egress.RecordHost(target)
+	for _, h := range hosts {
+		if r := egress.RecordHost(h); r != want {
+			if r == "" {
+				r = egress.InvalidHost(0)
+			}
+			return r, true
 		}
 	}
-	splice(c, br, up, &ev)
-	p.recordDone(ev)
+	return "", false
+}
+
+// refuseStray refuses a request whose Host names another host than its
+// target.
+func (p *Server) refuseStray(c net.Conn, ev flightrec.Event, stray string) {
+	ev.Host, ev.Reason = stray, egress.ReasonHostMismatch
+	sniff.WriteForbidden(c, ev.Reason)
+	p.record(ev)
 }
 
 type countWriter struct {

@@ -25,8 +25,9 @@ import (
 const (
 	DefaultDialTimeout = 10 * time.Second
 	requestTimeout     = 30 * time.Second // a proxy request's head
-	headTimeout        = 10 * time.Second // first bytes inside a tunnel to port 80/443
-	headCap            = 16 << 10
+	headTimeout        = 10 * time.Second // the first request inside a tunnel to port 80/443
+	refusalGrace       = 5 * time.Second  // for the server to answer what came before a refused request
+	refusalDrain       = 500 * time.Millisecond
 	maxConns           = 256
 )
 
@@ -56,10 +57,13 @@ func (c *Config) Validate() error {
 
 // Server is the proxy-aware path of filtered egress: an HTTP proxy (CONNECT
 // and absolute-form http:// requests) and a SOCKS5 proxy (CONNECT, with
-// names or addresses), both judged by the same [egress.Filter] as direct traffic.
-// Names are resolved by the Filter and the proxy dials the name's address,
-// never one the guest chose; a tunnel to port 80 or 443 must carry the
-// requested name in its TLS SNI or HTTP Host.
+// names or addresses), both judged by the same [egress.Filter] as direct
+// traffic. Names are resolved by the Filter and the proxy dials the name's
+// address, never one the guest chose. Every name a request carries must be
+// the one it asks for, and so must every name the tunnelled bytes carry
+// (the TLS SNI, the Host and target of each HTTP request); on ports 80 and
+// 443 the first request or ClientHello is checked before anything is
+// dialled.
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
@@ -123,7 +127,7 @@ func (p *Server) serve(l net.Listener, handle func(net.Conn)) error {
 			defer p.wg.Done()
 			defer func() { <-p.sem }()
 			defer p.untrack(c)
-			defer c.Close()
+			defer closeGently(c)
 			handle(c)
 		}()
 	}
@@ -168,14 +172,15 @@ func (p *Server) recordDone(ev flightrec.Event) {
 	p.record(ev)
 }
 
-// open judges host:port and dials it. ev is filled for the record; a nil
-// conn with ev.Allowed false is a refusal, with ev.Allowed true a failure.
-func (p *Server) open(proto, host string, port uint16) (net.Conn, egress.Target, flightrec.Event) {
+// judge decides a request for host:port. ev is filled for the record;
+// ev.Allowed with a dial_failed reason means the name could not be
+// resolved.
+func (p *Server) judge(proto, host string, port uint16) (egress.Target, flightrec.Event) {
 	ev := flightrec.Event{Time: time.Now(), Proto: proto, Port: port}
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
 	defer cancel()
 	t, v, err := p.cfg.Filter.Judge(ctx, host, port)
-	ev.Host, ev.Reason = t.Host, v.Reason
+	ev.Host, ev.Reason, ev.Allowed = t.Host, v.Reason, v.Allow
 	if t.Dial.IsValid() {
 		ev.Dst = t.Dial.Addr()
 	} else if a, perr := netip.ParseAddr(t.Host); perr == nil {
@@ -183,16 +188,28 @@ func (p *Server) open(proto, host string, port uint16) (net.Conn, egress.Target,
 	}
 	if err != nil {
 		ev.Allowed, ev.Reason, ev.Error = true, egress.ReasonDialFailed, err.Error()
-		return nil, t, ev
 	}
-	if !v.Allow {
-		return nil, t, ev
-	}
-	ev.Allowed = true
+	return t, ev
+}
+
+// dial connects to an allowed target; on failure ev says dial_failed.
+func (p *Server) dial(t egress.Target, ev *flightrec.Event) net.Conn {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	defer cancel()
 	c, err := p.cfg.Dial(ctx, "tcp", t.Dial.String())
 	if err != nil {
 		ev.Reason, ev.Error = egress.ReasonDialFailed, err.Error()
+		return nil
+	}
+	return c
+}
+
+// open judges host:port and dials it: a nil conn with ev.Allowed false is
+// a refusal, with ev.Allowed true a failure.
+func (p *Server) open(proto, host string, port uint16) (net.Conn, egress.Target, flightrec.Event) {
+	t, ev := p.judge(proto, host, port)
+	if !ev.Allowed || ev.Reason == egress.ReasonDialFailed {
 		return nil, t, ev
 	}
-	return c, t, ev
+	return p.dial(t, &ev), t, ev
 }

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,28 +82,59 @@ func testFilter(t *testing.T, cfg egress.FilterConfig) *egress.Filter {
 	return f
 }
 
-// proxyFixture runs both proxies on loopback. The filter's names resolve
-// to documentation addresses; the injected dialer sends those to local
-// servers (port 80: an HTTP server echoing Host, 443: a TLS server).
-func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
+// fixture is both proxies on loopback. The filter's names resolve to
+// documentation addresses; the injected dialer sends those to local servers
+// (port 80 and 8080: an HTTP server echoing Host, 443: a TLS server), which
+// count the connections they accept and the Hosts they are asked for.
+type fixture struct {
+	httpAddr, socksAddr string
+	rec                 *memRecorder
+	webConns, tlsConns  atomic.Int32
+	mu                  sync.Mutex
+	hosts               []string
+}
+
+func (f *fixture) served() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.hosts...)
+}
+
+func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fx := &fixture{rec: &memRecorder{}}
+	web := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fx.mu.Lock()
+		fx.hosts = append(fx.hosts, r.Host)
+		fx.mu.Unlock()
 		fmt.Fprintf(w, "host=%s path=%s", r.Host, r.URL.Path)
 	}))
+	web.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			fx.webConns.Add(1)
+		}
+	}
+	web.Start()
 	t.Cleanup(web.Close)
-	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "tls host=%s", r.Host)
 	}))
+	tlsSrv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			fx.tlsConns.Add(1)
+		}
+	}
+	tlsSrv.StartTLS()
 	t.Cleanup(tlsSrv.Close)
 	routes := map[string]string{
-		"203.0.113.10:80":  web.Listener.Addr().String(),
-		"203.0.113.10:443": tlsSrv.Listener.Addr().String(),
-		"198.51.100.10:80": web.Listener.Addr().String(),
+		"203.0.113.10:80":   web.Listener.Addr().String(),
+		"203.0.113.10:8080": web.Listener.Addr().String(),
+		"203.0.113.10:443":  tlsSrv.Listener.Addr().String(),
+		"198.51.100.10:80":  web.Listener.Addr().String(),
 	}
 	f := testFilter(t, egress.FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
-	rec = &memRecorder{}
 	var d net.Dialer
-	p, err := New(Config{Filter: f, Recorder: rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	p, err := New(Config{Filter: f, Recorder: fx.rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		to, ok := routes[addr]
 		if !ok {
 			return nil, fmt.Errorf("test dialer: no route to %s", addr)
@@ -122,7 +154,13 @@ func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
 		addrs = append(addrs, l.Addr().String())
 	}
 	t.Cleanup(p.Close)
-	return addrs[0], addrs[1], rec
+	fx.httpAddr, fx.socksAddr = addrs[0], addrs[1]
+	return fx
+}
+
+func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
+	fx := newFixture(t)
+	return fx.httpAddr, fx.socksAddr, fx.rec
 }
 
 func TestHTTPProxy(t *testing.T) {
@@ -277,8 +315,8 @@ func TestSOCKSProxy(t *testing.T) {
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: other.example\r\n\r\n")
 	b, _ = io.ReadAll(c)
 	c.Close()
-	if len(b) != 0 {
-		t.Errorf("fronted SOCKS tunnel got %q", b)
+	if !bytes.HasPrefix(b, []byte("HTTP/1.1 403 Forbidden")) || bytes.Contains(b, []byte("host=")) {
+		t.Errorf("fronted SOCKS tunnel got %q; want the proxy's 403", b)
 	}
 	time.Sleep(50 * time.Millisecond)
 	if ev := rec.find("other.example"); ev == nil || ev.Allowed || ev.Proto != egress.ProtoSOCKS {

@@ -123,32 +123,28 @@ func (p *Server) handleSOCKS(c net.Conn) {
 			socksReply(c, socksAtypUnsupp)
 		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-			p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Reason: egress.ReasonBadRequest, Error: err.Error()})
+			p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Host: egress.MalformedHost,
+				Reason: egress.ReasonBadRequest, Error: err.Error()})
 		}
 		return
 	}
-	if req.Cmd != socksConnect {
+	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Host: egress.RecordHost(req.Host), Port: req.Port}
+	switch {
+	case req.Cmd != socksConnect:
 		socksReply(c, socksCmdUnsupported)
-		reason := egress.ReasonBadRequest
+		ev.Reason = egress.ReasonBadRequest
 		if req.Cmd == 3 { // UDP ASSOCIATE
-			reason = egress.ReasonNonTCP
+			ev.Reason = egress.ReasonNonTCP
 		}
-		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Host: egress.RecordHost(req.Host), Port: req.Port, Reason: reason})
+		p.record(ev)
+		return
+	case req.Port == 0:
+		socksReply(c, socksFailure)
+		ev.Reason = egress.ReasonBadRequest
+		p.record(ev)
 		return
 	}
-	up, t, ev := p.open(egress.ProtoSOCKS, req.Host, req.Port)
-	if up == nil {
-		code := byte(socksNotAllowed)
-		if ev.Allowed {
-			code = socksHostUnreach
-		}
-		socksReply(c, code)
-		p.recordDone(ev)
-		return
-	}
-	defer up.Close()
-	if err := socksReply(c, socksOK); err != nil {
-		return
-	}
-	p.tunnel(c, br, up, t, req.Port, ev)
+	p.tunnel(c, br, egress.ProtoSOCKS, req.Host, req.Port, func(a answer, _ flightrec.Event) error {
+		return socksReply(c, [...]byte{answerOK: socksOK, answerRefused: socksNotAllowed, answerFailed: socksHostUnreach}[a])
+	})
 }

@@ -11,8 +11,10 @@ var (
 	errNeedMore = errors.New("incomplete")
 	errNotTLS   = errors.New("not a TLS ClientHello")
 	errNoSNI    = errors.New("TLS ClientHello without server_name")
-	errNotHTTP  = errors.New("not an HTTP request")
 )
+
+// NeedMore reports whether a parser error means "read more bytes".
+func NeedMore(err error) bool { return errors.Is(err, errNeedMore) }
 
 // maxClientHello bounds the handshake message a parser will wait for.
 const maxClientHello = 16 << 10

@@ -39,26 +39,3 @@ func TestParseClientHelloSNI(t *testing.T) {
 		}
 	}
 }
-func TestParseHTTPHost(t *testing.T) {
-	tests := []struct {
-		in, host  string
-		more, bad bool
-	}{
-		{"GET / HTTP/1.1\r\nHost: Allowed.Example\r\n\r\n", "Allowed.Example", false, false},
-		{"GET / HTTP/1.1\r\nHost: allowed.example:8080\r\nUser-Agent: x\r\n\r\n", "allowed.example", false, false},
-		{"GET http://other.example/ HTTP/1.1\r\nHost: allowed.example\r\n\r\n", "other.example", false, false},
-		{"POST /x HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n", "2001:db8::1", false, false},
-		{"GET / HTTP/1.0\r\n\r\n", "", false, false},
-		{"GET / HTTP/1.1\r\nHost: allowed.example\r\n", "", true, false},
-		{"GE", "", true, false},
-		{"SSH-2.0-OpenSSH_9.2\r\n", "", false, true},
-		{"\x00\x01binary", "", false, true},
-	}
-	for _, tt := range tests {
-		h, err := ParseHTTPHost([]byte(tt.in))
-		switch {
-		case tt.more && !NeedMore(err), tt.bad && (err == nil || NeedMore(err)), !tt.more && !tt.bad && (err != nil || h != tt.host):
-			t.Errorf("ParseHTTPHost(%q) = %q, %v; want %q more=%v bad=%v", tt.in, h, err, tt.host, tt.more, tt.bad)
-		}
-	}
-}
