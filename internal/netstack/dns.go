@@ -126,38 +126,78 @@ func (s *Stack) serveDNSTCP(l net.Listener) {
 	}
 }
 
-// answerDNS judges and answers one query; nil means no reply at all.
+// answerDNS judges and answers one message; nil means no reply at all.
+// Every message is one record: a query the policy judges, or one that is
+// not a single standard query (malformed: FORMERR when its header can be
+// read, NOTIMP for another opcode, no reply to a response).
 func (s *Stack) answerDNS(src netip.AddrPort, wire []byte, udp bool) []byte {
-	q := new(dns.Msg)
-	if err := q.Unpack(wire); err != nil {
-		return nil
-	}
 	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoDNS, Dst: s.cfg.Gateway, Port: 53, BytesUp: int64(len(wire))}
 	s.bytesUp.Add(int64(len(wire)))
-	var reply *dns.Msg
-	switch {
-	case q.Response || q.Opcode != dns.OpcodeQuery:
-		reply = new(dns.Msg).SetRcode(q, dns.RcodeNotImplemented)
-	case len(q.Question) != 1:
-		reply = new(dns.Msg).SetRcode(q, dns.RcodeFormatError)
-	default:
-		qq := q.Question[0]
-		ev.Host = strings.TrimSuffix(strings.ToLower(qq.Name), ".")
-		ev.QType = dns.TypeToString[qq.Qtype]
-		v := s.policy.Decide(egress.Flow{Proto: egress.ProtoDNS, Src: src,
-			Dst: netip.AddrPortFrom(s.cfg.Gateway, 53), Host: ev.Host, QType: ev.QType})
-		ev.Allowed, ev.Reason = v.Allow, v.Reason
-		if !v.Allow {
-			reply = new(dns.Msg).SetRcode(q, dns.RcodeNameError)
-			break
+	q := new(dns.Msg)
+	var out []byte
+	if err := q.Unpack(wire); err != nil {
+		ev.Host, ev.Reason, ev.Error = egress.MalformedHost, egress.ReasonMalformed, "unreadable DNS message"
+		if out = formErr(wire); out != nil {
+			ev.Rcode = dns.RcodeToString[dns.RcodeFormatError]
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, dnsTimeout)
-		reply = s.dns.ServeDNS(ctx, src, q)
-		cancel()
-		if reply == nil {
-			reply = new(dns.Msg).SetRcode(q, dns.RcodeServerFailure)
-		}
+	} else if reply := s.judgeDNS(src, q, &ev); reply != nil {
+		out = s.packDNS(q, reply, udp)
+		ev.Rcode = dns.RcodeToString[reply.Rcode]
+		ev.Answers = answerStrings(reply.Answer)
 	}
+	ev.BytesDown = int64(len(out))
+	s.bytesDn.Add(int64(len(out)))
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	s.emit(ev)
+	return out
+}
+
+// judgeDNS decides a parsed message and returns the reply (nil: none),
+// filling ev.
+func (s *Stack) judgeDNS(src netip.AddrPort, q *dns.Msg, ev *flightrec.Event) *dns.Msg {
+	ev.Host = egress.MalformedHost
+	if len(q.Question) == 1 {
+		ev.Host = dnsRecordHost(q.Question[0].Name)
+	}
+	switch {
+	case q.Response:
+		ev.Reason = egress.ReasonMalformed
+		return nil // never answer an answer
+	case q.Opcode != dns.OpcodeQuery:
+		ev.Reason = egress.ReasonMalformed
+		return new(dns.Msg).SetRcode(q, dns.RcodeNotImplemented)
+	case len(q.Question) != 1:
+		ev.Reason = egress.ReasonMalformed
+		return new(dns.Msg).SetRcode(q, dns.RcodeFormatError)
+	}
+	qq := q.Question[0]
+	ev.QType = dns.Type(qq.Qtype).String()
+	v := s.policy.Decide(egress.Flow{Proto: egress.ProtoDNS, Src: src, Dst: netip.AddrPortFrom(s.cfg.Gateway, 53),
+		Host: strings.TrimSuffix(strings.ToLower(qq.Name), "."), QType: ev.QType, QClass: dns.Class(qq.Qclass).String()})
+	ev.Allowed, ev.Reason = v.Allow, v.Reason
+	if !v.Allow {
+		return new(dns.Msg).SetRcode(q, dns.RcodeNameError)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, dnsTimeout)
+	defer cancel()
+	if reply := s.dns.ServeDNS(ctx, src, q); reply != nil {
+		return reply
+	}
+	return new(dns.Msg).SetRcode(q, dns.RcodeServerFailure)
+}
+
+// dnsRecordHost is how a queried name appears in the record: see
+// egress.RecordHost; the root, which has no name, as a one-byte invalid one.
+func dnsRecordHost(name string) string {
+	h := egress.RecordHost(strings.TrimSuffix(strings.ToLower(name), "."))
+	if h == "" {
+		h = egress.InvalidHost(len(name))
+	}
+	return h
+}
+
+// packDNS packs reply to q, truncated to what the guest can take over UDP.
+func (s *Stack) packDNS(q, reply *dns.Msg, udp bool) []byte {
 	reply.Id = q.Id
 	if udp {
 		size := dnsMinUDPReply
@@ -170,12 +210,20 @@ func (s *Stack) answerDNS(src netip.AddrPort, wire []byte, udp bool) []byte {
 	if err != nil {
 		out, _ = new(dns.Msg).SetRcode(q, dns.RcodeServerFailure).Pack()
 	}
-	ev.Rcode = dns.RcodeToString[reply.Rcode]
-	ev.Answers = answerStrings(reply.Answer)
-	ev.BytesDown = int64(len(out))
-	s.bytesDn.Add(int64(len(out)))
-	ev.DurationMS = time.Since(ev.Time).Milliseconds()
-	s.emit(ev)
+	return out
+}
+
+// formErr is the FORMERR reply to a message that does not parse: its
+// header's ID, opcode and RD bit, no sections. Nil when there is no full
+// header to answer, or the message is itself a response.
+func formErr(wire []byte) []byte {
+	if len(wire) < 12 || wire[2]&0x80 != 0 {
+		return nil
+	}
+	out := make([]byte, 12)
+	out[0], out[1] = wire[0], wire[1]
+	out[2] = 0x80 | wire[2]&0x79 // QR, the opcode, RD
+	out[3] = dns.RcodeFormatError
 	return out
 }
 

@@ -144,17 +144,21 @@ func trim(ev *Event) {
 }
 
 // sanitise turns ev into its egress.jsonl form: the host as
-// egress.RecordHost shows it (the address when there is no name), no
+// egress.RecordHost shows it (the address when there is no name; for a DNS
+// message, which has no address of its own, egress.MalformedHost), no
 // address or port for DNS, the path's own "never forwarded" as the non-TCP
 // rule, capped fields.
 func sanitise(ev Event) Event {
 	ev.Host = egress.RecordHost(ev.Host)
+	if ev.Proto == egress.ProtoDNS {
+		ev.Port, ev.Dst = 0, netip.Addr{}
+		if ev.Host == "" {
+			ev.Host = egress.MalformedHost
+		}
+	}
 	if ev.Host == "" && ev.Dst.IsValid() {
 		ev.Dst = ev.Dst.Unmap()
 		ev.Host = ev.Dst.String()
-	}
-	if ev.Proto == egress.ProtoDNS {
-		ev.Port, ev.Dst = 0, netip.Addr{}
 	}
 	if !ev.Allowed && ev.Reason == egress.ReasonNotForwarded {
 		ev.Reason = egress.ReasonNonTCP

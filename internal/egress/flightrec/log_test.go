@@ -238,3 +238,21 @@ func TestReportNotTruncatedByRepeats(t *testing.T) {
 		t.Errorf("%d names listed, truncated %v; want %d, false", len(rep.DNSQueries), rep.Truncated, InlineCap)
 	}
 }
+
+// TestDNSNeverTheGateway: a DNS record names what was asked, or a
+// placeholder; never the gateway the message was sent to.
+func TestDNSNeverTheGateway(t *testing.T) {
+	l, err := Open(Config{Path: filepath.Join(t.TempDir(), "egress.jsonl"), Mode: ModeFiltered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	gw := netip.MustParseAddr("10.0.2.1")
+	l.Record(Event{Proto: egress.ProtoDNS, Dst: gw, Port: 53, Reason: egress.ReasonMalformed})
+	l.Record(Event{Proto: egress.ProtoDNS, Dst: gw, Port: 53, Host: egress.MalformedHost, Reason: egress.ReasonMalformed})
+	for _, d := range l.Report().Denied {
+		if d.Host != egress.MalformedHost || d.Dst.IsValid() || d.Port != 0 {
+			t.Errorf("DNS entry %+v; want host %s, no address, port 0", d, egress.MalformedHost)
+		}
+	}
+}
