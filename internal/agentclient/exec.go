@@ -71,9 +71,16 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*agentproto.ExecDone,
 			default:
 			}
 		case agentproto.KindExecDone:
+			// The process is gone: stop feeding it without waiting for the
+			// reader, which may block for ever (a terminal, an idle pipe);
+			// the pump ends at its next read or when its reader closes.
 			stopStdin()
-			if err := <-stdinErr; err != nil && !errors.Is(err, context.Canceled) {
-				c.log.Debug("stdin stopped early", "err", err)
+			select {
+			case err := <-stdinErr:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					c.log.Debug("stdin stopped early", "err", err)
+				}
+			default:
 			}
 			if f.msg.Done == nil {
 				return nil, fmt.Errorf("exec: guest sent exec_done without a body")

@@ -267,3 +267,24 @@ func TestCopyOut(t *testing.T) {
 		t.Errorf("ping after failed copy-outs: %v", err)
 	}
 }
+
+// TestExecDoesNotWaitForIdleStdin: a command that ends without reading its
+// stdin ends the exec even while the stdin reader blocks.
+func TestExecDoesNotWaitForIdleStdin(t *testing.T) {
+	c, _ := ready(t, agent.Options{})
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(testCtx(t), ExecRequest{Exec: agentproto.Exec{Argv: []string{"true"}}, Stdin: pr})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Exec did not return while its stdin reader blocked")
+	}
+}

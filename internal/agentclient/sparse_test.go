@@ -1,9 +1,8 @@
-package agentclient_test
+package agentclient
 
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"testing"
 
 	"isopod/internal/agent"
-	"isopod/internal/agentclient"
 )
 
 // sparseWriter records where each chunk was written.
@@ -37,30 +35,10 @@ func (w *sparseWriter) total() (n int64) {
 	return n
 }
 
-// serve runs the real agent as a plain process on one end of a pipe.
-func serve(t *testing.T) *agentclient.Client {
-	t.Helper()
-	host, guest := net.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		agent.Serve(ctx, guest, agent.Options{})
-	}()
-	c := agentclient.New(host, nil)
-	t.Cleanup(func() {
-		cancel()
-		c.Close()
-		guest.Close()
-		<-done
-	})
-	return c
-}
-
 // TestCopyOutSparse: holes and runs of zeros are not sent, the data is at
 // its offsets, the size is the file's, and the data cap holds exactly.
 func TestCopyOutSparse(t *testing.T) {
-	c := serve(t)
+	c, _ := ready(t, agent.Options{})
 	path := filepath.Join(t.TempDir(), "sparse")
 	f, err := os.Create(path)
 	if err != nil {
@@ -73,7 +51,7 @@ func TestCopyOutSparse(t *testing.T) {
 	f.Close()
 
 	w := &sparseWriter{}
-	done, err := c.CopyOut(context.Background(), path, agentclient.CopyLimits{MaxSize: 8 << 30, MaxData: agentclient.NoLimit}, w)
+	done, err := c.CopyOut(context.Background(), path, CopyLimits{MaxSize: 8 << 30, MaxData: NoLimit}, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +64,12 @@ func TestCopyOutSparse(t *testing.T) {
 
 	for _, tt := range []struct {
 		name string
-		lim  agentclient.CopyLimits
+		lim  CopyLimits
 		want string
 	}{
-		{"size over the limit", agentclient.CopyLimits{MaxSize: 1 << 30, MaxData: agentclient.NoLimit}, "over the limit"},
-		{"data over the cap", agentclient.CopyLimits{MaxSize: 8 << 30, MaxData: 10}, "copy-out limit"},
-		{"no data allowed", agentclient.CopyLimits{MaxSize: 8 << 30, MaxData: 0}, "copy-out limit"},
+		{"size over the limit", CopyLimits{MaxSize: 1 << 30, MaxData: NoLimit}, "over the limit"},
+		{"data over the cap", CopyLimits{MaxSize: 8 << 30, MaxData: 10}, "copy-out limit"},
+		{"no data allowed", CopyLimits{MaxSize: 8 << 30, MaxData: 0}, "copy-out limit"},
 	} {
 		_, err := c.CopyOut(context.Background(), path, tt.lim, &sparseWriter{})
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -102,7 +80,7 @@ func TestCopyOutSparse(t *testing.T) {
 	holes := filepath.Join(t.TempDir(), "holes")
 	os.WriteFile(holes, nil, 0o644)
 	os.Truncate(holes, 1<<30)
-	if done, err := c.CopyOut(context.Background(), holes, agentclient.CopyLimits{MaxData: 0}, &sparseWriter{}); err != nil || done.Bytes != 1<<30 || done.Data != 0 {
+	if done, err := c.CopyOut(context.Background(), holes, CopyLimits{MaxData: 0}, &sparseWriter{}); err != nil || done.Bytes != 1<<30 || done.Data != 0 {
 		t.Errorf("holes only: %+v, %v", done, err)
 	}
 }
