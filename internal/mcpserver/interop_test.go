@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"isopod/internal/knobs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"isopod/internal/knobs"
 )
 
 // interopDir finds test/mcp-interop from the package directory.
@@ -30,8 +32,43 @@ func interopDir(t *testing.T) string {
 	return ""
 }
 
+// interopOutput is what test/mcp-interop/client.mjs prints.
+type interopOutput struct {
+	Server struct{ Name, Version string }
+	Tools  []struct {
+		Name            string
+		Required        []string
+		Properties      []string
+		Types           map[string]any
+		HasOutputSchema bool
+	}
+	Results []struct {
+		// A tool call's result.
+		Name       string
+		IsError    bool
+		Text       string
+		Structured map[string]any
+		// A raw line's answer.
+		Raw   string
+		Reply map[string]any
+		// The signal step's outcome.
+		Signal    string
+		LiveVM    string
+		ExitMS    *float64
+		ExitCode  *float64
+		ServerPid int
+	}
+}
+
+func call(name string, args map[string]any) map[string]any {
+	return map[string]any{"name": name, "arguments": args}
+}
+
 // TestTypeScriptClientInterop drives the server with the official
-// TypeScript SDK's client (test/mcp-interop; run npm ci there first).
+// TypeScript SDK's client (test/mcp-interop; run npm ci there first). On a
+// host with a built base it also runs VMs: a run with Inspector-style
+// arguments, vm_list and vm_gc after it, and a SIGTERM in the middle of a
+// run, after which the server must be gone within 5 s and leave no QEMU.
 func TestTypeScriptClientInterop(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -42,27 +79,79 @@ func TestTypeScriptClientInterop(t *testing.T) {
 		t.Skipf("the TypeScript SDK is not installed; run npm ci in %s", dir)
 	}
 	h := newHostTree(t)
-	calls := []map[string]any{
-		// Refused by confinement before any VM: works on every host.
-		{"name": ToolSandboxRun, "arguments": map[string]any{"cmd": "true",
-			"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/x"}}}},
+	outside := map[string]any{"guest": "/etc/hostname", "host": "../outside/x"}
+	steps := []map[string]any{
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "copy_out": []any{outside}}),
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "timeout_s": 0}),
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "copy_out": []any{map[string]any{"guest": "/a"}}}),
+		call(ToolVMGC, map[string]any{"keep_last": "many"}),
+		{"raw": `{"jsonrpc":"2.0","id":"broken","method":`},
+		{"raw": `[{"jsonrpc":"2.0","id":"b1","method":"ping"}]`},
+		{"raw": `{"jsonrpc":"1.0","id":"old","method":"ping"}`},
+		call(ToolStageList, map[string]any{}),
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "network": "false", "allow_hosts": "[]"}),
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "network": "false", "allow_cidrs": `["192.0.2.0/24"]`}),
+		call(ToolSandboxRun, map[string]any{"cmd": "true", "copy_out": string(mustJSON([]any{outside}))}),
 	}
 	var base string
 	if !testing.Short() {
 		base, _ = findVMBase()
 	}
 	if base != "" {
-		calls = append(calls, map[string]any{"name": ToolSandboxRun,
-			"arguments": map[string]any{"cmd": "echo hi", "base": base, "network": false}})
+		steps = append(steps,
+			call(ToolSandboxRun, map[string]any{"cmd": "echo hi", "base": base, "network": "false", "copy_out": "[]"}),
+			call(ToolVMList, map[string]any{}),
+			// The record is finished once the VM's cleanup, which goes on
+			// after the result, is done.
+			map[string]any{"wait_ms": 1000},
+			call(ToolVMGC, map[string]any{"keep_last": 0}),
+			map[string]any{"signal": "SIGTERM", "name": ToolSandboxRun,
+				"arguments": map[string]any{"cmd": "sleep 600", "base": base, "network": false, "timeout_s": 900}})
 	}
-	callsJSON, _ := json.Marshal(calls)
+	out := runInterop(t, node, dir, h, steps, base == "")
+	checkInteropBasics(t, out)
+	r := out.Results
+	if len(r) != len(steps) {
+		t.Fatalf("%d results for %d steps", len(r), len(steps))
+	}
+	wantText := []string{
+		0:  knobs.MCPHostIORoot,
+		1:  "sandbox_run refused: timeout_s: must be between 1 and 3600 (got 0)",
+		2:  "sandbox_run refused: copy_out[0].host: required, but not given",
+		3:  `vm_gc refused: keep_last: must be a whole number (got "many")`,
+		8:  "sandbox_run refused: network: false removes the network card, so allow_hosts and allow_cidrs cannot apply",
+		9:  "sandbox_run refused: network: false removes the network card",
+		10: knobs.MCPHostIORoot,
+	}
+	for i, want := range wantText {
+		if want != "" && (!r[i].IsError || !strings.Contains(r[i].Text, want)) {
+			t.Errorf("step %d: error %v, %q; want an error saying %q", i, r[i].IsError, r[i].Text, want)
+		}
+	}
+	for i, code := range map[int]float64{4: -32700, 5: -32600, 6: -32600} {
+		e, _ := r[i].Reply["error"].(map[string]any)
+		if e["code"] != code {
+			t.Errorf("raw line %q: answered %v; want error code %v", r[i].Raw, r[i].Reply, code)
+		}
+	}
+	if r[7].IsError || r[7].Structured["stages"] == nil {
+		t.Errorf("stage_list after the malformed lines: %+v", r[7])
+	}
+	if base != "" {
+		checkInteropVMs(t, out, 11)
+	}
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+// runInterop runs client.mjs over steps and parses what it prints.
+func runInterop(t *testing.T, node, dir string, h hostTree, steps []map[string]any, privateHome bool) *interopOutput {
+	t.Helper()
+	stepsJSON, _ := json.Marshal(steps)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), os.Args[0], string(callsJSON))
+	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), os.Args[0], string(stepsJSON))
 	cmd.Dir = h.root
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
-	if base == "" {
+	if privateHome {
 		// No VMs here: keep the server's state in the fixture.
 		cmd.Env = append(cmd.Env, knobs.Home+"="+h.home)
 	}
@@ -71,33 +160,35 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("node client: %v\nstderr:\n%s", err, stderr.String())
 	}
-	var out struct {
-		Server struct{ Name string }
-		Tools  []struct {
-			Name            string
-			Required        []string
-			Properties      []string
-			HasOutputSchema bool
-		}
-		Results []struct {
-			Name       string
-			IsError    bool
-			Text       string
-			Structured map[string]any
-		}
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+	out := new(interopOutput)
+	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
 		t.Fatalf("client output %q: %v\nstderr:\n%s", stdout.String(), err, stderr.String())
 	}
-	if out.Server.Name != "isopod" {
-		t.Errorf("server name %q", out.Server.Name)
+	if t.Failed() {
+		t.Logf("stderr:\n%s", stderr.String())
+	}
+	return out
+}
+
+// checkInteropBasics checks the server's identity and tools as the
+// TypeScript client sees them.
+func checkInteropBasics(t *testing.T, out *interopOutput) {
+	t.Helper()
+	if out.Server.Name != "isopod" || out.Server.Version != "test" {
+		t.Errorf("server %+v; want isopod, version test (what the test server is given)", out.Server)
 	}
 	var names []string
 	for _, tl := range out.Tools {
 		names = append(names, tl.Name)
-		if tl.Name == ToolSandboxRun {
-			if !slices.Equal(tl.Required, []string{"cmd"}) || !slices.Contains(tl.Properties, "copy_out") || !tl.HasOutputSchema {
-				t.Errorf("sandbox_run as the TypeScript client sees it: %+v", tl)
+		if tl.Name != ToolSandboxRun {
+			continue
+		}
+		if !slices.Equal(tl.Required, []string{"cmd"}) || !slices.Contains(tl.Properties, "copy_out") || !tl.HasOutputSchema {
+			t.Errorf("sandbox_run as the TypeScript client sees it: %+v", tl)
+		}
+		for p, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array"} {
+			if tl.Types[p] != typ {
+				t.Errorf("sandbox_run %s has type %v; want %q", p, tl.Types[p], typ)
 			}
 		}
 	}
@@ -107,16 +198,69 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
-	if len(out.Results) != len(calls) {
-		t.Fatalf("%d results for %d calls", len(out.Results), len(calls))
+}
+
+// checkInteropVMs checks the VM steps, from index i: a run, vm_list, a
+// pause, vm_gc and the SIGTERM.
+func checkInteropVMs(t *testing.T, out *interopOutput, i int) {
+	t.Helper()
+	run, list, gc, sig := out.Results[i], out.Results[i+1], out.Results[i+3], out.Results[i+4]
+	if run.IsError || run.Structured["stdout"] != "hi\n" || run.Structured["vm_name"] == nil || run.Structured["duration_ms"] == nil {
+		t.Fatalf("a run with network \"false\" and copy_out \"[]\": %+v", run)
 	}
-	if r := out.Results[0]; !r.IsError || !strings.Contains(r.Text, knobs.MCPHostIORoot) {
-		t.Errorf("confinement refusal as the TypeScript client sees it: %+v", r)
+	if _, ok := run.Structured["ok"]; ok {
+		t.Errorf("the run result carries ok: %v", run.Structured)
 	}
-	if base != "" {
-		r := out.Results[1]
-		if r.IsError || r.Structured["stdout"] != "hi\n" || r.Structured["exit_code"] != float64(0) {
-			t.Errorf("echo as the TypeScript client sees it: %+v", r)
+	id := run.Structured["vm_id"]
+	found := false
+	for _, v := range list.Structured["vms"].([]any) {
+		vm := v.(map[string]any)
+		if vm["vm_id"] == id {
+			found = true
+			if vm["live"] != false {
+				t.Errorf("vm_list after the run ended: %v; want live false", vm)
+			}
 		}
 	}
+	if !found {
+		t.Errorf("vm_list does not list %v: %v", id, list.Structured)
+	}
+	if removed, _ := gc.Structured["removed"].([]any); !slices.Contains(removed, id) {
+		t.Errorf("vm_gc keep_last 0 kept the finished %v: %v", id, gc.Structured)
+	}
+	if sig.LiveVM == "" {
+		t.Fatal("no live VM showed in vm_list before the signal")
+	}
+	if sig.ExitMS != nil {
+		t.Logf("the server exited %.0f ms after SIGTERM with %s live", *sig.ExitMS, sig.LiveVM)
+	}
+	if sig.ExitMS == nil || *sig.ExitMS > 5000 {
+		t.Errorf("the server exited %v ms after SIGTERM; want within 5000", sig.ExitMS)
+	}
+	if left := qemuOf(sig.LiveVM); len(left) > 0 {
+		t.Errorf("QEMU %v of %s still runs after the server exited", left, sig.LiveVM)
+	}
+}
+
+// qemuOf lists the running (not zombie) QEMU processes whose command line
+// names vmID.
+func qemuOf(vmID string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, []byte(vmID)) {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return pids
 }

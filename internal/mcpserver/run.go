@@ -144,8 +144,10 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		r.Base = DefaultBase
 	}
 	if in.AllowHosts != nil {
+		// allow_hosts: [] alone denies everything (and records it); with
+		// allow_cidrs it only adds no host names.
 		r.AllowHosts = in.AllowHosts
-		r.DenyEgress = len(in.AllowHosts) == 0
+		r.DenyEgress = len(in.AllowHosts) == 0 && len(in.AllowCIDRs) == 0
 	}
 	if in.Network != nil && !*in.Network {
 		if in.AllowHosts != nil || in.AllowCIDRs != nil {

@@ -152,6 +152,11 @@ func TestRunArgsMapping(t *testing.T) {
 				t.Errorf("request DenyEgress=%v NoNetwork=%v AllowHosts=%#v", r.DenyEgress, r.NoNetwork, r.AllowHosts)
 			}
 		}},
+		{"empty allow_hosts with allow_cidrs allows those networks", map[string]any{"cmd": "true", "allow_hosts": []string{}, "allow_cidrs": []string{"192.0.2.0/24"}}, func(t *testing.T, r sandbox.Request) {
+			if r.DenyEgress || len(r.AllowCIDRs) != 1 {
+				t.Errorf("request DenyEgress=%v AllowCIDRs=%v; want the networks allowed, not deny-all", r.DenyEgress, r.AllowCIDRs)
+			}
+		}},
 		{"allow_hosts filters", map[string]any{"cmd": "true", "allow_hosts": []string{"pypi.org"}, "allow_cidrs": []string{"10.0.0.0/8"}}, func(t *testing.T, r sandbox.Request) {
 			if r.DenyEgress || !slices.Equal(r.AllowHosts, []string{"pypi.org"}) || !slices.Equal(r.AllowCIDRs, []string{"10.0.0.0/8"}) {
 				t.Errorf("request %+v", r)
