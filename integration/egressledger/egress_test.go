@@ -15,10 +15,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,32 +58,44 @@ func egRun(t testing.TB, n *testnet.Net, args ...string) (*e2e.Result, flightrec
 	return r, *rep.Egress, entries
 }
 
+// countedIP is the address of count.wild.example, whose TLS server counts
+// the connections it accepts: refused tunnels must never reach it.
+const countedIP = "203.0.113.11"
+
 // egressFixture is the test network with the servers and names the ledger
-// needs.
-func egressFixture(t *testing.T) *testnet.Net {
+// needs. The counter is the connections count.wild.example's TLS server
+// accepted.
+func egressFixture(t *testing.T) (*testnet.Net, *atomic.Int32) {
 	t.Helper()
 	n := testnet.New(t)
 	n.ServeHTTP(t, n.Public, testnet.PublicIP+":80", nil)
 	n.ServeHTTP(t, n.Public2, testnet.Public2IP+":80", nil)
 	n.ServeHTTP(t, n.LAN, testnet.LANIP+":80", nil)
-	serveTLS(t, n, n.Public, testnet.PublicIP+":443")
+	serveTLS(t, n, n.Public, testnet.PublicIP+":443", nil)
+	if err := n.AddAddress(n.Public, countedIP); err != nil {
+		t.Fatal(err)
+	}
+	counted := new(atomic.Int32)
+	serveTLS(t, n, n.Public, countedIP+":443", counted)
 	serveBanner(t, n, n.Public, testnet.PublicIP+":22", "SSH-2.0-isopod-test\r\n")
 	for _, rr := range []string{
 		"other.example. 60 IN A " + testnet.PublicIP, // same address as test.example, never allowed
 		"wild.example. 60 IN A " + testnet.PublicIP,
 		"a.wild.example. 60 IN A " + testnet.PublicIP,
 		"a.b.wild.example. 60 IN A " + testnet.PublicIP,
+		"count.wild.example. 60 IN A " + countedIP,
 	} {
 		if err := n.AddRecord(rr); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return n
+	return n, counted
 }
 
 // serveTLS serves testnet.Handler over TLS with a fresh self-signed
-// certificate for test.example and *.wild.example.
-func serveTLS(t *testing.T, n *testnet.Net, ns, addr string) {
+// certificate for test.example and *.wild.example, counting accepted
+// connections in accepted when it is not nil.
+func serveTLS(t *testing.T, n *testnet.Net, ns, addr string, accepted *atomic.Int32) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -99,6 +113,13 @@ func serveTLS(t *testing.T, n *testnet.Net, ns, addr string) {
 	}
 	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
 	srv := &http.Server{Handler: testnet.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	if accepted != nil {
+		srv.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				accepted.Add(1)
+			}
+		}
+	}
 	go srv.Serve(tl)
 	t.Cleanup(func() { srv.Close() })
 }
@@ -231,6 +252,89 @@ func ledgerCases(t *testing.T) []ledgerCase {
 	}
 }
 
+// socksConnect is a SOCKS5 greeting and CONNECT request for host:port.
+func socksConnect(host string, port uint16) []byte {
+	return append(append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}, host...), byte(port>>8), byte(port))
+}
+
+// dnsTCP frames a DNS message for TCP: header ID 0x1234 with flags, one
+// question for name (type SOA) when name is not empty, else the given
+// question bytes.
+func dnsTCP(flags uint16, name string, question []byte) []byte {
+	if name != "" {
+		question = nil
+		for l := range strings.SplitSeq(name, ".") {
+			question = append(append(question, byte(len(l))), l...)
+		}
+		question = append(question, 0, 0, 6, 0, 1)
+	}
+	msg := append([]byte{0x12, 0x34, byte(flags >> 8), byte(flags), 0, 1, 0, 0, 0, 0, 0, 0}, question...)
+	return append([]byte{byte(len(msg) >> 8), byte(len(msg))}, msg...)
+}
+
+// requestCheckCases are the attempts at names a request carries beside the
+// one it is judged by: every name of every request, before any dial.
+// front-*.example names are never resolved; a refused case must not show
+// them (the /host page echoes the Host it was asked for).
+func requestCheckCases(t *testing.T) []ledgerCase {
+	hello := func(name string) string { return octal(testnet.ClientHello(t, name)) }
+	connect := func(target string) string { return octal([]byte("CONNECT " + target + " HTTP/1.1\r\n\r\n")) }
+	get := func(target, host string) string {
+		return octal([]byte("GET " + target + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n"))
+	}
+	return []ledgerCase{
+		{"host_vs_target", "Request line names the allowed host, the Host header another (direct)",
+			`printf 'GET http://test.example/host HTTP/1.1\r\nHost: front-direct.example\r\n\r\n' | nc test.example 80`,
+			"printf '" + get("http://test.example/host", "front-direct.example") + "' | nc -w 3 test.example 80", false, "403 Forbidden",
+			"Host check: every name of a request (403)", "tcp", "front-direct.example", 80, egress.ReasonHostMismatch},
+		{"pipelined", "Second request on one connection names another host (pipelined)",
+			`printf 'GET /hello HTTP/1.1\r\nHost: test.example\r\n\r\nGET /host HTTP/1.1\r\nHost: front-pipelined.example\r\n\r\n' | nc test.example 80`,
+			"printf '" + octal([]byte("GET /hello HTTP/1.1\r\nHost: test.example\r\n\r\nGET /host HTTP/1.1\r\nHost: front-pipelined.example\r\n\r\n")) +
+				"' | nc -w 3 test.example 80", false, "hello from", "Host check: every request of a connection (first answered, then closed)",
+			"tcp", "front-pipelined.example", 80, egress.ReasonHostMismatch},
+		{"connect80_host", "Plain HTTP through CONNECT to port 80, Host names another host",
+			`printf 'CONNECT test.example:80 ...'+'GET /host ... Host: front-connect.example' | nc 10.0.2.1 3128`,
+			"(printf '" + connect("test.example:80") + "'; printf '" + get("/host", "front-connect.example") + "') | nc -w 3 10.0.2.1 3128", false, "403 Forbidden",
+			"HTTP proxy tunnel: Host check before dialling (403)", "http_proxy", "front-connect.example", 80, egress.ReasonHostMismatch},
+		{"socks80_host", "Plain HTTP through SOCKS5 to port 80, request line names another host",
+			`printf SOCKS5(test.example:80)+'GET http://front-socks.example/host ...' | nc 10.0.2.1 1080`,
+			"printf '" + octal(socksConnect("test.example", 80)) + get("http://front-socks.example/host", "test.example") + "' | nc -w 3 10.0.2.1 1080", false, "403 Forbidden",
+			"SOCKS5 tunnel: Host check before dialling (403)", "socks5", "front-socks.example", 80, egress.ReasonHostMismatch},
+		{"proxy_host", "Absolute-form proxy request whose Host names another host",
+			`printf 'GET http://test.example/host HTTP/1.1\r\nHost: front-proxy.example\r\n\r\n' | nc 10.0.2.1 3128`,
+			"printf '" + get("http://test.example/host", "front-proxy.example") + "' | nc -w 3 10.0.2.1 3128", false, "403 Forbidden",
+			"HTTP proxy (403)", "http_proxy", "front-proxy.example", 80, egress.ReasonHostMismatch},
+		{"proxy_badport", "Proxy request with a port out of range",
+			`printf 'GET http://test.example:99999/ HTTP/1.1\r\n\r\n' | nc 10.0.2.1 3128`,
+			"printf '" + octal([]byte("GET http://test.example:99999/ HTTP/1.1\r\n\r\n")) + "' | nc -w 3 10.0.2.1 3128", false, "400 Bad Request",
+			"HTTP proxy (400)", "http_proxy", "test.example", 0, egress.ReasonBadRequest},
+		{"dns_loop", "DNS message whose name is a compression loop (TCP to the gateway)",
+			"printf DNS(name = pointer to itself) | nc 10.0.2.1 53",
+			"printf '" + octal(dnsTCP(0x0100, "", []byte{0xc0, 0x0c, 0, 1, 0, 1})) + "' | nc -w 3 10.0.2.1 53 | od -An -tx1", false, "12 34 81 01",
+			"DNS (unreadable: FORMERR)", "dns", egress.MalformedHost, 0, egress.ReasonMalformed},
+		{"dns_notify", "DNS NOTIFY instead of a query",
+			"printf DNS(NOTIFY notify.example) | nc 10.0.2.1 53",
+			"printf '" + octal(dnsTCP(0x2000, "notify.example", nil)) + "' | nc -w 3 10.0.2.1 53 | od -An -tx1", false, "12 34 a0 04",
+			"DNS (not a standard query: NOTIMP)", "dns", "notify.example", 0, egress.ReasonMalformed},
+		{"connect443_ok", "Allowed name over TLS through CONNECT, to the counting server",
+			"printf 'CONNECT count.wild.example:443'+HELLO(sni=count.wild.example) | nc 10.0.2.1 3128",
+			"(printf '" + connect("count.wild.example:443") + "'; printf '" + hello("count.wild.example") + "') | nc -w 3 10.0.2.1 3128 > /tmp/c2; tail -c +40 /tmp/c2 | od -An -N3 -tx1",
+			true, "16 03 03", "allowed: HTTP proxy CONNECT + SNI check", "http_proxy", "count.wild.example", 443, egress.ReasonAllowedHost},
+		{"connect443_sni", "CONNECT to port 443, SNI names another host",
+			"printf 'CONNECT count.wild.example:443'+HELLO(sni=front-tls.example) | nc 10.0.2.1 3128",
+			"(printf '" + connect("count.wild.example:443") + "'; printf '" + hello("front-tls.example") + "') | nc -w 3 10.0.2.1 3128 | od -An -tx1", false, "",
+			"HTTP proxy tunnel: SNI check before dialling (server saw no connection)", "http_proxy", "front-tls.example", 443, egress.ReasonSNIMismatch},
+		{"socks443_sni", "SOCKS5 to port 443, SNI names another host",
+			"printf SOCKS5(count.wild.example:443)+HELLO(sni=front-tls.example) | nc 10.0.2.1 1080",
+			"printf '" + octal(socksConnect("count.wild.example", 443)) + hello("front-tls.example") + "' | nc -w 3 10.0.2.1 1080 | od -An -tx1", false, "",
+			"SOCKS5 tunnel: SNI check before dialling (server saw no connection)", "socks5", "front-tls.example", 443, egress.ReasonSNIMismatch},
+		{"direct443_sni", "Direct TLS to port 443, SNI names another host",
+			"printf HELLO(sni=front-tls.example) | nc count.wild.example 443",
+			"printf '" + hello("front-tls.example") + "' | nc -w 3 count.wild.example 443 | od -An -N3 -tx1", false, "",
+			"SNI check before dialling (server saw no connection)", "tcp", "front-tls.example", 443, egress.ReasonSNIMismatch},
+	}
+}
+
 // ledgerScript runs every case in order, each behind a marker line.
 func ledgerScript(cases []ledgerCase) string {
 	var sb strings.Builder
@@ -268,8 +372,8 @@ func findEntry(entries []flightrec.Event, c ledgerCase) *flightrec.Event {
 // checks each outcome and record entry, and writes or checks the ledger doc.
 func TestEgressLedger(t *testing.T) {
 	e2e.RequireVM(t)
-	n := egressFixture(t)
-	cases := ledgerCases(t)
+	n, counted := egressFixture(t)
+	cases := append(ledgerCases(t), requestCheckCases(t)...)
 	start := time.Now()
 	r, rep, entries := egRun(t, n, "--timeout-s", "300",
 		"--allow-host", "test.example", "--allow-host", "*.wild.example", "--allow-host", "lan.example",
@@ -293,7 +397,12 @@ func TestEgressLedger(t *testing.T) {
 			t.Errorf("%s: %s should succeed; guest saw %q", c.Name, c.Attempt, out)
 			failed = true
 		}
-		if !c.OK && c.Out == "" && strings.Contains(out, "hello from") {
+		if !c.OK && !strings.Contains(out, c.Out) {
+			t.Errorf("%s: %s was refused otherwise than documented; guest saw %q, want %q", c.Name, c.Attempt, out, c.Out)
+			failed = true
+		}
+		if !c.OK && ((c.Out != "hello from" && strings.Contains(out, "hello from")) ||
+			(strings.HasPrefix(c.Host, "front-") && strings.Contains(out, c.Host))) {
 			t.Errorf("%s: %s reached the server: %q", c.Name, c.Attempt, out)
 			failed = true
 		}
@@ -336,6 +445,12 @@ func TestEgressLedger(t *testing.T) {
 	block, _ := json.Marshal(rep)
 	if bytes.ContainsAny(block, "\x01\x1b") || bytes.Contains(block, []byte(`\u001b`)) || bytes.Contains(block, []byte(`\u0001`)) {
 		t.Error("the hostile name's bytes reached the egress block")
+	}
+	// Only the allowed tunnel reached count.wild.example's server: the
+	// refused ones were judged before anything was dialled.
+	if n := counted.Load(); n != 1 {
+		t.Errorf("count.wild.example's TLS server accepted %d connections; want 1 (the allowed tunnel only)", n)
+		failed = true
 	}
 	t.Logf("ledger run: %d cases, %d record entries, wall %v, total_ms %d", len(cases), len(entries), elapsed, e2e.Num(t, r.JSON, "total_ms"))
 	if failed {
@@ -381,24 +496,28 @@ func checkLedgerDoc(t *testing.T, flavor string, rows []string) {
 		return
 	}
 	if want != string(cur) {
-		t.Errorf("%s is out of date for %s; regenerate it with ISOPOD_WRITE_LEDGER=1 go test ./integration -run TestEgressLedger\nwant section:\n%s", ledgerDoc, flavor, section)
+		t.Errorf("%s is out of date for %s; regenerate it with ISOPOD_WRITE_LEDGER=1 go test ./integration/egressledger -run TestEgressLedger\nwant section:\n%s", ledgerDoc, flavor, section)
 	}
 }
 
 const ledgerHeader = `# Egress bypass ledger
 
-Generated by the test suite (integration/egress_test.go): every row is a
+Generated by the test suite (integration/egressledger): every row is a
 real program run in a real guest against test hosts in network namespaces,
 and the last column is the entry the flight recorder (vms/<id>/egress.jsonl)
 wrote for it. Do not edit by hand; regenerate with
 
-    ISOPOD_WRITE_LEDGER=1 go test ./integration -run 'TestEgressLedger'
+    ISOPOD_WRITE_LEDGER=1 go test ./integration/egressledger -run 'TestEgressLedger'
 
 The tests fail when this file no longer matches what they observe. The run
 allows ` + "`--allow-host test.example --allow-host '*.wild.example' --allow-host lan.example --allow-cidr 198.51.100.0/24`" + `;
 test.example and other.example both resolve to 203.0.113.10, lan.example to
-192.168.77.10. HELLO(sni=X) is a ClientHello produced by Go's crypto/tls,
-sent with printf; base-min has no TLS client.
+192.168.77.10, count.wild.example to 203.0.113.11, whose TLS server counts
+the connections it accepts (the test requires exactly one, the allowed
+tunnel's). front-*.example names resolve nowhere; a refused attempt must not
+show them (the /host page echoes the Host it was asked for). HELLO(sni=X)
+is a ClientHello produced by Go's crypto/tls, sent with printf; base-min has
+no TLS client. Reasons and placeholders are listed in SECURITY.md.
 
 `
 
@@ -428,7 +547,7 @@ func ledgerSection(flavor string, rows []string) string {
 // python) on base-debian.
 func TestEgressLedgerDebian(t *testing.T) {
 	e2e.RequireDebian(t)
-	n := egressFixture(t)
+	n, _ := egressFixture(t)
 	type dcase struct {
 		name, attempt, cmd, layer string
 		ok                        bool
@@ -444,7 +563,13 @@ func TestEgressLedgerDebian(t *testing.T) {
 		{"python_blocked", "Name not allowed, python urllib", "python3 -c 'import urllib.request; urllib.request.urlopen(\"http://blocked-py.example/\", timeout=5)'", "HTTP proxy (403)", false, "http_proxy", "blocked-py.example", 80, egress.ReasonNotAllowed},
 		{"curl_doh", "DoH to a literal address", "curl -sk --noproxy '*' -m 5 https://1.1.1.1/dns-query", "TCP policy (literal address)", false, "tcp", "1.1.1.1", 443, egress.ReasonLiteral},
 		{"curl_sni_mismatch", "SNI fronting with curl --resolve", "curl -sk --noproxy '*' -m 5 --resolve other.example:443:203.0.113.10 https://other.example/hello", "SNI check", false, "tcp", "other.example", 443, egress.ReasonSNIMismatch},
+		{"curl_request_target", "curl --request-target: request line names the allowed host, Host header another", "curl -s --noproxy '*' -m 5 --request-target http://test.example/host -H 'Host: front-curl.example' http://test.example/", "Host check: every name of a request (403)", false, "tcp", "front-curl.example", 80, egress.ReasonHostMismatch},
+		{"curl_h2c", "Allowed name over HTTP/2 cleartext (prior knowledge), direct", "curl -s --noproxy '*' -m 5 --http2-prior-knowledge -w ' via HTTP/%{http_version}' http://test.example/hello", "allowed: DNS pin + :authority check", true, "tcp", "test.example", 80, egress.ReasonAllowedHost},
+		{"curl_h2c_host", "HTTP/2 cleartext whose :authority names another host", "curl -s --noproxy '*' -m 5 --http2-prior-knowledge -H 'Host: front-h2.example' http://test.example/host", "Host check: :authority of every HEADERS frame (reset)", false, "tcp", "front-h2.example", 80, egress.ReasonHostMismatch},
+		{"curl_tunnel_host", "curl through a CONNECT tunnel to port 80, Host names another host", "curl -s -m 5 -p -H 'Host: front-tunnel.example' http://test.example/host", "HTTP proxy tunnel: Host check before dialling (403)", false, "http_proxy", "front-tunnel.example", 80, egress.ReasonHostMismatch},
 	}
+	// What an allowed case must also print.
+	also := map[string]string{"curl_h2c": "via HTTP/2"}
 	var script strings.Builder
 	script.WriteString("getent hosts test.example >/dev/null\n") // pins test.example for the direct cases
 	for _, c := range cases {
@@ -456,8 +581,12 @@ func TestEgressLedgerDebian(t *testing.T) {
 	failed := false
 	for _, c := range cases {
 		out := steps[c.name]
-		if c.ok != (strings.Contains(out, "@@rc=0") && strings.Contains(out, "hello from")) {
+		if c.ok != (strings.Contains(out, "@@rc=0") && strings.Contains(out, "hello from") && strings.Contains(out, also[c.name])) {
 			t.Errorf("%s: guest saw %q; want success=%v", c.name, out, c.ok)
+			failed = true
+		}
+		if !c.ok && strings.HasPrefix(c.host, "front-") && strings.Contains(out, c.host) {
+			t.Errorf("%s: %s reached the server: %q", c.name, c.attempt, out)
 			failed = true
 		}
 		e := findEntry(entries, ledgerCase{Proto: c.proto, Host: c.host, Port: c.port, Reason: c.reason})
@@ -479,7 +608,7 @@ func TestEgressLedgerDebian(t *testing.T) {
 // the same command succeed.
 func TestEgressDenyAndSuggest(t *testing.T) {
 	e2e.RequireVM(t)
-	n := egressFixture(t)
+	n, _ := egressFixture(t)
 	script := "wget -q -O- http://test.example/hello; a=$?; wget -Y off -q -O- http://two.example/hello; b=$?; [ $a = 0 ] && [ $b = 0 ]"
 	r, rep, entries := egRun(t, n, "--deny-egress", "--", "sh", "-c", script)
 	if code := e2e.Num(t, r.JSON, "exit_code"); code == 0 {
@@ -529,7 +658,7 @@ type sugResult struct {
 // truncated true, and all 100 in the record.
 func TestEgressTruncation(t *testing.T) {
 	e2e.RequireVM(t)
-	n := egressFixture(t)
+	n, _ := egressFixture(t)
 	_, rep, entries := egRun(t, n, "--deny-egress", "--", "sh", "-c",
 		"i=0; while [ $i -lt 100 ]; do nc -w 1 203.0.113.10 $((2000+i)) </dev/null 2>/dev/null; i=$((i+1)); done; true")
 	ports := map[uint16]bool{}
@@ -561,7 +690,7 @@ func TestEgressOverhead(t *testing.T) {
 	if !e2e.BenchEnabled() {
 		t.Skip("a benchmark: set ISOPOD_BENCH=1")
 	}
-	n := egressFixture(t)
+	n, _ := egressFixture(t)
 	cmd := []string{"--", "sh", "-c", "for i in 1 2 3 4 5; do wget -q -O- http://test.example/hello >/dev/null || exit 1; done"}
 	nat, _, _ := egRun(t, n, cmd...)
 	filt, _, _ := egRun(t, n, append([]string{"--allow-host", "test.example"}, cmd...)...)
