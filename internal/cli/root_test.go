@@ -42,6 +42,7 @@ func TestFailuresAreOneJSONObject(t *testing.T) {
 		{[]string{"run", "--vcpus", "0", "--", "true"}, "--vcpus 0: must be 1 or an even number, at most", "invalid_argument"},
 		{[]string{"run", "--mem-mib", "0", "--", "true"}, "--mem-mib 0: must be between 128 and", "invalid_argument"},
 		{[]string{"run", "--scratch-mib", "0", "--", "true"}, "--scratch-mib 0: must be between 128 and 65536", "invalid_argument"},
+		{[]string{"warmpool", "build", "--vcpus", "0"}, "--vcpus 0: must be 1 or an even number, at most", "invalid_argument"},
 		{[]string{"run"}, "no command", "invalid_argument"},
 		{[]string{"run", "--no-such-flag", "--", "true"}, "unknown flag", "invalid_argument"},
 		{[]string{"run", "--copy-out", "nocolon", "--", "true"}, "GUEST:HOST", "invalid_argument"},
@@ -101,8 +102,8 @@ func TestHelpAndVersionOnStdout(t *testing.T) {
 	}
 }
 
-// TestJailSetting: ISOPOD_JAIL takes 1/on and 0/off; on is refused while
-// there is no jail, and anything else names the values.
+// TestJailSetting: ISOPOD_JAIL takes 1/on and 0/off; anything else names
+// the values.
 func TestJailSetting(t *testing.T) {
 	for _, tt := range []struct {
 		value string
@@ -111,8 +112,8 @@ func TestJailSetting(t *testing.T) {
 	}{
 		{"off", true, ""},
 		{"0", true, ""},
-		{"1", false, "no jail yet"},
-		{"on", false, "no jail yet"},
+		{"1", true, ""},
+		{"on", true, ""},
 		{"maybe", false, "use 1 or on (confined) or 0 or off (unconfined)"},
 	} {
 		t.Setenv(knobs.Jail, tt.value)

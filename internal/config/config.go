@@ -84,9 +84,9 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	return s, nil
 }
 
-// parseJail reads ISOPOD_JAIL: 1/on (confined), 0/off (unconfined, with a
-// warning in every report), unset or empty for the default. The jail is
-// not built yet, so 1/on is refused rather than silently not honoured.
+// parseJail reads ISOPOD_JAIL: 1/on (confined, the default), 0/off
+// (unconfined, with a warning in every report), unset or empty for the
+// default.
 func parseJail(v string) (sandbox.JailMode, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "":
@@ -94,8 +94,7 @@ func parseJail(v string) (sandbox.JailMode, error) {
 	case "0", "off":
 		return sandbox.JailOff, nil
 	case "1", "on":
-		return sandbox.JailOn, fmt.Errorf("%s=%s: this isopod has no jail yet, so it cannot confine the VMM; unset %s or set it to 0/off to run unconfined: %w",
-			knobs.Jail, v, knobs.Jail, errdefs.ErrNotSupported)
+		return sandbox.JailOn, nil
 	}
 	return sandbox.JailDefault, fmt.Errorf("%s=%q: use 1 or on (confined) or 0 or off (unconfined), or unset it: %w", knobs.Jail, v, errdefs.ErrInvalidArgument)
 }

@@ -92,6 +92,11 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 		return nil, err
 	}
 	pl.kernel = k
+	// The VMM driver and its jail are checked now: a host that cannot
+	// confine the VMM refuses the run before anything starts.
+	if _, err := s.driver(ctx); err != nil {
+		return nil, err
+	}
 	return pl, nil
 }
 

@@ -206,7 +206,7 @@ func (r *run) prepare() error {
 		StderrLogPath: filepath.Join(d.path, "stderr.log"),
 		Warnings:      r.plan.warnings,
 	}
-	r.rep.Warnings = append(r.rep.Warnings, r.s.opts.Jail.warnings()...)
+	r.rep.Warnings = append(r.rep.Warnings, r.s.jailReport()...)
 	if r.plan.stage != nil {
 		r.rep.ForkedFrom = r.plan.stage.ID
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/jail"
 	"isopod/internal/paths"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/qemu"
@@ -40,8 +41,7 @@ type Options struct {
 type JailMode uint8
 
 const (
-	// JailDefault: the setting is unset. Once the jail exists it means
-	// JailOn; until then VMMs run unconfined, without a warning.
+	// JailDefault: the setting is unset, which means JailOn.
 	JailDefault JailMode = iota
 	// JailOn confines every VMM (ISOPOD_JAIL=1 or on).
 	JailOn
@@ -53,12 +53,12 @@ const (
 // UnconfinedWarning is the warning every run's report carries under JailOff.
 const UnconfinedWarning = "unconfined: ISOPOD_JAIL=off runs the VMM without its jail"
 
-// warnings are what a run's report says about the jail mode.
-func (j JailMode) warnings() []string {
-	if j == JailOff {
+// jailReport is what a run's report says about the jail.
+func (s *Service) jailReport() []string {
+	if s.opts.Jail == JailOff {
 		return []string{UnconfinedWarning}
 	}
-	return nil
+	return s.jailWarnings
 }
 
 // Service is the core both front ends call. It is safe for concurrent use.
@@ -72,6 +72,9 @@ type Service struct {
 	driverOnce sync.Once
 	drv        vmm.Driver
 	drvErr     error
+	// jailWarnings are what every report says of the jail on this host
+	// (a fallback that weakens it); set with drv.
+	jailWarnings []string
 }
 
 // driver returns the VMM driver, creating the QEMU one on first use.
@@ -81,10 +84,20 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 			s.drv = s.opts.Driver
 			return
 		}
-		d, err := qemu.New(qemu.Config{
+		cfg := qemu.Config{
 			Binary: s.opts.QEMU, Accel: s.opts.Accel, Logger: s.log,
 			ProbeCache: filepath.Join(s.opts.Paths.Home, "accel-probe.json"),
-		})
+		}
+		if s.opts.Jail != JailOff {
+			j, err := jail.New(jail.Config{Logger: s.log})
+			if err != nil {
+				s.drvErr = err
+				return
+			}
+			cfg.Jail = j
+			s.jailWarnings = j.Warnings()
+		}
+		d, err := qemu.New(cfg)
 		if err != nil {
 			s.drvErr = err
 			return

@@ -32,12 +32,29 @@ const machineOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on
 type launch struct {
 	accel  vmm.Accel
 	tscKHz uint64 // host TSC kHz, used under TCG; 0: unknown
-	// memPath, when set, is a snapshot's RAM file, mapped privately so
-	// that many machines share it copy-on-write. Otherwise RAM is a shared
-	// memfd that Snapshot can copy out.
+	// memPath is the file guest RAM is mapped from: the host's memfd,
+	// shared, so that Snapshot can copy it; or for a restore (restored
+	// set), a snapshot's RAM, mapped privately so that many machines
+	// share it copy-on-write.
 	memPath  string
-	incoming string // when set, -incoming value (restore)
+	restored bool
+	// snapshotRAM (input) is a restore's RAM file.
+	snapshotRAM string
+	incoming    string // when set, -incoming value (restore)
+	// Inherited descriptors (see files.go): the kernel and initramfs as
+	// paths QEMU opens, each disk's fd, the NIC's connected socket (0:
+	// none).
+	kernelPath string
+	initrdPath string
+	diskFDs    [][]int // one fd set per disk
+	netFD      int
+	// sandbox adds QEMU's own seccomp filter (jailed machines).
+	sandbox bool
 }
+
+// sandboxOptions turn on QEMU's seccomp filter: obsolete system calls,
+// privilege changes, process creation and resource control are refused.
+const sandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 // escapeOpt doubles commas so a value can sit inside a QEMU option list.
 func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
@@ -125,20 +142,20 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		a = append(a, "-cpu", "max")
 	}
 	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
-	mem := fmt.Sprintf("memory-backend-memfd,id=mem0,size=%dM,share=on", cfg.MemMiB)
-	if l.memPath != "" {
-		mem = fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=off",
-			cfg.MemMiB, escapeOpt(l.memPath))
-	}
+	mem := fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",
+		cfg.MemMiB, escapeOpt(l.memPath), onOff(!l.restored))
 	a = append(a,
 		"-m", strconv.Itoa(cfg.MemMiB)+"M",
 		"-object", mem,
 		"-machine", "memory-backend=mem0")
 	a = append(a,
-		"-kernel", cfg.Kernel,
+		"-kernel", l.kernelPath,
 		"-append", kernelCmdline(cfg.Cmdline, l.accel, l.tscKHz))
-	if cfg.Initrd != "" {
-		a = append(a, "-initrd", cfg.Initrd)
+	if l.initrdPath != "" {
+		a = append(a, "-initrd", l.initrdPath)
+	}
+	if l.sandbox {
+		a = append(a, "-sandbox", sandboxOptions)
 	}
 	a = append(a,
 		// The console: QEMU's stdout, copied into cfg.SerialLog.
@@ -160,7 +177,11 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	)
 	for i, d := range cfg.Disks {
 		id := "disk" + strconv.Itoa(i)
-		drive := "if=none,id=" + id + ",file=" + escapeOpt(d.Path) +
+		set := strconv.Itoa(i + 1)
+		for _, fd := range l.diskFDs[i] {
+			a = append(a, "-add-fd", "fd="+strconv.Itoa(fd)+",set="+set)
+		}
+		drive := "if=none,id=" + id + ",file=/dev/fdset/" + set +
 			",format=raw,readonly=" + onOff(d.ReadOnly) +
 			// Guest writes reach the host file (page cache) when the guest
 			// sees them complete; guest flushes are not turned into host
@@ -179,7 +200,7 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		// send gratuitous ARPs and neighbour advertisements to a network
 		// stack that is new and has nothing to relearn.
 		a = append(a,
-			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+escapeOpt(cfg.Net.Socket),
+			"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str="+strconv.Itoa(l.netFD),
 			"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac="+cfg.Net.MAC)
 	}
 	if l.incoming != "" {

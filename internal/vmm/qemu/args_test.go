@@ -29,7 +29,11 @@ func TestBuildArgsGolden(t *testing.T) {
 		{Path: "/vm/scr,atch.ext4", Serial: "isopod-scratch"},
 	}
 	cfg.Net = &vmm.Net{Socket: "/vm/net.sock", MAC: "52:54:00:aa:bb:cc"}
-	got := buildArgs(&cfg, launch{accel: vmm.AccelTCG, tscKHz: 2100000})
+	got := buildArgs(&cfg, launch{
+		accel: vmm.AccelTCG, tscKHz: 2100000, memPath: "/proc/self/fd/5",
+		kernelPath: "/proc/self/fd/6", initrdPath: "/proc/self/fd/7",
+		diskFDs: [][]int{{8}, {9, 10}}, netFD: 11, sandbox: true,
+	})
 	want := []string{
 		"-name", "isopod-abc123",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
@@ -38,11 +42,12 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-cpu", "max",
 		"-smp", "2",
 		"-m", "512M",
-		"-object", "memory-backend-memfd,id=mem0,size=512M,share=on",
+		"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/proc/self/fd/5,share=on",
 		"-machine", "memory-backend=mem0",
-		"-kernel", "/k/vmlinuz",
+		"-kernel", "/proc/self/fd/6",
 		"-append", "console=ttyS0 tsc_early_khz=2100000 tsc=reliable quiet isopod.hostname=box",
-		"-initrd", "/k/initrd.cpio",
+		"-initrd", "/proc/self/fd/7",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-chardev", "stdio,id=con0,signal=off",
 		"-serial", "chardev:con0",
 		"-chardev", "socket,id=qmp0,fd=4",
@@ -52,11 +57,13 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-chardev", "socket,id=agent0,fd=3",
 		"-device", "virtserialport,chardev=agent0,name=isopod.agent",
 		"-device", "vmgenid,id=vmgenid0,guid=auto",
-		"-drive", "if=none,id=disk0,file=/img/base.sqfs,format=raw,readonly=on,cache=unsafe,aio=threads",
+		"-add-fd", "fd=8,set=1",
+		"-drive", "if=none,id=disk0,file=/dev/fdset/1,format=raw,readonly=on,cache=unsafe,aio=threads",
 		"-device", "virtio-blk-device,drive=disk0,serial=isopod-base",
-		"-drive", "if=none,id=disk1,file=/vm/scr,,atch.ext4,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap",
+		"-add-fd", "fd=9,set=2", "-add-fd", "fd=10,set=2",
+		"-drive", "if=none,id=disk1,file=/dev/fdset/2,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap",
 		"-device", "virtio-blk-device,drive=disk1,serial=isopod-scratch",
-		"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path=/vm/net.sock",
+		"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=11",
 		"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac=52:54:00:aa:bb:cc",
 	}
 	if !slices.Equal(got, want) {
@@ -86,6 +93,11 @@ func TestBuildArgsVariants(t *testing.T) {
 			cmdline: "console=ttyS0 quiet isopod.hostname=box",
 		},
 		{
+			name:   "unjailed machines have no seccomp filter of QEMU's",
+			l:      launch{accel: vmm.AccelTCG},
+			hasNot: []string{"-sandbox"},
+		},
+		{
 			name:   "no NIC and no disks",
 			l:      launch{accel: vmm.AccelTCG},
 			hasNot: []string{"-netdev", "-drive", "virtio-net-device"},
@@ -104,7 +116,7 @@ func TestBuildArgsVariants(t *testing.T) {
 		},
 		{
 			name: "restore maps memory privately and takes incoming state",
-			l:    launch{accel: vmm.AccelTCG, memPath: "/snap/m,em", incoming: "defer"},
+			l:    launch{accel: vmm.AccelTCG, memPath: "/snap/m,em", restored: true, incoming: "defer"},
 			has: [][]string{
 				{"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/snap/m,,em,share=off"},
 				{"-incoming", "defer"},

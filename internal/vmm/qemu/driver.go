@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/jail"
 	"isopod/internal/knobs"
 	"isopod/internal/vmm"
 )
@@ -54,6 +55,9 @@ type Config struct {
 	ProbeCache string
 	// ProbeTimeout bounds the KVM probe boot; default 3s.
 	ProbeTimeout time.Duration
+	// Jail, when set, confines every QEMU process (see internal/jail);
+	// nil runs them unconfined.
+	Jail *jail.Jailer
 }
 
 // Validate checks the config.
@@ -77,6 +81,10 @@ type Driver struct {
 
 	infoMu sync.Mutex
 	info   *vmm.Info
+
+	jail      *jail.Jailer
+	jailFiles []string // what a jailed QEMU reads by name
+	sealed    sealedCache
 
 	probeMu sync.Mutex
 	probed  map[string]error // kernel key -> KVM probe outcome
@@ -112,7 +120,15 @@ func New(cfg Config) (*Driver, error) {
 	if timeout == 0 {
 		timeout = 3 * time.Second
 	}
+	var files []string
+	if cfg.Jail != nil {
+		if files, err = jailFiles(path); err != nil {
+			return nil, err
+		}
+	}
 	return &Driver{
+		jail:         cfg.Jail,
+		jailFiles:    files,
 		bin:          path,
 		accel:        cfg.Accel,
 		log:          log,
@@ -201,22 +217,35 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	if l.accel == vmm.AccelTCG {
 		l.tscKHz = hostTSCKHz()
 	}
+	mf, err := d.openFiles(cfg, &l, l.snapshotRAM)
+	if err != nil {
+		return nil, err
+	}
+	l.sandbox = d.jail != nil
 	args := buildArgs(cfg, l)
 
 	agentHost, agentGuest, err := socketpair()
 	if err != nil {
+		mf.closeAll()
 		return nil, err
 	}
 	qmpHost, qmpGuest, err := socketpair()
 	if err != nil {
+		mf.closeAll()
 		agentHost.Close()
 		agentGuest.Close()
 		return nil, err
 	}
-	p, err := startProc(d.bin, args, []*os.File{agentGuest, qmpGuest}, cfg.SerialLog)
+	ps := procSpec{bin: d.bin, args: args, extra: append([]*os.File{agentGuest, qmpGuest}, mf.files...), stdout: cfg.SerialLog}
+	if d.jail != nil {
+		ps.jail, ps.js = d.jail, d.jailSpec(cfg, l.accel, nil)
+	}
+	p, err := startProc(ps)
 	agentGuest.Close()
 	qmpGuest.Close()
+	mf.closeCopies()
 	if err != nil {
+		mf.closeAll()
 		agentHost.Close()
 		qmpHost.Close()
 		return nil, fmt.Errorf("qemu: %w", err)
@@ -233,6 +262,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		}
 		p.kill()
 		p.wait()
+		mf.closeAll()
 		agentHost.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("qemu: start-up: %w: %w", errdefs.ErrUnavailable, err)
@@ -248,12 +278,13 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		agent: agentHost,
 		qmp:   qmp,
 		accel: l.accel,
-		mem:   l.memPath,
+		files: mf,
 		log:   log,
 	}
 	go func() {
 		<-p.done
 		qmp.Close()
+		mf.closeAll()
 	}()
 	log.Info("qemu started", "pid", p.pid, "accel", l.accel, "accel_reason", choice.Reason)
 	return m, nil
@@ -312,7 +343,7 @@ type Machine struct {
 	agent net.Conn
 	qmp   *QMPClient
 	accel vmm.Accel
-	mem   string // the snapshot RAM file of a restored machine
+	files *machineFiles // guest RAM (booted machines) and what QEMU inherited
 	log   *slog.Logger
 }
 

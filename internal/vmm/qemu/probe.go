@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"isopod/internal/vmm"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,18 +124,27 @@ func (d *Driver) writeProbeCache(rec probeRecord) {
 func (d *Driver) probeKVM(ctx context.Context, kernel string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.probeTimeout)
 	defer cancel()
+	k, err := os.Open(kernel)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
 	args := []string{
 		"-name", "isopod-kvmprobe",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", machineOptions,
 		"-accel", "kvm", "-cpu", "host", "-smp", "1", "-m", "128M",
-		"-kernel", kernel,
+		"-kernel", fdPath(fdQMP - 1), // the kernel is the first inherited file
 		"-append", "console=ttyS0 earlyprintk=serial,ttyS0 loglevel=7 panic=-1",
 		"-chardev", "stdio,id=con0,signal=off",
 		"-serial", "chardev:con0",
 	}
 	w := &markerWriter{marker: []byte(probeMarker), seen: make(chan struct{})}
-	p, err := startProc(d.bin, args, nil, w)
+	ps := procSpec{bin: d.bin, args: args, extra: []*os.File{k}, stdout: w}
+	if d.jail != nil {
+		ps.jail, ps.js = d.jail, d.jailSpec(&vmm.Config{ID: "kvmprobe", MemMiB: 128}, vmm.AccelKVM, nil)
+	}
+	p, err := startProc(ps)
 	if err != nil {
 		return err
 	}

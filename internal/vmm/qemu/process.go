@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"isopod/internal/jail"
 	"os"
 	"os/exec"
 	"runtime"
@@ -23,8 +24,11 @@ const pipeDrain = 5 * time.Second
 
 // proc is one QEMU process in its own process group.
 type proc struct {
-	cmd       *exec.Cmd
+	cmd *exec.Cmd
+	// pid is QEMU's host pid; pgid is its process group, led by the
+	// direct child (QEMU itself, or the program that made its jail).
 	pid       int
+	pgid      int
 	startTime uint64
 	started   time.Time
 	stderr    *tailBuffer
@@ -36,60 +40,108 @@ type proc struct {
 	err  error // set before done is closed
 }
 
-// startProc starts bin with args. extra become fds 3, 4, ... in the child;
-// stdout receives the child's stdout (nil: /dev/null). The child is in a new
-// process group and gets SIGKILL if the thread that started it dies; that
-// thread stays locked until the child exits, so it is the life of isopod.
-func startProc(bin string, args []string, extra []*os.File, stdout io.Writer) (*proc, error) {
+// procSpec is a QEMU process to start.
+type procSpec struct {
+	bin  string
+	args []string
+	// extra become fds 3, 4, ... in QEMU; stdout receives its stdout
+	// (nil: /dev/null).
+	extra  []*os.File
+	stdout io.Writer
+	// jail, when set, confines QEMU (see jailSpec for the rest).
+	jail *jail.Jailer
+	js   jail.Spec
+}
+
+// startProc starts a QEMU process in a new process group. It gets SIGKILL
+// if the thread that started it dies; that thread stays locked until the
+// process exits, so it is the life of isopod.
+func startProc(ps procSpec) (*proc, error) {
 	p := &proc{
 		stderr: &tailBuffer{max: 16 << 10},
 		done:   make(chan struct{}),
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdin = nil
-	cmd.Stdout = stdout
-	cmd.Stderr = p.stderr
-	cmd.ExtraFiles = extra
-	cmd.WaitDelay = pipeDrain
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p.cmd = cmd
-
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the forking thread exits, not the process;
 		// keep this thread until the child is gone.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		p.started = time.Now()
-		if err := cmd.Start(); err != nil {
-			started <- err
+		cleanup, err := p.launch(ps)
+		if cleanup != nil {
+			defer cleanup()
+		}
+		started <- err
+		if err != nil {
 			return
 		}
-		p.pid = cmd.Process.Pid
-		p.startTime, _ = procStartTime(p.pid)
-		started <- nil
-		// Learn of the exit without reaping, so that kill never signals a
-		// reused process group.
-		var info unix.Siginfo
-		for {
-			err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-			if err != unix.EINTR {
-				break
-			}
-		}
-		// Children of QEMU (an exec: migration source) share its group;
-		// the unreaped leader keeps the group id from being reused.
-		syscall.Kill(-p.pid, syscall.SIGKILL)
-		p.mu.Lock()
-		p.exited = true
-		p.mu.Unlock()
-		p.err = describeExit(cmd.Wait(), p.stderr)
-		close(p.done)
+		p.waitExit()
 	}()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+		return nil, fmt.Errorf("starting %s: %w", ps.bin, err)
 	}
 	return p, nil
+}
+
+// launch starts the process, confined when ps says so, and records its
+// pids. cleanup (when not nil) runs once the process has exited.
+func (p *proc) launch(ps procSpec) (cleanup func(), err error) {
+	var jp *jail.Process
+	if ps.jail == nil {
+		p.cmd = exec.Command(ps.bin, ps.args...)
+		p.cmd.ExtraFiles = ps.extra
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	} else {
+		js := ps.js
+		js.Path, js.Args, js.ExtraFiles = ps.bin, ps.args, ps.extra
+		if jp, err = ps.jail.Command(js); err != nil {
+			return nil, err
+		}
+		p.cmd = jp.Cmd
+		cleanup = jp.Cleanup
+	}
+	p.cmd.Stdin = nil
+	p.cmd.Stdout = ps.stdout
+	p.cmd.Stderr = p.stderr
+	p.cmd.WaitDelay = pipeDrain
+	p.started = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		return cleanup, err
+	}
+	p.pgid, p.pid = p.cmd.Process.Pid, p.cmd.Process.Pid
+	if jp != nil {
+		if err := jp.Started(); err != nil {
+			syscall.Kill(-p.pgid, syscall.SIGKILL)
+			p.cmd.Wait()
+			if msg := p.stderr.String(); msg != "" {
+				err = fmt.Errorf("%w (%s)", err, msg)
+			}
+			return cleanup, err
+		}
+		p.pid = jp.Pid
+	}
+	p.startTime, _ = procStartTime(p.pid)
+	return cleanup, nil
+}
+
+// waitExit learns of the exit without reaping first, so that kill never
+// signals a reused process group, then reaps and records how it ended.
+func (p *proc) waitExit() {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, p.pgid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	// Children of QEMU share its group; the unreaped leader keeps the
+	// group id from being reused.
+	syscall.Kill(-p.pgid, syscall.SIGKILL)
+	p.mu.Lock()
+	p.exited = true
+	p.mu.Unlock()
+	p.err = describeExit(p.cmd.Wait(), p.stderr)
+	close(p.done)
 }
 
 // kill sends SIGKILL to the process group unless the process has exited.
@@ -97,7 +149,7 @@ func (p *proc) kill() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.exited {
-		syscall.Kill(-p.pid, syscall.SIGKILL)
+		syscall.Kill(-p.pgid, syscall.SIGKILL)
 	}
 }
 

@@ -10,10 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
@@ -59,7 +55,7 @@ var (
 // that leaves RAM out) and copies its RAM into dir, which must exist and be
 // empty of a previous snapshot. The machine stays paused.
 func (m *Machine) Snapshot(ctx context.Context, dir string) error {
-	if m.mem != "" {
+	if m.files.mem == nil {
 		return fmt.Errorf("qemu snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
 	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
@@ -161,27 +157,10 @@ func waitMigration(ctx context.Context, q *QMPClient) error {
 	return fmt.Errorf("migration %s%s: %w", st, desc, errdefs.ErrFailedPrecondition)
 }
 
-// copyMemory copies the guest RAM memfd out of QEMU (through /proc) into a
-// sparse file at dst.
+// copyMemory copies the guest RAM memfd (the host's own descriptor of it)
+// into a sparse file at dst.
 func (m *Machine) copyMemory(dst string) error {
-	fdDir := "/proc/" + strconv.Itoa(m.proc.pid) + "/fd"
-	ents, err := os.ReadDir(fdDir)
-	if err != nil {
-		return fmt.Errorf("finding guest memory: %w", err)
-	}
-	for _, e := range ents {
-		target, err := os.Readlink(filepath.Join(fdDir, e.Name()))
-		if err != nil || !strings.HasPrefix(target, "/memfd:memory-backend-memfd") {
-			continue
-		}
-		src, err := os.Open(filepath.Join(fdDir, e.Name()))
-		if err != nil {
-			return fmt.Errorf("opening guest memory: %w", err)
-		}
-		defer src.Close()
-		return copySparse(dst, src, int64(m.cfg.MemMiB)<<20)
-	}
-	return errors.New("guest memory memfd not found in qemu's descriptors")
+	return copySparse(dst, m.files.mem, int64(m.cfg.MemMiB)<<20)
 }
 
 // copySparse copies size bytes of src to a new file dst, skipping holes.
@@ -190,38 +169,12 @@ func copySparse(dst string, src *os.File, size int64) error {
 	if err != nil {
 		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			out.Close()
-			os.Remove(dst)
-		}
-	}()
-	if err := out.Truncate(size); err != nil {
-		return err
+	if err := copyData(out, src, size); err != nil {
+		out.Close()
+		os.Remove(dst)
+		return fmt.Errorf("copying guest memory: %w", err)
 	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
-		if err == unix.ENXIO {
-			break // only a hole remains
-		} else if err != nil {
-			return fmt.Errorf("seeking guest memory: %w", err)
-		}
-		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seeking guest memory: %w", err)
-		}
-		hole = min(hole, size)
-		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(src, data, hole-data)); err != nil {
-			return fmt.Errorf("copying guest memory: %w", err)
-		}
-		off = hole
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	ok = true
-	return nil
+	return out.Close()
 }
 
 // Restore starts a machine from the snapshot in dir: its RAM file mapped
@@ -260,9 +213,9 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	}
 	defer state.Close()
 	m, err := d.start(ctx, &cfg, launch{
-		accel:    meta.Accel,
-		memPath:  filepath.Join(dir, snapMemory),
-		incoming: "defer",
+		accel:       meta.Accel,
+		snapshotRAM: filepath.Join(dir, snapMemory),
+		incoming:    "defer",
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,243 @@
+//go:build linux
+
+package jail
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// cgroupKind is which cgroup interface jailed VMMs are capped with.
+type cgroupKind string
+
+const (
+	cgroupV2   cgroupKind = "v2"
+	cgroupV1   cgroupKind = "v1"
+	cgroupNone cgroupKind = "none" // rlimits instead
+)
+
+// cgroupPlan says where each VMM's cgroup is made.
+type cgroupPlan struct {
+	kind cgroupKind
+	// parents are the directories under which a VMM's cgroup is made: one
+	// (v2) or one per controller hierarchy (v1: memory, pids, cpu).
+	parents []string
+}
+
+// v1Controllers are the hierarchies a v1 VMM cgroup is made in.
+var v1Controllers = []string{"memory", "pids", "cpu"}
+
+// planCgroups finds where VMM cgroups can be made: as root, under this
+// process's own cgroup (v1) or the root's isopod group (v2); as a normal
+// user, in a delegated v2 subtree. Without one the VMM gets rlimits and a
+// warning.
+func planCgroups(root string, euid int) (cgroupPlan, []string, error) {
+	own := ownCgroups("/proc/self/cgroup")
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		if p, ok := planV2(root, own[""], euid); ok {
+			return p, nil, nil
+		}
+	} else if euid == 0 {
+		p := cgroupPlan{kind: cgroupV1}
+		for _, c := range v1Controllers {
+			dir := filepath.Join(root, c)
+			if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
+				return cgroupPlan{}, nil, failed(fmt.Sprintf("the cgroup v1 %s controller is not mounted at %s", c, dir),
+					"mount it (cgroup v1) or boot with the unified cgroup v2 hierarchy")
+			}
+			p.parents = append(p.parents, filepath.Join(dir, own[c], "isopod"))
+		}
+		return p, nil, nil
+	}
+	warn := "no cgroup can be had for the VMM (cgroup v1, or no delegated cgroup v2 subtree for this user), " +
+		"so its memory and processes are capped with rlimits instead; run isopod as root, or in a systemd user session on cgroup v2, for cgroup caps"
+	return cgroupPlan{kind: cgroupNone}, []string{warn}, nil
+}
+
+// planV2 finds the parent for VMM cgroups on the unified hierarchy: for
+// root, isopod/ under the root cgroup; for a user, isopod/ under the
+// highest ancestor of its own cgroup that it owns (the delegated subtree).
+func planV2(root, own string, euid int) (cgroupPlan, bool) {
+	base := root
+	if euid != 0 {
+		base = ""
+		for dir := filepath.Join(root, own); strings.HasPrefix(dir, root) && dir != root; dir = filepath.Dir(dir) {
+			var st syscall.Stat_t
+			if syscall.Stat(dir, &st) != nil || int(st.Uid) != euid {
+				break
+			}
+			base = dir
+		}
+		if base == "" {
+			return cgroupPlan{}, false
+		}
+	}
+	ctrls, err := os.ReadFile(filepath.Join(base, "cgroup.controllers"))
+	if err != nil {
+		return cgroupPlan{}, false
+	}
+	for _, c := range []string{"memory", "pids"} {
+		if !strings.Contains(" "+string(ctrls)+" ", " "+c+" ") {
+			return cgroupPlan{}, false
+		}
+	}
+	return cgroupPlan{kind: cgroupV2, parents: []string{filepath.Join(base, "isopod")}}, true
+}
+
+// ownCgroups reads a /proc/PID/cgroup file: controller -> path ("" for the
+// unified hierarchy).
+func ownCgroups(path string) map[string]string {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out
+}
+
+// Limits cap one VMM.
+type Limits struct {
+	MemoryBytes int64 // the VMM's memory, guest RAM included
+	Pids        int   // processes and threads
+	CPUWeight   int   // 1..10000, 100 is the default share
+}
+
+// vmCgroup is one VMM's cgroup.
+type vmCgroup struct {
+	kind cgroupKind
+	dirs []string
+	fd   *os.File // v2: the directory, for clone3(CLONE_INTO_CGROUP)
+}
+
+// create makes a VMM's cgroup named name with lim, rolling back on
+// failure. It returns nil when the plan has no cgroups.
+func (p cgroupPlan) create(name string, lim Limits) (*vmCgroup, error) {
+	if p.kind == cgroupNone {
+		return nil, nil
+	}
+	c := &vmCgroup{kind: p.kind}
+	ok := false
+	defer func() {
+		if !ok {
+			c.remove()
+		}
+	}()
+	for i, parent := range p.parents {
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return nil, failed(fmt.Sprintf("cannot make the cgroup %s (%v)", parent, err), "check the cgroup filesystem is writable")
+		}
+		if p.kind == cgroupV2 {
+			enableV2(parent)
+		}
+		dir := filepath.Join(parent, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return nil, failed(fmt.Sprintf("cannot make the cgroup %s (%v)", dir, err), "check the cgroup filesystem is writable")
+		}
+		c.dirs = append(c.dirs, dir)
+		if err := writeLimits(p.kind, v1ControllerAt(p, i), dir, lim); err != nil {
+			return nil, err
+		}
+	}
+	if p.kind == cgroupV2 {
+		f, err := os.Open(c.dirs[0])
+		if err != nil {
+			return nil, failed(fmt.Sprintf("cannot open the cgroup %s (%v)", c.dirs[0], err), "check the cgroup filesystem")
+		}
+		c.fd = f
+	}
+	ok = true
+	return c, nil
+}
+
+func v1ControllerAt(p cgroupPlan, i int) string {
+	if p.kind == cgroupV1 {
+		return v1Controllers[i]
+	}
+	return ""
+}
+
+// enableV2 turns on the controllers VMM cgroups use in parent's subtree
+// and in the directory above it; failures show up when the limits are
+// written.
+func enableV2(parent string) {
+	for _, d := range []string{filepath.Dir(parent), parent} {
+		os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0)
+	}
+}
+
+// writeLimits writes lim into dir (controller is the v1 hierarchy).
+func writeLimits(kind cgroupKind, controller, dir string, lim Limits) error {
+	var files map[string]string
+	switch {
+	case kind == cgroupV2:
+		files = map[string]string{"memory.max": itoa64(lim.MemoryBytes), "memory.swap.max": "0",
+			"pids.max": strconv.Itoa(lim.Pids), "cpu.weight": strconv.Itoa(lim.CPUWeight)}
+	case controller == "memory":
+		files = map[string]string{"memory.limit_in_bytes": itoa64(lim.MemoryBytes)}
+	case controller == "pids":
+		files = map[string]string{"pids.max": strconv.Itoa(lim.Pids)}
+	case controller == "cpu":
+		files = map[string]string{"cpu.shares": strconv.Itoa(lim.CPUWeight * 1024 / 100)}
+	}
+	for name, v := range files {
+		err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0)
+		if err != nil && !(name == "memory.swap.max" && errors.Is(err, os.ErrNotExist)) && !(name == "cpu.weight" && errors.Is(err, os.ErrNotExist)) {
+			return failed(fmt.Sprintf("cannot set %s in %s (%v)", name, dir, err), "enable the memory and pids cgroup controllers")
+		}
+	}
+	return nil
+}
+
+func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// attach moves pid into a v1 cgroup (v2 VMMs are cloned into theirs).
+func (c *vmCgroup) attach(pid int) error {
+	if c == nil || c.kind != cgroupV1 {
+		return nil
+	}
+	for _, d := range c.dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("jail: placing the VMM in %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// remove deletes the cgroup once its processes are gone. Idempotent.
+func (c *vmCgroup) remove() {
+	if c == nil {
+		return
+	}
+	if c.fd != nil {
+		c.fd.Close()
+		c.fd = nil
+	}
+	for _, d := range c.dirs {
+		for i := 0; i < 50; i++ {
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the last thread is still exiting
+		}
+	}
+	c.dirs = nil
+}

@@ -1,0 +1,148 @@
+//go:build linux
+
+package jail
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A process started by Command runs this package's init first: it becomes
+// the jail helper, sets the jail up inside its new namespaces and executes
+// the VMM in its own place. It never returns to the program's main.
+func init() {
+	v, ok := os.LookupEnv(childEnv)
+	if !ok {
+		return
+	}
+	var cs childSpec
+	if err := json.Unmarshal([]byte(v), &cs); err != nil {
+		fmt.Fprintf(os.Stderr, "isopod-jail: bad spec: %v\n", err)
+		os.Exit(125)
+	}
+	status := os.NewFile(uintptr(cs.StatusFD), "status")
+	err := runChild(&cs, status)
+	// Only a failure returns: say why, where the parent reads it.
+	fmt.Fprintf(status, "%v", err)
+	os.Exit(125)
+}
+
+// runChild waits for the parent, builds the jail and executes the VMM.
+func runChild(cs *childSpec, status *os.File) error {
+	runtime.LockOSThread() // credentials and the parent-death signal are per thread
+	sync := os.NewFile(uintptr(cs.SyncFD), "sync")
+	if _, err := sync.Read(make([]byte, 1)); err != nil {
+		return fmt.Errorf("waiting for the parent: %w", err)
+	}
+	sync.Close()
+	// The host pid of what will be the VMM: /proc here is still the
+	// host's.
+	self, err := os.Readlink("/proc/self")
+	if err != nil {
+		return fmt.Errorf("reading its own pid: %w", err)
+	}
+	fmt.Fprintf(status, "pid %s\n", self)
+	if err := buildRoot(cs.Binds); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte("isopod-vmm")); err != nil {
+		return fmt.Errorf("setting the hostname: %w", err)
+	}
+	for _, r := range cs.Rlimits {
+		if err := unix.Setrlimit(r.Resource, &unix.Rlimit{Cur: r.Max, Max: r.Max}); err != nil {
+			return fmt.Errorf("setting rlimit %d: %w", r.Resource, err)
+		}
+	}
+	if err := checkDevices(cs.Binds); err != nil {
+		return err
+	}
+	if _, err := unix.FcntlInt(status.Fd(), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		return fmt.Errorf("status descriptor: %w", err)
+	}
+	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	// The parent-death signal is cleared by credential changes: set it
+	// again, last.
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return fmt.Errorf("setting the parent-death signal: %w", err)
+	}
+	err = syscall.Exec(cs.Path, cs.Argv, []string{})
+	return fmt.Errorf("executing %s: %w", cs.Path, err)
+}
+
+// checkDevices opens every device node read-write as the VMM will, so that
+// a missing permission (the kvm group) stops the start with its reason.
+func checkDevices(binds []bind) error {
+	for _, b := range binds {
+		if !b.Dev {
+			continue
+		}
+		f, err := os.OpenFile(b.At, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("the VMM cannot open %s inside its jail (%v): its uid needs the device's group (for /dev/kvm, the kvm group)", b.At, err)
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// capLastCap is the highest capability number this kernel knows.
+func capLastCap() int {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return 63
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 63
+	}
+	return n
+}
+
+// dropPrivileges leaves the calling thread (which then executes the VMM)
+// with no capabilities it can ever regain: securebits that end root's
+// special treatment, an empty bounding set, no ambient, inheritable,
+// permitted or effective capabilities, and no_new_privs.
+func dropPrivileges() error {
+	const (
+		secbitNoRoot            = 1 << 0
+		secbitNoRootLocked      = 1 << 1
+		secbitNoSetuidFixup     = 1 << 2
+		secbitNoSetuidFixupLock = 1 << 3
+		secbitKeepCapsLocked    = 1 << 5
+		secbitNoCapAmbientRaise = 1 << 6
+		secbitNoCapAmbRaiseLock = 1 << 7
+	)
+	bits := secbitNoRoot | secbitNoRootLocked | secbitNoSetuidFixup | secbitNoSetuidFixupLock |
+		secbitKeepCapsLocked | secbitNoCapAmbientRaise | secbitNoCapAmbRaiseLock
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits), 0, 0, 0); err != nil {
+		return fmt.Errorf("setting securebits: %w", err)
+	}
+	last := capLastCap()
+	for c := 0; c <= last; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clearing ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("clearing capabilities: %w", e)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	return nil
+}

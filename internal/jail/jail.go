@@ -1,0 +1,149 @@
+//go:build linux
+
+// Package jail confines every VMM process isopod starts, before it executes
+// a single instruction of the VMM:
+//
+//   - its own user, mount, pid, ipc, uts and network namespaces (it needs no
+//     network: every channel it has arrives as an inherited descriptor);
+//   - an empty, read-only root (pivot_root) that holds only what the VMM
+//     reads: its binary, libraries and firmware, read-only, a few device
+//     nodes, and its own /proc; everything else comes as descriptors;
+//   - an unprivileged uid that is not the invoking user's own account (a
+//     dedicated system user when isopod runs as root; a subordinate id from
+//     /etc/subuid otherwise), no capabilities at all, no_new_privs;
+//   - a cgroup with memory, pids and CPU caps, removed with the VMM (rlimits
+//     where no cgroup can be had, with a warning);
+//   - death with its parent (PR_SET_PDEATHSIG, set again right before the
+//     VMM executes).
+//
+// The VMM adds its own seccomp filter (QEMU's -sandbox), which the driver
+// asks for.
+//
+// It fails closed: if any piece cannot be set up, the VMM does not start,
+// and the error names the missing piece and the fix. The only way to run
+// unconfined is not to use a Jailer (ISOPOD_JAIL=off).
+//
+// The steps that must happen inside the new namespaces are done by a
+// re-execution of the running binary (/proc/self/exe) as a small helper:
+// this package's init function takes over a process started that way, sets
+// the jail up and executes the VMM in its place. Any program that imports
+// this package (the CLI, the MCP server, the tests) can therefore start
+// jailed VMMs.
+package jail
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
+)
+
+// SystemUser is the dedicated account jailed VMMs run as when isopod runs
+// as root. scripts/install.sh and the packages create it.
+const SystemUser = "isopod-vmm"
+
+// Config configures a Jailer.
+type Config struct {
+	Logger *slog.Logger
+	// ProcSys is where the kernel's tunables are read; default /proc/sys.
+	// Tests point it elsewhere.
+	ProcSys string
+	// CgroupRoot is where cgroup hierarchies are mounted; default
+	// /sys/fs/cgroup.
+	CgroupRoot string
+}
+
+// Jailer confines VMM processes on this host. It is safe for concurrent
+// use.
+type Jailer struct {
+	log      *slog.Logger
+	ids      idPlan
+	cgroups  cgroupPlan
+	warnings []string
+}
+
+// New checks that every piece of the jail can be had on this host and
+// returns a Jailer, or an error that names what is missing and how to fix
+// it (errdefs.ErrFailedPrecondition).
+func New(cfg Config) (*Jailer, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ProcSys == "" {
+		cfg.ProcSys = "/proc/sys"
+	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = "/sys/fs/cgroup"
+	}
+	j := &Jailer{log: cfg.Logger}
+	if err := checkUserNamespaces(cfg.ProcSys, os.Geteuid()); err != nil {
+		return nil, err
+	}
+	ids, warn, err := planIDs(os.Geteuid())
+	if err != nil {
+		return nil, err
+	}
+	j.ids = ids
+	j.warnings = append(j.warnings, warn...)
+	cg, warn, err := planCgroups(cfg.CgroupRoot, os.Geteuid())
+	if err != nil {
+		return nil, err
+	}
+	j.cgroups = cg
+	j.warnings = append(j.warnings, warn...)
+	cfg.Logger.Debug("jail ready", "uid", ids.uid, "gid", ids.gid, "cgroups", cg.kind, "warnings", j.warnings)
+	return j, nil
+}
+
+// Warnings are what every report of a jailed run should say about the
+// jail on this host (a fallback that weakens it).
+func (j *Jailer) Warnings() []string { return append([]string(nil), j.warnings...) }
+
+// UID and GID are the host ids jailed VMMs run as.
+func (j *Jailer) UID() int { return j.ids.uid }
+func (j *Jailer) GID() int { return j.ids.gid }
+
+// failed builds a precondition error that names the missing piece and the
+// fix, and the way out.
+func failed(what, fix string) error {
+	return fmt.Errorf("the VMM jail cannot be set up: %s; %s (or set %s=off to run the VMM unconfined, for debugging only): %w",
+		what, fix, knobs.Jail, errdefs.ErrFailedPrecondition)
+}
+
+// checkUserNamespaces refuses a host that does not let this process create
+// user namespaces, naming the setting that forbids it.
+func checkUserNamespaces(procSys string, euid int) error {
+	read := func(name string) (string, bool) {
+		b, err := os.ReadFile(filepath.Join(procSys, name))
+		if err != nil {
+			return "", false
+		}
+		return strings.TrimSpace(string(b)), true
+	}
+	if v, ok := read("user/max_user_namespaces"); ok {
+		if n, err := strconv.Atoi(v); err == nil && n == 0 {
+			return failed("user namespaces are disabled (user.max_user_namespaces = 0)",
+				"enable them with `sysctl -w user.max_user_namespaces=15000`")
+		}
+	} else if _, err := os.Stat("/proc/self/ns/user"); errors.Is(err, os.ErrNotExist) {
+		return failed("this kernel has no user namespaces", "use a kernel built with CONFIG_USER_NS")
+	}
+	if euid == 0 {
+		return nil
+	}
+	if v, ok := read("kernel/unprivileged_userns_clone"); ok && v == "0" {
+		return failed("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)",
+			"allow them with `sudo sysctl -w kernel.unprivileged_userns_clone=1`, or run isopod as root")
+	}
+	if v, ok := read("kernel/apparmor_restrict_unprivileged_userns"); ok && v == "1" {
+		return failed("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1)",
+			"install the AppArmor profile for isopod that README.md describes, or allow them with `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`")
+	}
+	return nil
+}

@@ -1,0 +1,311 @@
+//go:build linux
+
+package jail
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// childEnv carries a childSpec to the re-executed helper.
+const childEnv = "_ISOPOD_JAIL_CHILD"
+
+// Spec is one VMM process to confine.
+type Spec struct {
+	// Name names its cgroup (unique among running VMMs, e.g. the VM id).
+	Name string
+	// Path is the VMM binary and Args its arguments (without argv[0]).
+	Path string
+	Args []string
+	// ExtraFiles become descriptors 3, 4, ... of the VMM, as with exec.Cmd.
+	ExtraFiles []*os.File
+	Stdout     io.Writer
+	Stderr     io.Writer
+	// ReadOnly are host paths (files or directories) the VMM reads; each
+	// is visible read-only at the same path inside. Symlinks in them are
+	// resolved on the host.
+	ReadOnly []string
+	// Devices are device nodes the VMM opens read-write (/dev/null is
+	// always there). Each must open inside the jail, or the VMM does not
+	// start.
+	Devices []string
+	Limits  Limits
+}
+
+// bind is one path made visible inside: Src on the host (symlinks
+// resolved), At inside.
+type bind struct {
+	Src string `json:"src"`
+	At  string `json:"at"`
+	Dev bool   `json:"dev,omitempty"`
+}
+
+// childSpec is what the helper needs, passed in its environment.
+type childSpec struct {
+	Path     string   `json:"path"`
+	Argv     []string `json:"argv"`
+	Binds    []bind   `json:"binds"`
+	SyncFD   int      `json:"sync_fd"`   // one byte arrives when the parent is done
+	StatusFD int      `json:"status_fd"` // an error goes here; closed by the exec
+	Rlimits  []rlimit `json:"rlimits,omitempty"`
+}
+
+type rlimit struct {
+	Resource int    `json:"resource"`
+	Max      uint64 `json:"max"`
+}
+
+// defaultDevices are in every jail.
+var defaultDevices = []string{"/dev/null", "/dev/zero", "/dev/urandom"}
+
+// binds resolves s's paths on the host.
+func (s Spec) binds() ([]bind, error) {
+	var out []bind
+	seen := map[string]bool{}
+	add := func(p string, dev bool) error {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("jail: %q is not an absolute path", p)
+		}
+		at := filepath.Clean(p)
+		if seen[at] {
+			return nil
+		}
+		seen[at] = true
+		src, err := filepath.EvalSymlinks(at)
+		if err != nil {
+			return failed(fmt.Sprintf("%s, which the VMM needs, cannot be found (%v)", at, err), "install it or fix the path")
+		}
+		out = append(out, bind{Src: src, At: at, Dev: dev})
+		return nil
+	}
+	for _, p := range append([]string{s.Path}, s.ReadOnly...) {
+		if err := add(p, false); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range append(append([]string(nil), defaultDevices...), s.Devices...) {
+		if err := add(d, true); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Process is a confined VMM being started. Start it with Cmd.Start from a
+// thread that lives as long as it does (its parent-death signal follows
+// that thread), then call Started.
+type Process struct {
+	Cmd *exec.Cmd
+	// Pid is the VMM's host pid, known once Started returned: Cmd's own
+	// process, or its child when a helper program made the namespaces.
+	Pid int
+
+	j      *Jailer
+	cg     *vmCgroup
+	syncW  *os.File
+	statR  *os.File
+	closer []*os.File // the child's ends, closed once it started
+}
+
+// Command prepares spec's VMM to run confined. On error nothing is left
+// behind; after Cmd.Start the caller must call Started, and Cleanup once
+// the process has exited.
+func (j *Jailer) Command(s Spec) (*Process, error) {
+	binds, err := s.binds()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("jail: finding this program to re-execute: %w", err)
+	}
+	p := &Process{j: j}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Cleanup()
+		}
+	}()
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("jail: %w", err)
+	}
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		syncR.Close()
+		syncW.Close()
+		return nil, fmt.Errorf("jail: %w", err)
+	}
+	p.syncW, p.statR, p.closer = syncW, statR, []*os.File{syncR, statW}
+	if p.cg, err = j.cgroups.create(s.Name, s.Limits); err != nil {
+		return nil, err
+	}
+	extra := append(append([]*os.File(nil), s.ExtraFiles...), syncR, statW)
+	cs := childSpec{
+		Path: s.Path, Argv: append([]string{s.Path}, s.Args...), Binds: binds,
+		SyncFD: 3 + len(s.ExtraFiles), StatusFD: 4 + len(s.ExtraFiles),
+	}
+	if p.cg == nil {
+		cs.Rlimits = rlimitsFor(s.Limits)
+	}
+	var cmd *exec.Cmd
+	if j.ids.mode == mapHelper {
+		if cmd, err = j.helperCommand(self, &extra, p); err != nil {
+			return nil, err
+		}
+	} else {
+		cmd = exec.Command(self)
+		cmd.Args = []string{"isopod-jail"}
+		cmd.SysProcAttr = j.sysProcAttr(p.cg)
+	}
+	b, _ := json.Marshal(cs)
+	cmd.Env = []string{childEnv + "=" + string(b)}
+	cmd.ExtraFiles = extra
+	cmd.Stdout, cmd.Stderr = s.Stdout, s.Stderr
+	p.Cmd = cmd
+	ok = true
+	return p, nil
+}
+
+// helperCommand starts the jail helper through util-linux unshare, which
+// maps a subordinate id with newuidmap and newgidmap before it runs the
+// helper as uid 0 of the new namespace (the Go runtime cannot wait for
+// those tools between clone and exec). The helper binary is handed over as
+// a descriptor, so the subordinate id needs no access to the directories
+// above it.
+func (j *Jailer) helperCommand(self string, extra *[]*os.File, p *Process) (*exec.Cmd, error) {
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		return nil, failed("util-linux unshare is not installed", "install util-linux")
+	}
+	exe, err := os.Open(self)
+	if err != nil {
+		return nil, fmt.Errorf("jail: opening %s: %w", self, err)
+	}
+	p.closer = append(p.closer, exe)
+	*extra = append(*extra, exe)
+	fd := 2 + len(*extra)
+	cmd := exec.Command(unshare,
+		"--user", fmt.Sprintf("--map-users=%d,0,1", j.ids.uid), fmt.Sprintf("--map-groups=%d,0,1", j.ids.gid),
+		"--setuid=0", "--setgid=0",
+		"--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--ipc", "--uts", "--net",
+		"--", fmt.Sprintf("/proc/self/fd/%d", fd))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if p.cg != nil && p.cg.fd != nil {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(p.cg.fd.Fd())
+	}
+	return cmd, nil
+}
+
+// sysProcAttr creates the namespaces and maps the ids (directly, or later
+// through newuidmap), and places the child in its v2 cgroup as it is
+// created.
+func (j *Jailer) sysProcAttr(cg *vmCgroup) *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+			syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNET,
+		Setpgid:   true,
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if j.ids.mode == mapDirect {
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: j.ids.uid, Size: 1}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: j.ids.gid, Size: 1}}
+		if os.Geteuid() == 0 {
+			// Root drops its own supplementary groups for the VMM's: none,
+			// or the kvm group (mapped inside as gid 1).
+			a.GidMappingsEnableSetgroups = true
+			cred := &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
+			for i, g := range j.ids.groups {
+				a.GidMappings = append(a.GidMappings, syscall.SysProcIDMap{ContainerID: i + 1, HostID: g, Size: 1})
+				cred.Groups = append(cred.Groups, uint32(i+1))
+			}
+			a.Credential = cred
+		}
+	}
+	if cg != nil && cg.fd != nil {
+		a.UseCgroupFD, a.CgroupFD = true, int(cg.fd.Fd())
+	}
+	return a
+}
+
+// Started finishes the confinement of a started process: its ids are
+// mapped, it is placed in its cgroup, then it sets up its root and drops
+// its privileges; Started returns once it executed the VMM, or with why it
+// could not (the caller kills it).
+func (p *Process) Started() error {
+	for _, f := range p.closer {
+		f.Close()
+	}
+	p.closer = nil
+	pid := p.Cmd.Process.Pid
+	if p.j.ids.mode == mapHelper {
+		if err := p.j.ids.mapWithHelpers(pid); err != nil {
+			return failed("the VMM's subordinate ids cannot be mapped ("+err.Error()+")", "check /etc/subuid, /etc/subgid and that newuidmap and newgidmap are installed setuid")
+		}
+	}
+	if err := p.cg.attach(pid); err != nil {
+		return err
+	}
+	if _, err := p.syncW.Write([]byte{1}); err != nil {
+		return fmt.Errorf("jail: releasing the VMM: %w", err)
+	}
+	p.syncW.Close()
+	p.syncW = nil
+	msg, _ := io.ReadAll(io.LimitReader(p.statR, 4096))
+	p.statR.Close()
+	p.statR = nil
+	// "pid N" comes first; anything after it is why the helper failed.
+	first, rest, _ := strings.Cut(string(msg), "\n")
+	if n, err := strconv.Atoi(strings.TrimPrefix(first, "pid ")); err == nil && strings.HasPrefix(first, "pid ") {
+		p.Pid = n
+	} else {
+		rest = string(msg)
+	}
+	if rest = strings.TrimSpace(rest); rest != "" {
+		return failed(rest, "see the message; the VMM did not start")
+	}
+	if p.Pid == 0 {
+		return failed("the jail helper ended before it started the VMM", "see the VMM's output")
+	}
+	return nil
+}
+
+// Cleanup removes what the confinement made (its cgroup) once the process
+// has exited. Idempotent.
+func (p *Process) Cleanup() {
+	for _, f := range append(p.closer, p.syncW, p.statR) {
+		if f != nil {
+			f.Close()
+		}
+	}
+	p.closer, p.syncW, p.statR = nil, nil, nil
+	p.cg.remove()
+}
+
+// rlimitsFor caps a VMM without a cgroup: its address space (guest RAM,
+// the emulator's translation cache and its own overhead), its processes
+// and open files, and no core dumps.
+func rlimitsFor(l Limits) []rlimit {
+	out := []rlimit{
+		{Resource: syscall.RLIMIT_CORE, Max: 0},
+		{Resource: syscall.RLIMIT_NOFILE, Max: 4096},
+	}
+	if l.MemoryBytes > 0 {
+		out = append(out, rlimit{Resource: syscall.RLIMIT_AS, Max: uint64(l.MemoryBytes) + addressSpaceSlack})
+	}
+	return out
+}
+
+// addressSpaceSlack is what a VMM maps beyond its memory cap without using
+// it (reserved translation cache, thread stacks, libraries).
+const addressSpaceSlack = 3 << 30
+
+var errNoJail = errors.New("not a jail helper")

@@ -1,0 +1,341 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/jail"
+	"isopod/internal/vmm"
+)
+
+// Everything a QEMU process reads or talks to arrives as an inherited
+// descriptor: the kernel and initramfs (opened by QEMU as /proc/self/fd/N),
+// each disk (an fd set), the NIC's connected socket, and guest RAM (a memfd
+// the host creates, or for a jailed restore a sealed memfd holding the
+// snapshot's RAM). So a jailed QEMU needs nothing of the host's filesystem
+// but its own binary, libraries and firmware.
+
+// machineFiles are a machine's inherited descriptors beyond the agent and
+// QMP channels (fds 5, 6, ...).
+type machineFiles struct {
+	files []*os.File
+	// mem is the guest RAM memfd of a booted machine, kept for Snapshot.
+	mem *os.File
+}
+
+// add appends f and returns its descriptor number in QEMU.
+func (mf *machineFiles) add(f *os.File) int {
+	mf.files = append(mf.files, f)
+	return fdQMP + len(mf.files)
+}
+
+// closeCopies closes the host's copies once QEMU holds its own; mem stays.
+func (mf *machineFiles) closeCopies() {
+	for _, f := range mf.files {
+		if f != mf.mem {
+			f.Close()
+		}
+	}
+	mf.files = nil
+}
+
+// closeAll closes everything, mem included. Idempotent.
+func (mf *machineFiles) closeAll() {
+	mf.closeCopies()
+	if mf.mem != nil {
+		mf.mem.Close()
+		mf.mem = nil
+	}
+}
+
+func fdPath(n int) string { return "/proc/self/fd/" + strconv.Itoa(n) }
+
+// openFiles opens cfg's kernel, initramfs, disks and NIC and the guest RAM
+// for a launch, filling l's descriptor fields. snapshotRAM, for a restore,
+// is the snapshot's RAM file.
+func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (mf *machineFiles, err error) {
+	mf = &machineFiles{}
+	defer func() {
+		if err != nil {
+			mf.closeAll()
+		}
+	}()
+	open := func(path string, flag int) (int, error) {
+		f, err := os.OpenFile(path, flag|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
+		}
+		return mf.add(f), nil
+	}
+	n, err := open(cfg.Kernel, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	l.kernelPath = fdPath(n)
+	if cfg.Initrd != "" {
+		if n, err = open(cfg.Initrd, os.O_RDONLY); err != nil {
+			return nil, err
+		}
+		l.initrdPath = fdPath(n)
+	}
+	// Each disk is an fd set: QEMU may open a writable disk read-only
+	// first and reopen it read-write, so that set holds both.
+	l.diskFDs = nil
+	for _, disk := range cfg.Disks {
+		var set []int
+		flags := []int{os.O_RDONLY}
+		if !disk.ReadOnly {
+			flags = append(flags, os.O_RDWR)
+		}
+		for _, flag := range flags {
+			if n, err = open(disk.Path, flag); err != nil {
+				return nil, err
+			}
+			set = append(set, n)
+		}
+		l.diskFDs = append(l.diskFDs, set)
+	}
+	if cfg.Net != nil {
+		f, err := dialNet(cfg.Net.Socket)
+		if err != nil {
+			return nil, err
+		}
+		l.netFD = mf.add(f)
+	}
+	return mf, d.openRAM(cfg, l, mf, snapshotRAM)
+}
+
+// openRAM provides guest RAM: a fresh memfd for a boot; for a restore the
+// snapshot's RAM, privately mapped, from the file itself, or when jailed
+// from a sealed memfd copy that no process can write.
+func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotRAM string) error {
+	l.restored = snapshotRAM != ""
+	switch {
+	case !l.restored:
+		fd, err := unix.MemfdCreate("isopod-guest-ram", unix.MFD_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("qemu: guest memory: %w", err)
+		}
+		f := os.NewFile(uintptr(fd), "guest-ram")
+		if err := f.Truncate(int64(cfg.MemMiB) << 20); err != nil {
+			f.Close()
+			return fmt.Errorf("qemu: guest memory: %w", err)
+		}
+		mf.mem = f
+		l.memPath = fdPath(mf.add(f))
+	case d.jail == nil:
+		l.memPath = snapshotRAM
+	default:
+		f, err := d.sealed.get(snapshotRAM)
+		if err != nil {
+			return err
+		}
+		l.memPath = fdPath(mf.add(f))
+	}
+	return nil
+}
+
+// dialNet connects to the network stack's socket on QEMU's behalf and
+// returns the connection as a file to inherit.
+func dialNet(socket string) (*os.File, error) {
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: connecting the NIC to %s: %w", socket, err)
+	}
+	defer c.Close()
+	f, err := c.(*net.UnixConn).File()
+	if err != nil {
+		return nil, fmt.Errorf("qemu: NIC socket: %w", err)
+	}
+	return f, nil
+}
+
+// sealedCache keeps, per snapshot RAM file, a sealed memfd with its
+// contents: write, grow and shrink are sealed, so QEMU may open it
+// read-write and map it privately (as QEMU 7.2 insists) while no process,
+// a compromised VMM included, can change what later restores read. Built
+// once per process and file version.
+type sealedCache struct {
+	mu      sync.Mutex // guards following
+	entries map[string]sealedEntry
+}
+
+type sealedEntry struct {
+	id string // the file's identity when copied
+	f  *os.File
+}
+
+// get returns a descriptor of the sealed copy of path (the caller closes
+// it), making the copy when the file is new or changed.
+func (c *sealedCache) get(path string) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+	}
+	id := fileID(st)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil {
+		c.entries = map[string]sealedEntry{}
+	}
+	c.evictGone()
+	if e, ok := c.entries[path]; ok && e.id == id {
+		return dupFile(e.f)
+	}
+	f, err := sealedCopy(src, st.Size())
+	if err != nil {
+		return nil, err
+	}
+	if old, ok := c.entries[path]; ok {
+		old.f.Close()
+	}
+	c.entries[path] = sealedEntry{id: id, f: f}
+	return dupFile(f)
+}
+
+// evictGone drops copies of files that were removed or replaced.
+// Preconditions: c.mu held.
+func (c *sealedCache) evictGone() {
+	for path, e := range c.entries {
+		if st, err := os.Stat(path); err != nil || fileID(st) != e.id {
+			e.f.Close()
+			delete(c.entries, path)
+		}
+	}
+}
+
+func fileID(st os.FileInfo) string {
+	sys, _ := st.Sys().(*unix.Stat_t)
+	var ino uint64
+	if sys != nil {
+		ino = sys.Ino
+	}
+	return fmt.Sprintf("%d:%d:%d", ino, st.Size(), st.ModTime().UnixNano())
+}
+
+// sealedCopy copies size bytes of src's data (holes stay holes) into a
+// new memfd and seals it.
+func sealedCopy(src *os.File, size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate("isopod-snapshot-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "snapshot-ram")
+	if err := copyData(f, src, size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+	}
+	seals := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("qemu: sealing snapshot memory: %w", err)
+	}
+	return f, nil
+}
+
+// copyData copies the data extents of the first size bytes of src to dst
+// at the same offsets and sets dst's size.
+func copyData(dst, src *os.File, size int64) error {
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole remains
+		} else if err != nil {
+			return fmt.Errorf("seeking: %w", err)
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seeking: %w", err)
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(src, data, hole-data)); err != nil {
+			return fmt.Errorf("copying: %w", err)
+		}
+		off = hole
+	}
+	return nil
+}
+
+// dupFile returns an independent descriptor of f.
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// jailFiles are the host paths a jailed QEMU reads by name: its shared
+// libraries (as ldd lists them, with the loader cache), its modules and
+// its firmware (found next to the binary, as QEMU looks for them).
+func jailFiles(bin string) ([]string, error) {
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		return nil, fmt.Errorf("qemu: listing %s's libraries with ldd: %w", bin, err)
+	}
+	var files []string
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				files = append(files, f)
+			}
+		}
+	}
+	dir := filepath.Dir(bin)
+	for _, p := range []string{"/etc/ld.so.cache",
+		filepath.Join(dir, "../lib/x86_64-linux-gnu/qemu"), filepath.Join(dir, "../share/qemu"), "/usr/share/seabios"} {
+		if _, err := os.Stat(p); err == nil {
+			files = append(files, filepath.Clean(p))
+		}
+	}
+	return files, nil
+}
+
+// jailSpec is the confinement of one machine.
+func (d *Driver) jailSpec(cfg *vmm.Config, accel vmm.Accel, stdout io.Writer) jail.Spec {
+	s := jail.Spec{
+		Name:     "isopod-" + cfg.ID,
+		ReadOnly: d.jailFiles,
+		Stdout:   stdout,
+		Limits: jail.Limits{
+			MemoryBytes: int64(cfg.MemMiB)<<20 + vmmOverhead(accel),
+			Pids:        vmmPidsMax,
+			CPUWeight:   100,
+		},
+	}
+	if accel == vmm.AccelKVM {
+		s.Devices = []string{"/dev/kvm"}
+	}
+	return s
+}
+
+// Caps of one jailed QEMU beyond guest RAM: the emulator's translation
+// cache and its own memory (larger under TCG), and its threads (vCPUs, I/O
+// workers).
+const vmmPidsMax = 512
+
+func vmmOverhead(accel vmm.Accel) int64 {
+	if accel == vmm.AccelKVM {
+		return 256 << 20
+	}
+	return 768 << 20
+}
