@@ -17,12 +17,22 @@ command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
 command -v mksquashfs >/dev/null || need_pkgs+=(squashfs-tools)
 command -v debugfs >/dev/null || need_pkgs+=(e2fsprogs)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v newuidmap >/dev/null || need_pkgs+=(uidmap)   # the VMM jail's subordinate ids
+command -v unshare >/dev/null || need_pkgs+=(util-linux)
 command -v apt-get >/dev/null || { echo "install.sh: apt-get not found; on other hosts install qemu-system-x86_64, squashfs-tools, e2fsprogs by hand and use 'isopod image fetch-kernel --from-deb FILE'" >&2; exit 1; }
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install.sh: installing ${need_pkgs[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
 fi
+
+# The VMM jail: when isopod runs as root, every VMM runs as this system
+# user (in the kvm group, so that /dev/kvm opens).
+if ! getent passwd isopod-vmm >/dev/null; then
+  echo "install.sh: creating the system user isopod-vmm for the VMM jail" >&2
+  $SUDO useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin isopod-vmm
+fi
+if getent group kvm >/dev/null; then $SUDO usermod -a -G kvm isopod-vmm; fi
 
 # Go: any Go >= 1.21 fetches the toolchain go.mod asks for by itself. An
 # older one (Debian 12 ships 1.19) downloads it as a module through the Go
