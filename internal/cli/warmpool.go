@@ -1,11 +1,10 @@
 package cli
 
 import (
-	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
-	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 )
 
@@ -18,7 +17,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range []string{"vcpus", "mem-mib"} {
 				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
-					return fmt.Errorf("--%s 0: out of range (see isopod warmpool build --help): %w", name, errdefs.ErrInvalidArgument)
+					return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
 				}
 			}
 			return call(e, func(s *sandbox.Service) (*sandbox.WarmBuildResult, error) { return s.WarmBuild(cmd.Context(), o) })
