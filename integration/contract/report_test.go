@@ -34,8 +34,8 @@ type scenario struct {
 	path string
 	// setup, if set, runs before the run.
 	setup func(t *testing.T)
-	cli  func(t *testing.T) []string
-	mcp  func(t *testing.T) map[string]any
+	cli   func(t *testing.T) []string
+	mcp   func(t *testing.T) map[string]any
 }
 
 // scenarios are the runs the contract is checked on; front tells the
@@ -46,7 +46,9 @@ func scenarios(front string) []scenario {
 	return []scenario{
 		{name: "cold", path: "cold",
 			cli: func(*testing.T) []string { return []string{"--no-network", "--", "echo", "hi"} },
-			mcp: func(*testing.T) map[string]any { return map[string]any{"cmd": "echo hi", "base": "base-min", "network": false} }},
+			mcp: func(*testing.T) map[string]any {
+				return map[string]any{"cmd": "echo hi", "base": "base-min", "network": false}
+			}},
 		{name: "warm", holds: []string{"networked"}, path: "warm", setup: prebuildWarm,
 			cli: func(*testing.T) []string { return []string{"--", "echo", "hi"} },
 			mcp: func(*testing.T) map[string]any { return map[string]any{"cmd": "echo hi", "base": "base-min"} }},
