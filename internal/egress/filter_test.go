@@ -100,6 +100,7 @@ func TestNormalizeAndRecordHost(t *testing.T) {
 		{"<malformed>", "", "<malformed>"},
 		{"<invalid:1x>", "", "<invalid:12>"},
 		{"<other>", "", "<invalid:7>"},
+		{"12>", "", "<invalid:3>"},
 	}
 	for _, tt := range tests {
 		n, err := NormalizeHost(tt.in)

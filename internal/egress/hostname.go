@@ -118,10 +118,11 @@ func IsPlaceholder(h string) bool {
 		return true
 	}
 	n, ok := strings.CutPrefix(h, "<invalid:")
-	if n, ok = strings.CutSuffix(n, ">"); !ok || n == "" || len(n) > 10 {
+	if !ok {
 		return false
 	}
-	return strings.Trim(n, "0123456789") == ""
+	n, ok = strings.CutSuffix(n, ">")
+	return ok && n != "" && len(n) <= 10 && strings.Trim(n, "0123456789") == ""
 }
 
 // Pattern is one --allow-host rule: an exact name, or "*." followed by a

@@ -75,7 +75,8 @@ type Config struct {
 	// ResolvConf names the host resolver configuration whose nameservers get
 	// DNS queries of other types verbatim. "": DefaultResolvConf.
 	ResolvConf string
-	// DNS replaces the default DNS handler (Resolver + ResolvConf).
+	// DNS replaces the default DNS handler (Resolver + ResolvConf); see
+	// ResolverHandler for a policy that answers with addresses.
 	DNS DNSHandler
 	// IPv6Answers makes the default handler answer AAAA queries. Off by
 	// default: the guest has no IPv6 route, so it gets an empty answer and

@@ -8,7 +8,11 @@
 // destination. For each one it asks the [egress.Policy]; a refused TCP
 // connection gets a RST, an allowed one is dialled from the host as an
 // ordinary socket and spliced to the guest, and every flow ends as one
-// [flightrec.Event]. No tap device, no packet filter, no privileges.
+// [flightrec.Event]. When the policy is an [egress.Sniffer] and asks for
+// it, the connection is accepted first and read through a sniff.Guard, so
+// that every name it carries is judged before, and while, it reaches the
+// server (a refused HTTP request gets 403). No tap device, no packet
+// filter, no privileges.
 //
 // Each VM has its own Stack, so guests cannot reach each other. IPv6 is not
 // offered to the guest; ICMP beyond the gateway is not forwarded.
