@@ -97,7 +97,9 @@ func TestNet(t *testing.T) {
 	var h2 http.Protocols
 	h2.SetUnencryptedHTTP2(true)
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Protocols: &h2,
-		DialContext: func(_ context.Context, network, addr string) (net.Conn, error) { return n.Dial(n.Host, network, addr, 3*time.Second) }}}
+		DialContext: func(_ context.Context, network, addr string) (net.Conn, error) {
+			return n.Dial(n.Host, network, addr, 3*time.Second)
+		}}}
 	if resp, err := c.Get("http://" + PublicIP + HelloPath); err != nil || resp.ProtoMajor != 2 {
 		t.Errorf("GET over h2c: %v, %v", resp, err)
 	} else {
