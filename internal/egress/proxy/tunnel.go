@@ -32,7 +32,11 @@ const (
 func (p *Server) tunnel(c net.Conn, br *bufio.Reader, proto, host string, port uint16, reply func(answer, flightrec.Event) error) {
 	t, ev := p.judge(proto, host, port)
 	if !ev.Allowed || ev.Reason == egress.ReasonDialFailed {
-		reply(map[bool]answer{true: answerFailed, false: answerRefused}[ev.Allowed], ev)
+		a := answerRefused
+		if ev.Allowed {
+			a = answerFailed // the name could not be resolved
+		}
+		reply(a, ev)
 		p.recordDone(ev)
 		return
 	}
