@@ -43,6 +43,7 @@ func runChild(cs *childSpec, status *os.File) error {
 		return fmt.Errorf("waiting for the parent: %w", err)
 	}
 	sync.Close()
+	unix.Close(cs.ExeFD)
 	// The host pid of what will be the VMM: /proc here is still the
 	// host's.
 	self, err := os.Readlink("/proc/self")

@@ -54,6 +54,7 @@ type childSpec struct {
 	Argv     []string `json:"argv"`
 	Binds    []bind   `json:"binds"`
 	SyncFD   int      `json:"sync_fd"`   // one byte arrives when the parent is done
+	ExeFD    int      `json:"exe_fd"`    // the helper's own binary, closed before the VMM runs
 	StatusFD int      `json:"status_fd"` // an error goes here; closed by the exec
 	Rlimits  []rlimit `json:"rlimits,omitempty"`
 }
@@ -156,13 +157,23 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 	if p.cg == nil {
 		cs.Rlimits = rlimitsFor(s.Limits)
 	}
+	// The helper is this binary, executed through a descriptor: the
+	// jail's uid may not reach the directories above it.
+	exe, err := os.Open(self)
+	if err != nil {
+		return nil, fmt.Errorf("jail: opening %s: %w", self, err)
+	}
+	p.closer = append(p.closer, exe)
+	extra = append(extra, exe)
+	cs.ExeFD = 2 + len(extra)
+	helper := fmt.Sprintf("/proc/self/fd/%d", cs.ExeFD)
 	var cmd *exec.Cmd
 	if j.ids.mode == mapHelper {
-		if cmd, err = j.helperCommand(self, &extra, p); err != nil {
+		if cmd, err = j.helperCommand(helper, p); err != nil {
 			return nil, err
 		}
 	} else {
-		cmd = exec.Command(self)
+		cmd = exec.Command(helper)
 		cmd.Args = []string{"isopod-jail"}
 		cmd.SysProcAttr = j.sysProcAttr(p.cg)
 	}
@@ -181,23 +192,16 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 // those tools between clone and exec). The helper binary is handed over as
 // a descriptor, so the subordinate id needs no access to the directories
 // above it.
-func (j *Jailer) helperCommand(self string, extra *[]*os.File, p *Process) (*exec.Cmd, error) {
+func (j *Jailer) helperCommand(helper string, p *Process) (*exec.Cmd, error) {
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
 		return nil, failed("util-linux unshare is not installed", "install util-linux")
 	}
-	exe, err := os.Open(self)
-	if err != nil {
-		return nil, fmt.Errorf("jail: opening %s: %w", self, err)
-	}
-	p.closer = append(p.closer, exe)
-	*extra = append(*extra, exe)
-	fd := 2 + len(*extra)
 	cmd := exec.Command(unshare,
 		"--user", fmt.Sprintf("--map-users=%d,0,1", j.ids.uid), fmt.Sprintf("--map-groups=%d,0,1", j.ids.gid),
 		"--setuid=0", "--setgid=0",
 		"--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--ipc", "--uts", "--net",
-		"--", fmt.Sprintf("/proc/self/fd/%d", fd))
+		"--", helper)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if p.cg != nil && p.cg.fd != nil {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(p.cg.fd.Fd())
@@ -309,3 +313,24 @@ func rlimitsFor(l Limits) []rlimit {
 const addressSpaceSlack = 3 << 30
 
 var errNoJail = errors.New("not a jail helper")
+
+// Libraries lists what a dynamically linked program needs to start: the
+// shared libraries ldd names (the loader included) and the loader's cache.
+func Libraries(bin string) ([]string, error) {
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing %s's libraries with ldd: %w", bin, err)
+	}
+	var files []string
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				files = append(files, f)
+			}
+		}
+	}
+	if _, err := os.Stat("/etc/ld.so.cache"); err == nil {
+		files = append(files, "/etc/ld.so.cache")
+	}
+	return files, nil
+}

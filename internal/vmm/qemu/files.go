@@ -6,10 +6,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -285,24 +283,15 @@ func dupFile(f *os.File) (*os.File, error) {
 }
 
 // jailFiles are the host paths a jailed QEMU reads by name: its shared
-// libraries (as ldd lists them, with the loader cache), its modules and
-// its firmware (found next to the binary, as QEMU looks for them).
+// libraries, and its modules and firmware (found next to the binary, as
+// QEMU looks for them).
 func jailFiles(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).Output()
+	files, err := jail.Libraries(bin)
 	if err != nil {
-		return nil, fmt.Errorf("qemu: listing %s's libraries with ldd: %w", bin, err)
-	}
-	var files []string
-	for _, line := range strings.Split(string(out), "\n") {
-		for _, f := range strings.Fields(line) {
-			if strings.HasPrefix(f, "/") {
-				files = append(files, f)
-			}
-		}
+		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	dir := filepath.Dir(bin)
-	for _, p := range []string{"/etc/ld.so.cache",
-		filepath.Join(dir, "../lib/x86_64-linux-gnu/qemu"), filepath.Join(dir, "../share/qemu"), "/usr/share/seabios"} {
+	for _, p := range []string{filepath.Join(dir, "../lib/x86_64-linux-gnu/qemu"), filepath.Join(dir, "../share/qemu"), "/usr/share/seabios"} {
 		if _, err := os.Stat(p); err == nil {
 			files = append(files, filepath.Clean(p))
 		}
