@@ -68,7 +68,7 @@ func TestSubordinate(t *testing.T) {
 	}{
 		{"alice", 1000, 100000, true},
 		{"carol", 1001, 200000, true}, // by uid
-		{"bob", 1002, 0, false},      // a range at 0 is not taken
+		{"bob", 1002, 0, false},       // a range at 0 is not taken
 		{"dave", 1003, 0, false},
 	} {
 		got, err := subordinate(p, tt.name, tt.uid)
