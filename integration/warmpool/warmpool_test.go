@@ -80,8 +80,10 @@ func TestWarmPool(t *testing.T) {
 	env := warmHome(t)
 
 	t.Run("first run builds, second resumes", func(t *testing.T) {
+		// The first run boots the snapshot VM, snapshots it and resumes
+		// from it: warm, with the build in its report.
 		r := warmRun(t, env, "--", "echo", "one")
-		wantPath(t, r, "cold", true)
+		wantPath(t, r, "warm", true)
 		// Its own hostname, a writable root, and a NIC that reaches its
 		// own network's gateway.
 		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname; ping -c 1 -W 5 10.0.2.1 >/dev/null && echo gateway")
@@ -157,7 +159,7 @@ func TestWarmPool(t *testing.T) {
 
 	t.Run("another memory size rebuilds once", func(t *testing.T) {
 		r := warmRun(t, env, "--mem-mib", "256", "--", "true")
-		wantPath(t, r, "cold", true)
+		wantPath(t, r, "warm", true)
 		r = warmRun(t, env, "--mem-mib", "256", "--", "true")
 		wantPath(t, r, "warm", false)
 		b := e2e.Isopod(t, env, "warmpool", "build", "--mem-mib", "256")
@@ -196,7 +198,7 @@ func TestWarmPool(t *testing.T) {
 		}
 	})
 
-	t.Run("corrupt snapshot cold-boots and rebuilds", func(t *testing.T) {
+	t.Run("corrupt snapshot is rebuilt", func(t *testing.T) {
 		dirs := snapshotDirs(t, env)
 		if len(dirs) != 1 {
 			t.Fatalf("snapshots: %v", dirs)
@@ -207,7 +209,7 @@ func TestWarmPool(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := warmRun(t, env, "--", "echo", "still fine")
-		wantPath(t, r, "cold", true)
+		wantPath(t, r, "warm", true)
 		warns, _ := r.JSON["warnings"].([]any)
 		if len(warns) == 0 || !strings.Contains(warns[0].(string), "could not be resumed") {
 			t.Errorf("no warning about the unusable snapshot: %v", r.JSON["warnings"])

@@ -169,7 +169,7 @@ func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err erro
 			// Not merely removed since the run was planned: retire it.
 			r.s.warm.Retire(key, meta.BuildID)
 			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf(
-				"the warm-pool snapshot %s could not be resumed (%v); it was removed, this run cold-booted and rebuilt it", key, errors.Unwrap(err)))
+				"the warm-pool snapshot %s could not be resumed (%v); it was removed and rebuilt for this run", key, errors.Unwrap(err)))
 			r.s.log.Warn("warm pool: unusable snapshot retired", "key", key, "err", err)
 		}
 	}

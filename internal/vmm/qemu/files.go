@@ -76,17 +76,22 @@ func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (mf *
 		}
 		return mf.add(f), nil
 	}
-	n, err := open(cfg.Kernel, os.O_RDONLY)
-	if err != nil {
+	boot := func(path string) (string, error) {
+		f, err := d.bootFile(path)
+		if err != nil {
+			return "", err
+		}
+		return fdPath(mf.add(f)), nil
+	}
+	if l.kernelPath, err = boot(cfg.Kernel); err != nil {
 		return nil, err
 	}
-	l.kernelPath = fdPath(n)
 	if cfg.Initrd != "" {
-		if n, err = open(cfg.Initrd, os.O_RDONLY); err != nil {
+		if l.initrdPath, err = boot(cfg.Initrd); err != nil {
 			return nil, err
 		}
-		l.initrdPath = fdPath(n)
 	}
+	var n int
 	// Each disk is an fd set: QEMU may open a writable disk read-only
 	// first and reopen it read-write, so that set holds both.
 	l.diskFDs = nil
@@ -144,6 +149,20 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 	return nil
 }
 
+// bootFile opens a kernel or initramfs for QEMU, which reopens it by name
+// (/proc/self/fd/N): a jailed QEMU gets a sealed copy it may open whatever
+// the file's own mode.
+func (d *Driver) bootFile(path string) (*os.File, error) {
+	if d.jail != nil {
+		return d.sealed.get(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
+	}
+	return f, nil
+}
+
 // dialNet connects to the network stack's socket on QEMU's behalf and
 // returns the connection as a file to inherit.
 func dialNet(socket string) (*os.File, error) {
@@ -159,11 +178,12 @@ func dialNet(socket string) (*os.File, error) {
 	return f, nil
 }
 
-// sealedCache keeps, per snapshot RAM file, a sealed memfd with its
-// contents: write, grow and shrink are sealed, so QEMU may open it
-// read-write and map it privately (as QEMU 7.2 insists) while no process,
-// a compromised VMM included, can change what later restores read. Built
-// once per process and file version.
+// sealedCache keeps, per file a jailed QEMU opens by name (a snapshot's
+// RAM, the kernel, the initramfs), a sealed memfd with its contents: write,
+// grow and shrink are sealed, so QEMU may open it read-write (as QEMU 7.2
+// insists for RAM it maps privately) whatever the file's own mode, while no
+// process, a compromised VMM included, can change what later machines
+// read. Built once per process and file version.
 type sealedCache struct {
 	mu      sync.Mutex // guards following
 	entries map[string]sealedEntry
@@ -179,12 +199,12 @@ type sealedEntry struct {
 func (c *sealedCache) get(path string) (*os.File, error) {
 	src, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+		return nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
 	}
 	defer src.Close()
 	st, err := src.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	id := fileID(st)
 	c.mu.Lock()
@@ -230,19 +250,19 @@ func fileID(st os.FileInfo) string {
 // sealedCopy copies size bytes of src's data (holes stay holes) into a
 // new memfd and seals it.
 func sealedCopy(src *os.File, size int64) (*os.File, error) {
-	fd, err := unix.MemfdCreate("isopod-snapshot-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, err := unix.MemfdCreate("isopod-sealed", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
 	}
-	f := os.NewFile(uintptr(fd), "snapshot-ram")
+	f := os.NewFile(uintptr(fd), "sealed:"+src.Name())
 	if err := copyData(f, src, size); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("qemu: snapshot memory: %w", err)
+		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
 	}
 	seals := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("qemu: sealing snapshot memory: %w", err)
+		return nil, fmt.Errorf("qemu: sealing the copy of %s: %w", src.Name(), err)
 	}
 	return f, nil
 }

@@ -124,7 +124,7 @@ func (d *Driver) writeProbeCache(rec probeRecord) {
 func (d *Driver) probeKVM(ctx context.Context, kernel string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.probeTimeout)
 	defer cancel()
-	k, err := os.Open(kernel)
+	k, err := d.bootFile(kernel)
 	if err != nil {
 		return err
 	}

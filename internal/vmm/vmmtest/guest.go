@@ -33,11 +33,21 @@ const (
 	EnvTestModules = "ISOPOD_TEST_MODULES"
 )
 
-// Defaults for a Debian cloud kernel unpacked under /tmp/k/x.
-const (
-	defaultKernel  = "/tmp/k/x/boot/vmlinuz-6.1.0-50-cloud-amd64"
-	defaultModules = "/tmp/k/x/lib/modules/6.1.0-50-cloud-amd64"
-)
+// defaultKernel finds the kernel `isopod image fetch-kernel` installed
+// under $ISOPOD_HOME (or ~/.isopod) and its modules.
+func defaultKernel() (kernel, modules string) {
+	home := os.Getenv("ISOPOD_HOME")
+	if home == "" {
+		h, _ := os.UserHomeDir()
+		home = filepath.Join(h, ".isopod")
+	}
+	found, _ := filepath.Glob(filepath.Join(home, "kernels", "*", "vmlinuz"))
+	if len(found) == 0 {
+		return filepath.Join(home, "kernels", "<none>", "vmlinuz"), ""
+	}
+	dir := filepath.Dir(found[0])
+	return found[0], filepath.Join(dir, "modules")
+}
 
 // guestModules are the modules the test guest loads, dependencies first,
 // relative to the modules directory. A kernel with them built in needs none:
@@ -63,10 +73,11 @@ func BuildGuest(t *testing.T) Guest {
 	if testing.Short() {
 		t.Skip("boots a VM; skipped under -short")
 	}
-	kernel := envOr(EnvTestKernel, defaultKernel)
-	modules := envOr(EnvTestModules, defaultModules)
+	defKernel, defModules := defaultKernel()
+	kernel := envOr(EnvTestKernel, defKernel)
+	modules := envOr(EnvTestModules, defModules)
 	if _, err := os.Stat(kernel); err != nil {
-		t.Skipf("no test kernel (set %s): %v", EnvTestKernel, err)
+		t.Skipf("no test kernel (run `isopod image fetch-kernel` or set %s): %v", EnvTestKernel, err)
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
