@@ -241,3 +241,18 @@ func (c *vmCgroup) remove() {
 	}
 	c.dirs = nil
 }
+
+// CgroupName is the cgroup name of the VMM of VM id: drivers name their
+// Spec with it, and housekeeping finds a dead VMM's cgroup by it.
+func CgroupName(vmID string) string { return "isopod-" + vmID }
+
+// RemoveCgroup removes the cgroup named name if it is empty (its VMM
+// gone), e.g. one a killed isopod process could not remove.
+func (j *Jailer) RemoveCgroup(name string) {
+	if name == "" || strings.ContainsAny(name, "/.") {
+		return
+	}
+	for _, parent := range j.cgroups.parents {
+		os.Remove(filepath.Join(parent, name))
+	}
+}

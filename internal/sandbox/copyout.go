@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +49,13 @@ func stagingName(base string) string {
 	return "." + base + suffix
 }
 
+// isStagingName reports whether name is a staging file's name made by the
+// process pid.
+func isStagingName(name string, pid int) bool {
+	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".part") &&
+		strings.Contains(name, fmt.Sprintf(".isopod-%d-", pid))
+}
+
 // checkDestination refuses a destination that cannot be written safely
 // before any VM starts: an existing symlink, a directory, or a missing parent.
 func checkDestination(dest string) error {
@@ -76,6 +84,11 @@ func checkDestination(dest string) error {
 // directory is opened by its path, following symlinks there as an operator
 // would expect.
 func newStagedFile(dest string, dir *os.File) (*stagedFile, error) {
+	return newStagedFileAs(dest, dir, stagingName(filepath.Base(dest)))
+}
+
+// newStagedFileAs is newStagedFile with the staging file's name given.
+func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error) {
 	s := &stagedFile{dest: dest, name: filepath.Base(dest)}
 	if dir == nil {
 		if err := checkDestination(dest); err != nil {
@@ -93,7 +106,7 @@ func newStagedFile(dest string, dir *os.File) (*stagedFile, error) {
 		}
 		s.dir = d
 	}
-	s.part = stagingName(s.name)
+	s.part = part
 	fd, err := unix.Openat(int(s.dir.Fd()), s.part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		s.dir.Close()

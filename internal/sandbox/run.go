@@ -296,19 +296,22 @@ func (r *run) copyOut(ctx context.Context) error {
 		budget = DefaultCopyOutMaxData
 	}
 	for _, c := range r.req.CopyOut {
-		sf, err := newStagedFile(c.Host, c.HostDir)
+		sf, err := r.stage(c)
 		if err != nil {
 			return err
 		}
 		fd, err := r.client.CopyOut(cctx, c.Guest, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget}, sf)
 		if err != nil {
 			sf.Abort()
+			r.unstage()
 			if cctx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
 			}
 			return fmt.Errorf("--copy-out %s:%s: %w", c.Guest, c.Host, err)
 		}
-		if err := sf.Commit(fd.Bytes, fs.FileMode(fd.Mode)); err != nil {
+		err = sf.Commit(fd.Bytes, fs.FileMode(fd.Mode))
+		r.unstage()
+		if err != nil {
 			return err
 		}
 		budget -= fd.Data
@@ -317,6 +320,25 @@ func (r *run) copyOut(ctx context.Context) error {
 	ms := time.Since(t).Milliseconds()
 	r.rep.CopyOutMS = &ms
 	return nil
+}
+
+// stage creates c's staging file, recorded first in the VM record so that
+// `isopod vm gc` removes it should this process die during the copy.
+func (r *run) stage(c CopyOut) (*stagedFile, error) {
+	part := stagingName(filepath.Base(c.Host))
+	r.dir.rec.Staging = []string{filepath.Join(filepath.Dir(c.Host), part)}
+	writeRecord(r.dir.path, r.dir.rec)
+	sf, err := newStagedFileAs(c.Host, c.HostDir, part)
+	if err != nil {
+		r.unstage()
+	}
+	return sf, err
+}
+
+// unstage forgets the staging file of the copy that just ended.
+func (r *run) unstage() {
+	r.dir.rec.Staging = nil
+	writeRecord(r.dir.path, r.dir.rec)
 }
 
 // halt asks the guest to sync and power off, then makes sure the VMM is gone.

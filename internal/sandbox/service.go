@@ -72,8 +72,9 @@ type Service struct {
 	driverOnce sync.Once
 	drv        vmm.Driver
 	drvErr     error
-	// jailWarnings are what every report says of the jail on this host
-	// (a fallback that weakens it); set with drv.
+	// jailer confines the VMMs (nil when off); jailWarnings are what
+	// every report says of it on this host. Both set with drv.
+	jailer       *jail.Jailer
 	jailWarnings []string
 }
 
@@ -95,6 +96,7 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 				return
 			}
 			cfg.Jail = j
+			s.jailer = j
 			s.jailWarnings = j.Warnings()
 		}
 		d, err := qemu.New(cfg)

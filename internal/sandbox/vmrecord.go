@@ -32,6 +32,9 @@ type vmRecord struct {
 
 	Finished bool `json:"finished"`
 	ExitCode *int `json:"exit_code,omitempty"`
+	// Staging lists copy-out staging files while they exist, so that
+	// `isopod vm gc` can remove them if this run's process dies.
+	Staging []string `json:"staging,omitempty"`
 }
 
 func newVMID() string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/jail"
 	"isopod/internal/paths"
 )
 
@@ -64,13 +65,13 @@ func recordBusy(r *vmRecord) bool {
 }
 
 // prunable reports whether r may be removed past keep-last: nothing runs
-// it, and it is finished, or unfinished but older than gcMinAge (its owner
-// died mid-run).
+// it, and it is finished, or its owner is known to be gone (it died
+// mid-run), or it is older than gcMinAge.
 func prunable(r *vmRecord, now time.Time) bool {
 	if recordBusy(r) {
 		return false
 	}
-	return r.Finished || now.Sub(r.Created) >= gcMinAge
+	return r.Finished || r.OwnerPID > 0 && r.OwnerStartTime > 0 || now.Sub(r.Created) >= gcMinAge
 }
 
 // VMGC kills orphaned VMM processes and prunes all but the newest keepLast
@@ -97,6 +98,9 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	}
 	now := time.Now()
 	for i, r := range recs {
+		if !recordBusy(r) {
+			s.cleanLeftovers(r)
+		}
 		if i < keepLast || !prunable(r, now) {
 			res.Kept++
 			continue
@@ -143,6 +147,21 @@ func (s *Service) gcSocketDirs() {
 			continue
 		}
 		os.RemoveAll(filepath.Join(base, e.Name()))
+	}
+}
+
+// cleanLeftovers removes what a run that is over may have left outside its
+// record when its process died: its scratch disk, the staging files of a
+// copy-out it was writing, and its VMM's cgroup.
+func (s *Service) cleanLeftovers(r *vmRecord) {
+	os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), "scratch.ext4"))
+	for _, p := range r.Staging {
+		if isStagingName(filepath.Base(p), r.OwnerPID) {
+			os.Remove(p)
+		}
+	}
+	if s.jailer != nil {
+		s.jailer.RemoveCgroup(jail.CgroupName(r.ID))
 	}
 }
 

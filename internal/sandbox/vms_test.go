@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -26,12 +27,16 @@ func startSleeper(t *testing.T) *exec.Cmd {
 // deadPID returns the pid and start time of a process that has exited.
 func deadPID(t *testing.T) (int, uint64) {
 	t.Helper()
-	cmd := exec.Command("true")
+	cmd := exec.Command("sleep", "10")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid, st := cmd.Process.Pid, procStartTime(cmd.Process.Pid)
+	cmd.Process.Kill()
 	cmd.Wait()
+	if st == 0 {
+		t.Fatal("no start time for a running process")
+	}
 	return pid, st
 }
 
@@ -237,12 +242,50 @@ func TestGCPrunesAbandonedRuns(t *testing.T) {
 	s := newTestService(t)
 	dead, deadStart := deadPID(t)
 	writeTestRecord(t, s, &vmRecord{ID: "vm-00000401", Created: time.Now().Add(-time.Hour), OwnerPID: dead, OwnerStartTime: deadStart})
+	// Its owner is known to be gone: no need to wait.
 	writeTestRecord(t, s, &vmRecord{ID: "vm-00000402", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart})
+	// An owner that cannot be told: kept while young, a run may be starting.
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000403", Created: time.Now()})
 	res, err := s.VMGC(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Removed) != 1 || res.Removed[0] != "vm-00000401" {
-		t.Errorf("removed %v; want only the hour-old abandoned vm-00000401", res.Removed)
+	if len(res.Removed) != 2 || res.Kept != 1 {
+		t.Errorf("removed %v, kept %d; want vm-00000401 and vm-00000402 removed, vm-00000403 kept", res.Removed, res.Kept)
+	}
+}
+
+// TestGCRemovesLeftoversOfDeadRuns: a run whose process died leaves its
+// scratch disk and a copy-out staging file; gc removes both even for a
+// record it keeps, and leaves a live run's alone.
+func TestGCRemovesLeftoversOfDeadRuns(t *testing.T) {
+	s := newTestService(t)
+	dead, deadStart := deadPID(t)
+	dest := t.TempDir()
+	part := filepath.Join(dest, ".out.isopod-"+strconv.Itoa(dead)+"-1.part")
+	other := filepath.Join(dest, ".out.isopod-1-1.part") // not that run's: kept
+	for _, f := range []string{part, other} {
+		os.WriteFile(f, []byte("half"), 0o600)
+	}
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000501", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart, Staging: []string{part, other}})
+	scratch := filepath.Join(s.opts.Paths.VM("vm-00000501"), "scratch.ext4")
+	os.WriteFile(scratch, []byte("disk"), 0o600)
+	live := startSleeper(t)
+	writeTestRecord(t, s, &vmRecord{ID: "vm-00000502", Created: time.Now(), OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid()),
+		VMMPID: live.Process.Pid, VMMStartTime: procStartTime(live.Process.Pid)})
+	liveScratch := filepath.Join(s.opts.Paths.VM("vm-00000502"), "scratch.ext4")
+	os.WriteFile(liveScratch, []byte("disk"), 0o600)
+	if _, err := s.VMGC(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{part, scratch} {
+		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind", gone)
+		}
+	}
+	for _, kept := range []string{other, liveScratch} {
+		if _, err := os.Stat(kept); err != nil {
+			t.Errorf("%s removed: %v", kept, err)
+		}
 	}
 }

@@ -171,6 +171,7 @@ func TestConfigureResumed(t *testing.T) {
 	}
 	t.Cleanup(n.close)
 	r := &run{s: s, dir: &vmDir{rec: &vmRecord{Name: "brave-otter"}}, rep: &Report{}, vm: &vm{net: n},
+		t0: time.Now(), req: Request{TimeoutS: 60},
 		client: agentclient.New(hostEnd, nil)}
 	t.Cleanup(func() { r.client.Close() })
 	if _, err := r.client.Hello(ctx); err != nil {
