@@ -237,21 +237,31 @@ func stopVMMs(dir string) error {
 	return nil
 }
 
-// vmmsUnder lists the QEMU processes whose command line names dir/.
+// vmmsUnder lists the QEMU processes of the VMs recorded under dir: their
+// command line names the VM (-name isopod-<id>); QEMU gets every file as a
+// descriptor, so no path of dir appears in it.
 func vmmsUnder(dir string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
+	ents, _ := os.ReadDir(filepath.Join(dir, "vms"))
+	var names [][]byte
 	for _, e := range ents {
+		names = append(names, []byte("\x00isopod-"+e.Name()+"\x00"))
+	}
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
+		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) {
 			continue
 		}
-		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, []byte(dir+"/")) {
-			pids = append(pids, pid)
+		for _, n := range names {
+			if bytes.Contains(cmdline, n) {
+				pids = append(pids, pid)
+				break
+			}
 		}
 	}
 	return pids
