@@ -69,7 +69,7 @@ type stdioServer struct {
 // serverCommand re-executes the test binary as the server, in dir, with the
 // given environment on top of this process's.
 func serverCommand(dir string, env map[string]string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0])
+	cmd := exec.Command(serverBin)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	for k, v := range env {

@@ -100,10 +100,11 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	if base != "" {
 		steps = append(steps,
 			call(ToolSandboxRun, map[string]any{"cmd": "echo hi", "base": base, "network": "false", "copy_out": "[]"}),
-			call(ToolVMList, map[string]any{}),
-			// The record is finished once the VM's cleanup, which goes on
-			// after the result, is done.
+			// The VM's teardown goes on for a moment after the result: the
+			// VMM was sent SIGKILL, and its record is finished once it has
+			// been reaped.
 			map[string]any{"wait_ms": 1000},
+			call(ToolVMList, map[string]any{}),
 			call(ToolVMGC, map[string]any{"keep_last": 0}),
 			map[string]any{"signal": "SIGTERM", "name": ToolSandboxRun,
 				"arguments": map[string]any{"cmd": "sleep 600", "base": base, "network": false, "timeout_s": 900}})
@@ -148,7 +149,7 @@ func runInterop(t *testing.T, node, dir string, h hostTree, steps []map[string]a
 	stepsJSON, _ := json.Marshal(steps)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), os.Args[0], string(stepsJSON))
+	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), serverBin, string(stepsJSON))
 	cmd.Dir = h.root
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if privateHome {
@@ -200,11 +201,11 @@ func checkInteropBasics(t *testing.T, out *interopOutput) {
 	}
 }
 
-// checkInteropVMs checks the VM steps, from index i: a run, vm_list, a
-// pause, vm_gc and the SIGTERM.
+// checkInteropVMs checks the VM steps, from index i: a run, a pause,
+// vm_list, vm_gc and the SIGTERM.
 func checkInteropVMs(t *testing.T, out *interopOutput, i int) {
 	t.Helper()
-	run, list, gc, sig := out.Results[i], out.Results[i+1], out.Results[i+3], out.Results[i+4]
+	run, list, gc, sig := out.Results[i], out.Results[i+2], out.Results[i+3], out.Results[i+4]
 	if run.IsError || run.Structured["stdout"] != "hi\n" || run.Structured["vm_name"] == nil || run.Structured["duration_ms"] == nil {
 		t.Fatalf("a run with network \"false\" and copy_out \"[]\": %+v", run)
 	}
