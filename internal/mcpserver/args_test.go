@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/sandbox"
 )
@@ -156,5 +157,53 @@ func TestCheckerAgreesWithJSONSchema(t *testing.T) {
 		if (theirs == nil) != (ours == nil) {
 			t.Errorf("%s %s: jsonschema says %v; checkArgs says %v", in.tool, in.args, theirs, ours)
 		}
+	}
+}
+
+// TestRunSchema: sandbox_run's published schema carries its defaults and
+// bounds, and plain types.
+func TestRunSchema(t *testing.T) {
+	s := connect(t, Config{Core: &scriptedCore{}, NoStartupGC: true})
+	res, err := s.cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := map[string]*mcp.Tool{}
+	for _, tl := range res.Tools {
+		tools[tl.Name] = tl
+	}
+	run := tools[ToolSandboxRun].InputSchema.(map[string]any)["properties"].(map[string]any)
+	for _, p := range []string{"cmd", "stage", "base", "network", "allow_hosts", "allow_cidrs", "commit_as", "timeout_s",
+		"vcpus", "mem_mib", "scratch_mib", "env", "cwd", "stdin", "stdin_file", "copy_out"} {
+		if run[p] == nil {
+			t.Errorf("sandbox_run lacks %s", p)
+		}
+	}
+	if d := run["network"].(map[string]any)["default"]; d != true {
+		t.Errorf("network default = %v, want true", d)
+	}
+	// Plain types: a nullable ["null", ...] type makes form-based clients
+	// send text.
+	for name, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array", "env": "object"} {
+		if got := run[name].(map[string]any)["type"]; got != typ {
+			t.Errorf("%s type = %v; want %q", name, got, typ)
+		}
+	}
+	for _, name := range []string{"allow_hosts", "allow_cidrs"} {
+		if d, ok := run[name].(map[string]any)["default"]; ok {
+			t.Errorf("%s has a default (%v); absent and [] differ", name, d)
+		}
+	}
+	if d, ok := run["copy_out"].(map[string]any)["default"].([]any); !ok || len(d) != 0 {
+		t.Errorf("copy_out default = %v; want []", run["copy_out"].(map[string]any)["default"])
+	}
+	if _, ok := run["base"].(map[string]any)["default"]; ok {
+		t.Error("base carries a schema default, which would override a forked stage's base")
+	}
+	if mx := run["timeout_s"].(map[string]any)["maximum"]; mx != float64(sandbox.MaxTimeoutS) {
+		t.Errorf("timeout_s maximum = %v", mx)
+	}
+	if got := tools[ToolSandboxRun].Meta["anthropic/maxResultSizeChars"]; got != float64(100000) {
+		t.Errorf("sandbox_run _meta max result size = %v", got)
 	}
 }

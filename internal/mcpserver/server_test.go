@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"isopod/integration/e2e"
 	"isopod/internal/sandbox"
 )
 
@@ -77,40 +74,6 @@ func TestListTools(t *testing.T) {
 		if tl.OutputSchema == nil {
 			t.Errorf("%s has no output schema", name)
 		}
-	}
-	run := tools[ToolSandboxRun].InputSchema.(map[string]any)["properties"].(map[string]any)
-	for _, p := range []string{"cmd", "stage", "base", "network", "allow_hosts", "allow_cidrs", "commit_as", "timeout_s",
-		"vcpus", "mem_mib", "scratch_mib", "env", "cwd", "stdin", "stdin_file", "copy_out"} {
-		if run[p] == nil {
-			t.Errorf("sandbox_run lacks %s", p)
-		}
-	}
-	if d := run["network"].(map[string]any)["default"]; d != true {
-		t.Errorf("network default = %v, want true", d)
-	}
-	// Plain types: a nullable ["null", ...] type makes form-based clients
-	// send text.
-	for name, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array", "env": "object"} {
-		if got := run[name].(map[string]any)["type"]; got != typ {
-			t.Errorf("%s type = %v; want %q", name, got, typ)
-		}
-	}
-	for _, name := range []string{"allow_hosts", "allow_cidrs"} {
-		if d, ok := run[name].(map[string]any)["default"]; ok {
-			t.Errorf("%s has a default (%v); absent and [] differ", name, d)
-		}
-	}
-	if d, ok := run["copy_out"].(map[string]any)["default"].([]any); !ok || len(d) != 0 {
-		t.Errorf("copy_out default = %v; want []", run["copy_out"].(map[string]any)["default"])
-	}
-	if _, ok := run["base"].(map[string]any)["default"]; ok {
-		t.Error("base carries a schema default, which would override a forked stage's base")
-	}
-	if mx := run["timeout_s"].(map[string]any)["maximum"]; mx != float64(sandbox.MaxTimeoutS) {
-		t.Errorf("timeout_s maximum = %v", mx)
-	}
-	if got := tools[ToolSandboxRun].Meta["anthropic/maxResultSizeChars"]; got != float64(100000) {
-		t.Errorf("sandbox_run _meta max result size = %v", got)
 	}
 	if ins := s.cs.InitializeResult().Instructions; ins == "" || len(ins) >= 2048 {
 		t.Errorf("instructions are %d bytes, want 1..2047", len(ins))
@@ -409,54 +372,4 @@ func TestHousekeepingTools(t *testing.T) {
 	if res := s.call(t, ctx, ToolImageList, map[string]any{}, nil); !res.IsError || !strings.Contains(resultText(res), "not_supported") {
 		t.Errorf("image_list failure: %s", resultText(res))
 	}
-}
-
-func TestMain(m *testing.M) {
-	if os.Getenv(serveEnv) == "1" {
-		os.Exit(serveForTest())
-	}
-	os.Exit(func() int {
-		// The servers these tests start run a copy of this binary from a
-		// directory anyone may read: the VMM jail executes the running
-		// binary again as an unprivileged user, which the build cache's
-		// private directories would refuse.
-		dir, err := os.MkdirTemp("", "isopod-mcp-test-")
-		if err == nil {
-			defer os.RemoveAll(dir)
-			err = copyExecutable(os.Args[0], filepath.Join(dir, "isopod-mcp.test"))
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "copying the test binary: %v\n", err)
-			return 1
-		}
-		serverBin = filepath.Join(dir, "isopod-mcp.test")
-		// The servers these tests start, and the VM tests' settings, use a
-		// private state root, never the user's.
-		return e2e.PrivateHome(m)
-	}())
-}
-
-// serverBin is the copy of this test binary the tests run as the server.
-var serverBin string
-
-// copyExecutable copies an executable into a fresh file that anyone may
-// read and execute, in a directory anyone may enter.
-func copyExecutable(from, to string) error {
-	if err := os.Chmod(filepath.Dir(to), 0o755); err != nil {
-		return err
-	}
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
