@@ -60,7 +60,7 @@ func newStageCmd(e *env) *cobra.Command {
 
 func newVMCmd(e *env) *cobra.Command {
 	ls := &cobra.Command{
-		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first", Args: positional(cobra.NoArgs),
+		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first; live: the VMM still runs", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(e, func(s *sandbox.Service) (*sandbox.VMListResult, error) { return s.VMList(cmd.Context()) })
 		},
@@ -72,7 +72,7 @@ func newVMCmd(e *env) *cobra.Command {
 			return call(e, func(s *sandbox.Service) (*sandbox.VMGCResult, error) { return s.VMGC(cmd.Context(), keep) })
 		},
 	}
-	gc.Flags().IntVar(&keep, "keep-last", 20, "keep this many newest records")
+	gc.Flags().IntVar(&keep, "keep-last", 20, "keep this many newest records; 0 keeps none (a VM still running, or a run still going, is always kept)")
 	return group("vm", "List and clean up VM records", ls, gc)
 }
 
