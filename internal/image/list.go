@@ -28,6 +28,17 @@ type ImageInfo struct {
 	// Rebuild it.
 	Stale       bool   `json:"stale"`
 	StaleReason string `json:"stale_reason,omitempty"`
+	// Kind is "built" (base-min, base-debian), "imported" (a container
+	// image, by name) or "pulled" (a build that came with a stage, kept by
+	// content id).
+	Kind   string `json:"kind,omitempty"`
+	Source string `json:"source,omitempty"` // an imported base's source
+	Digest string `json:"digest,omitempty"` // and its manifest digest
+
+	// What a run over an imported base takes from its image.
+	Env        []string `json:"-"`
+	WorkingDir string   `json:"-"`
+	NoShell    bool     `json:"-"`
 }
 
 // ListImages reports the initramfs of the current kernel and every base
@@ -41,6 +52,9 @@ func ListImages(paths paths.Paths, kernel, agentBin string) ([]ImageInfo, error)
 			return nil, err
 		}
 		out = append(out, info)
+	}
+	for _, b := range ListStored(paths) {
+		out = append(out, storedStatus(b))
 	}
 	return out, nil
 }
@@ -92,7 +106,7 @@ func baseStatus(paths paths.Paths, flavor string) (ImageInfo, error) {
 		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
 	}
 	p := BasePath(paths, flavor)
-	ii := ImageInfo{Flavor: flavor, Path: p}
+	ii := ImageInfo{Flavor: flavor, Path: p, Kind: KindBuilt}
 	var side BaseInfo
 	if err := readJSON(sidecarPath(p), &side); err != nil {
 		return ii, nil
@@ -115,12 +129,12 @@ func baseStatus(paths paths.Paths, flavor string) (ImageInfo, error) {
 	return ii, nil
 }
 
-// LookupBase returns the built base image of flavor for a run. A base that
-// is not built or is stale is refused with errdefs.ErrFailedPrecondition and
-// the command that builds it.
+// LookupBase returns the base a run calls flavor: base-min, base-debian or
+// an imported base's name. A base that is not built or is stale is refused
+// with errdefs.ErrFailedPrecondition and the command that makes it.
 func LookupBase(paths paths.Paths, flavor string) (ImageInfo, error) {
 	if !knownBase(flavor) {
-		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s): %w", flavor, strings.Join(BaseFlavors, ", "), errdefs.ErrInvalidArgument)
+		return lookupStored(paths, flavor)
 	}
 	unlock, err := rlock(paths, flavor)
 	if err != nil {
@@ -139,4 +153,56 @@ func LookupBase(paths paths.Paths, flavor string) (ImageInfo, error) {
 			"are then refused as made over another base build until they are rebuilt: %w", flavor, ii.StaleReason, flavor, errdefs.ErrFailedPrecondition)
 	}
 	return ii, nil
+}
+
+// storedStatus describes a stored base as `isopod image ls` shows it.
+func storedStatus(b BaseInfo) ImageInfo {
+	ii := ImageInfo{
+		Flavor: b.Name, Built: true, Path: b.Path, Size: b.Size, ContentSHA256: b.ContentSHA256,
+		ProtocolVersion: b.ProtocolVersion, BuiltUnix: b.BuiltUnix, Kind: KindImported,
+	}
+	if b.Name == "" {
+		ii.Flavor, ii.Kind = b.Flavor, "pulled"
+	}
+	if im := b.Image; im != nil {
+		ii.Source, ii.Digest = im.Source, im.Digest
+		ii.Env, ii.WorkingDir, ii.NoShell = im.Env, im.WorkingDir, !im.Shell
+	}
+	if b.Name != "" && b.Kind == KindImported && b.Recipe != ImportRecipe {
+		ii.Stale, ii.StaleReason = true, fmt.Sprintf("imported by recipe %d, this isopod imports with recipe %d: import it again", b.Recipe, ImportRecipe)
+	}
+	return ii
+}
+
+// lookupStored is LookupBase for an imported base's name.
+func lookupStored(paths paths.Paths, name string) (ImageInfo, error) {
+	b, ok := storedByName(paths, name)
+	if !ok {
+		known := append([]string(nil), BaseFlavors...)
+		for _, s := range ListStored(paths) {
+			if s.Name != "" {
+				known = append(known, s.Name)
+			}
+		}
+		return ImageInfo{}, fmt.Errorf("unknown base %q (known: %s; `isopod image import` makes more): %w",
+			name, strings.Join(known, ", "), errdefs.ErrInvalidArgument)
+	}
+	ii := storedStatus(b)
+	if ii.Stale {
+		return ImageInfo{}, fmt.Errorf("base %s is stale (%s): %w", name, ii.StaleReason, errdefs.ErrFailedPrecondition)
+	}
+	return ii, nil
+}
+
+// LookupBaseBuild returns the stored base with content id id: what a
+// stage made over that build boots when the base called by its flavor
+// here is another build.
+func LookupBaseBuild(paths paths.Paths, id string) (ImageInfo, bool) {
+	b, ok := StoredByID(paths, id)
+	if !ok {
+		return ImageInfo{}, false
+	}
+	ii := storedStatus(b)
+	ii.Stale, ii.StaleReason = false, ""
+	return ii, true
 }

@@ -30,6 +30,21 @@ type BaseInfo struct {
 	BuiltUnix int64  `json:"built_unix"`
 	Size      int64  `json:"size"`
 
+	// Kind is how a stored base was made: KindBuilt (by `isopod image
+	// build`, on this host or the one it was pulled from) or KindImported.
+	// Empty in the sidecars of the bases built here.
+	Kind string `json:"kind,omitempty"`
+	// Name is what runs call a stored base (--base); empty for a pulled
+	// build kept by content id only. See bases.go.
+	Name string `json:"name,omitempty"`
+	// SquashfsSHA256 is the sha256 of the squashfs where the content id
+	// is not (an imported base's id derives from its image).
+	SquashfsSHA256 string `json:"squashfs_sha256,omitempty"`
+	// Image describes an imported base's container image.
+	Image *ImageSource `json:"image,omitempty"`
+	// PulledFrom is the repository a pulled base came from.
+	PulledFrom string `json:"pulled_from,omitempty"`
+
 	Path   string `json:"-"`
 	Cached bool   `json:"-"`
 }
