@@ -183,7 +183,7 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 		return Meta{}, tm, err
 	}
 	t0 := time.Now()
-	id, size, err := hashLayer(ctx, req.Scratch, req.Parent, req.BaseFlavor)
+	id, digest, size, err := hashLayerFull(ctx, req.Scratch, req.Parent, req.BaseFlavor)
 	if err != nil {
 		return Meta{}, tm, err
 	}
@@ -275,6 +275,7 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 		Chain:          chain,
 		BaseFlavor:     req.BaseFlavor,
 		BaseSHA256:     req.BaseSHA256,
+		Digest:         digest,
 		SizeBytes:      size,
 		AllocatedBytes: allocated,
 		Created:        now,

@@ -137,17 +137,27 @@ func walkData(ctx context.Context, f *os.File, size int64, fn func(off int64, da
 // The parent and flavor are part of it because the same layer means a
 // different filesystem over a different chain.
 func hashLayer(ctx context.Context, path, parent, flavor string) (id string, size int64, err error) {
+	id, _, size, err = hashLayerFull(ctx, path, parent, flavor)
+	return id, size, err
+}
+
+// DigestPrefix starts a stage's full digest (Meta.Digest).
+const DigestPrefix = "blake3:"
+
+// hashLayerFull is hashLayer that also returns the whole hash, as
+// DigestPrefix and 64 hex digits: the id is its first 16 digits.
+func hashLayerFull(ctx context.Context, path, parent, flavor string) (id, digest string, size int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, fmt.Errorf("opening scratch layer: %w", err)
+		return "", "", 0, fmt.Errorf("opening scratch layer: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return "", 0, fmt.Errorf("stat scratch layer: %w", err)
+		return "", "", 0, fmt.Errorf("stat scratch layer: %w", err)
 	}
 	if !st.Mode().IsRegular() {
-		return "", 0, fmt.Errorf("scratch layer %s is not a regular file: %w", path, errdefs.ErrInvalidArgument)
+		return "", "", 0, fmt.Errorf("scratch layer %s is not a regular file: %w", path, errdefs.ErrInvalidArgument)
 	}
 	size = st.Size()
 	h := blake3.New()
@@ -164,10 +174,10 @@ func hashLayer(ctx context.Context, path, parent, flavor string) (id string, siz
 		return nil
 	})
 	if err != nil {
-		return "", 0, fmt.Errorf("hashing scratch layer: %w", err)
+		return "", "", 0, fmt.Errorf("hashing scratch layer: %w", err)
 	}
 	sum := h.Sum(nil)
-	return "st-" + hex.EncodeToString(sum[:8]), size, nil
+	return "st-" + hex.EncodeToString(sum[:8]), DigestPrefix + hex.EncodeToString(sum), size, nil
 }
 
 // copySparse copies src to a new file dst, writing only blocks that are not

@@ -73,10 +73,13 @@ type Meta struct {
 	Label  string `json:"label"` // the user's unique label (--commit-as)
 	Parent string `json:"parent"`
 	// Chain lists the stage ids from the root to this stage, self included.
-	Chain          []string  `json:"chain"`
-	BaseFlavor     string    `json:"base_flavor"`
-	BaseSHA256     string    `json:"base_sha256"` // empty: made over an unidentified base build
-	SizeBytes      int64     `json:"size_bytes"`  // apparent size of the layer
+	Chain      []string `json:"chain"`
+	BaseFlavor string   `json:"base_flavor"`
+	BaseSHA256 string   `json:"base_sha256"` // empty: made over an unidentified base build
+	// Digest is the whole hash the id is the start of ("blake3:" and 64
+	// hex digits); empty in stages committed before it was recorded.
+	Digest         string    `json:"digest,omitempty"`
+	SizeBytes      int64     `json:"size_bytes"` // apparent size of the layer
 	AllocatedBytes int64     `json:"allocated_bytes"`
 	Created        time.Time `json:"created"` // RFC 3339
 	CreatedUnix    int64     `json:"created_unix"`
