@@ -3,10 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"isopod/internal/agentproto"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,21 +16,20 @@ import (
 // Guest mount points (see docs/architecture.md, "The guest contract").
 const (
 	runDir      = "/run/isopod"
-	baseMount   = runDir + "/base"
+	baseMount   = agentproto.BaseMountPoint
 	layersDir   = runDir + "/layers"
 	scratchDir  = runDir + "/scratch"
 	newRootDir  = runDir + "/root"
-	diskTimeout = 5 * time.Second
+	baseTimeout = 60 * time.Second
 	diskPoll    = 5 * time.Millisecond
 )
 
 // bootInfo is what boot learned, reported in Hello.
 type bootInfo struct {
-	params    bootParams
-	err       error // the root could not be assembled as asked
-	modules   time.Duration
-	scratchFD int // directory on the scratch filesystem, for freezing; -1 if none
-	cgroups   *Cgroups
+	params  bootParams
+	err     error // the base could not be mounted
+	modules time.Duration
+	cgroups *Cgroups
 }
 
 // mountAt creates target and mounts on it, with an error naming all parts.
@@ -76,85 +75,6 @@ func attachConsole() {
 	if fd > 2 {
 		unix.Close(fd)
 	}
-}
-
-// assembleRoot mounts the disks and the overlay at newRootDir. On a partial
-// failure it still builds what it can (a tmpfs upper when the scratch disk
-// is missing) and returns the error; it returns ok=false only when there is
-// no root to switch to.
-func assembleRoot(log *slog.Logger, p bootParams) (scratchFD int, ok bool, err error) {
-	scratchFD = -1
-	var errs []error
-	want := diskWant{layers: p.layers, scratch: !p.ramUpper}
-	t0 := time.Now()
-	found, werr := waitDisks("/sys/block", "/dev", want, diskTimeout, diskPoll)
-	if werr != nil {
-		log.Error("waiting for disks", "err", werr)
-		errs = append(errs, werr)
-	}
-	log.Info("disks found", "ms", time.Since(t0).Milliseconds(), "disks", describeFound(found))
-
-	base, haveBase := found[SerialBase]
-	if !haveBase {
-		return -1, false, errors.Join(errs...)
-	}
-	if err := mountAt(base, baseMount, "squashfs", unix.MS_RDONLY, ""); err != nil {
-		return -1, false, errors.Join(append(errs, err)...)
-	}
-
-	devs, lerr := layerDevices(found, want)
-	if lerr != nil {
-		errs = append(errs, lerr)
-	}
-	var layerMounts []string
-	for i, dev := range devs {
-		target := filepath.Join(layersDir, strconv.Itoa(i))
-		if err := mountAt(dev, target, "ext4", unix.MS_RDONLY|unix.MS_NOATIME, ""); err != nil {
-			errs = append(errs, fmt.Errorf("stage layer %d: %w", i, err))
-			break // an upper layer without the ones below would be wrong
-		}
-		layerMounts = append(layerMounts, target)
-	}
-
-	scratch, haveScratch := found[SerialScratch]
-	switch {
-	case p.ramUpper:
-		haveScratch = false
-	case !haveScratch:
-		errs = append(errs, errors.New("no scratch disk; writes go to memory and cannot be committed"))
-	}
-	if haveScratch {
-		if err := mountAt(scratch, scratchDir, "ext4", unix.MS_NOATIME, ""); err != nil {
-			errs = append(errs, fmt.Errorf("scratch disk: %w", err))
-			haveScratch = false
-		}
-	}
-	if !haveScratch {
-		if err := mountAt("tmpfs", scratchDir, "tmpfs", unix.MS_NOATIME, "mode=0755"); err != nil {
-			return -1, false, errors.Join(append(errs, err)...)
-		}
-	}
-	for _, d := range []string{"upper", "work"} {
-		if err := os.MkdirAll(filepath.Join(scratchDir, d), 0o755); err != nil {
-			return -1, false, errors.Join(append(errs, fmt.Errorf("scratch: %w", err))...)
-		}
-	}
-	if haveScratch {
-		if fd, err := unix.Open(scratchDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-			scratchFD = fd
-		}
-	}
-
-	lower, skipped := lowerDirs(layerMounts, baseMount)
-	for _, s := range skipped {
-		log.Info("stage layer has no upper directory; skipped", "layer", s)
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, scratchDir, scratchDir)
-	if err := mountAt("overlay", newRootDir, "overlay", 0, opts); err != nil {
-		return scratchFD, false, errors.Join(append(errs, err)...)
-	}
-	log.Info("root assembled", "layers", len(layerMounts), "ram_upper", !haveScratch)
-	return scratchFD, true, errors.Join(errs...)
 }
 
 // switchRoot makes newRoot the root: the initramfs rootfs cannot be
@@ -226,11 +146,13 @@ func finishRoot() error {
 	return errors.Join(errs...)
 }
 
-// boot performs the PID-1 start-up. Every failure is logged; the ones that
-// leave the root not as the host asked are returned in bootInfo.err.
+// boot performs the PID-1 start-up: kernel filesystems, modules, the base
+// image, cgroups, hostname and loopback. The run's root is assembled later,
+// when the host sends Mount. Every failure is logged; the ones that leave
+// no base are returned in bootInfo.err.
 func boot(log *slog.Logger) (bootInfo, *slog.Logger) {
 	t0 := time.Now()
-	info := bootInfo{scratchFD: -1}
+	info := bootInfo{}
 	var errs []error
 	if err := mountKernelFS(); err != nil {
 		log.Error("mounting kernel filesystems", "err", err)
@@ -247,22 +169,9 @@ func boot(log *slog.Logger) (bootInfo, *slog.Logger) {
 	}
 	d, merr := loadModules(log, ModulesList)
 	info.modules = d
-
-	fd, ok, rerr := assembleRoot(log, params)
-	info.scratchFD = fd
-	if rerr != nil {
-		errs = append(errs, rerr)
-	}
-	if ok {
-		if err := switchRoot(newRootDir); err != nil {
-			log.Error("switching root", "err", err)
-			errs = append(errs, err)
-		}
-	} else {
-		log.Error("no root filesystem; staying in the initramfs")
-	}
-	if err := finishRoot(); err != nil {
-		log.Warn("preparing the root", "err", err)
+	if err := mountBase(); err != nil {
+		log.Error("mounting the base image", "err", err)
+		errs = append(errs, err)
 	}
 	cg, err := setupCgroups(log)
 	if err != nil {
@@ -287,6 +196,15 @@ func boot(log *slog.Logger) (bootInfo, *slog.Logger) {
 	}
 	log.Info("boot done", "ms", time.Since(t0).Milliseconds(), "uptime_ms", uptimeMS())
 	return info, log
+}
+
+// mountBase waits for the base image's disk and mounts it read-only.
+func mountBase() error {
+	found, err := waitDisks("/sys/block", "/dev", []string{SerialBase}, baseTimeout, diskPoll)
+	if err != nil {
+		return err
+	}
+	return mountAt(found[SerialBase], baseMount, "squashfs", unix.MS_RDONLY, "")
 }
 
 // oneLine joins a multi-line error (errors.Join) with "; ".

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/binary"
+	"isopod/internal/agentproto"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,13 +21,13 @@ func TestParseCmdline(t *testing.T) {
 		want bootParams
 		errs int
 	}{
-		{"console=ttyS0 quiet", bootParams{layers: -1}, 0},
-		{"console=ttyS0 isopod.hostname=box isopod.layers=3", bootParams{hostname: "box", layers: 3}, 0},
-		{"isopod.upper=ram isopod.debug=1 isopod.layers=0", bootParams{layers: 0, ramUpper: true, debug: true}, 0},
-		{"isopod.layers=11", bootParams{layers: -1}, 1},
-		{"isopod.layers=x isopod.upper=disk", bootParams{layers: -1}, 1},
-		{"isopod.hostname=" + strings.Repeat("a", 65), bootParams{layers: -1}, 1},
-		{"isopod.upper=tape isopod.bogus=1", bootParams{layers: -1}, 2},
+		{"console=ttyS0 quiet", bootParams{}, 0},
+		{"console=ttyS0 isopod.hostname=box", bootParams{hostname: "box"}, 0},
+		{"isopod.debug=1 -- isopod-floor", bootParams{debug: true}, 0},
+		{"isopod.hostname=" + strings.Repeat("a", 65), bootParams{}, 1},
+		// The disks of the root come as a Mount message now: these are
+		// unknown keys, reported.
+		{"isopod.layers=3 isopod.bogus=1", bootParams{}, 2},
 	}
 	for _, tt := range tests {
 		got, errs := parseCmdline(tt.line)
@@ -57,24 +58,20 @@ func TestWaitDisks(t *testing.T) {
 	sys, dev := fakeBlock(t, map[string]string{
 		"vda": SerialScratch, "vdb": "isopod-l1", "vdc": SerialBase, "vdd": "isopod-l0", "vde": "", "loop0": "",
 	})
-	found, err := waitDisks(sys, dev, diskWant{layers: 2, scratch: true}, time.Second, time.Millisecond)
+	found, err := waitDisks(sys, dev, wantedSerials(agentproto.Mount{Layers: 2, Scratch: true}), time.Second, time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if found[SerialBase] != filepath.Join(dev, "vdc") || found[SerialScratch] != filepath.Join(dev, "vda") {
 		t.Errorf("found %v", found)
 	}
-	layers, err := layerDevices(found, diskWant{layers: 2})
+	layers, err := layerDevices(found, 2)
 	if err != nil || strings.Join(layers, ",") != filepath.Join(dev, "vdd")+","+filepath.Join(dev, "vdb") {
 		t.Errorf("layers = %v, %v; want vdd then vdb", layers, err)
 	}
-	// An unknown count takes the run from l0.
-	if layers, err := layerDevices(found, diskWant{layers: -1}); err != nil || len(layers) != 2 {
-		t.Errorf("layers with unknown count = %v, %v", layers, err)
-	}
 
 	start := time.Now()
-	_, err = waitDisks(sys, dev, diskWant{layers: 3, scratch: true}, 100*time.Millisecond, 5*time.Millisecond)
+	_, err = waitDisks(sys, dev, wantedSerials(agentproto.Mount{Layers: 3, Scratch: true}), 100*time.Millisecond, 5*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "isopod-l2") {
 		t.Errorf("missing layer: err = %v; want it named", err)
 	}
@@ -91,7 +88,7 @@ func TestWaitDisksAppearLate(t *testing.T) {
 		os.WriteFile(filepath.Join(dev, "vdb"), nil, 0o600)
 		os.WriteFile(filepath.Join(sys, "vdb", "serial"), []byte(SerialScratch), 0o644)
 	}()
-	found, err := waitDisks(sys, dev, diskWant{scratch: true}, 2*time.Second, 2*time.Millisecond)
+	found, err := waitDisks(sys, dev, wantedSerials(agentproto.Mount{Scratch: true}), 2*time.Second, 2*time.Millisecond)
 	if err != nil || found[SerialScratch] == "" {
 		t.Errorf("late disk: %v, %v", found, err)
 	}
@@ -99,10 +96,7 @@ func TestWaitDisksAppearLate(t *testing.T) {
 
 func TestLayerGap(t *testing.T) {
 	found := map[string]string{SerialBase: "/dev/vda", "isopod-l0": "/dev/vdb", "isopod-l2": "/dev/vdc"}
-	if _, err := layerDevices(found, diskWant{layers: -1}); err == nil {
-		t.Error("a gap in layer serials was accepted")
-	}
-	if _, err := layerDevices(found, diskWant{layers: 3}); err == nil || !strings.Contains(err.Error(), "isopod-l1") {
+	if _, err := layerDevices(found, 3); err == nil || !strings.Contains(err.Error(), "isopod-l1") {
 		t.Errorf("missing l1: %v", err)
 	}
 }

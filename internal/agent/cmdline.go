@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"isopod/internal/agentproto"
 	"os"
-	"strconv"
 	"strings"
 )
 
@@ -14,15 +13,13 @@ const MaxLayers = agentproto.MaxLayers
 // bootParams are the isopod.* keys of the kernel command line.
 type bootParams struct {
 	hostname string
-	layers   int // -1 when not given
-	ramUpper bool
 	debug    bool
 }
 
 // parseCmdline reads the isopod.* keys from a kernel command line. Unknown
 // isopod.* keys are reported so a typo is visible on the console.
 func parseCmdline(line string) (bootParams, []error) {
-	p := bootParams{layers: -1}
+	p := bootParams{}
 	var errs []error
 	for _, f := range strings.Fields(line) {
 		k, v, _ := strings.Cut(f, "=")
@@ -36,19 +33,6 @@ func parseCmdline(line string) (bootParams, []error) {
 				continue
 			}
 			p.hostname = v
-		case agentproto.CmdlineLayers:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 || n > MaxLayers {
-				errs = append(errs, fmt.Errorf("%s=%q: want a number from 0 to %d", k, v, MaxLayers))
-				continue
-			}
-			p.layers = n
-		case agentproto.CmdlineUpper:
-			if v != agentproto.UpperRAM && v != "disk" {
-				errs = append(errs, fmt.Errorf("%s=%q: want ram or disk", k, v))
-				continue
-			}
-			p.ramUpper = v == agentproto.UpperRAM
 		case agentproto.CmdlineDebug:
 			p.debug = v == "1" || v == "true"
 		default:
@@ -61,7 +45,7 @@ func parseCmdline(line string) (bootParams, []error) {
 func readCmdline(path string) (bootParams, []error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return bootParams{layers: -1}, []error{fmt.Errorf("reading the kernel command line: %w", err)}
+		return bootParams{}, []error{fmt.Errorf("reading the kernel command line: %w", err)}
 	}
 	return parseCmdline(string(b))
 }

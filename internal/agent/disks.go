@@ -18,19 +18,17 @@ const (
 // LayerSerial is the serial of stage layer i (0 is the oldest).
 func LayerSerial(i int) string { return agentproto.LayerSerial(i) }
 
-// diskWant says which disks boot waits for.
-type diskWant struct {
-	layers  int  // exact count; -1 means take what is there with the base
-	scratch bool // wait for the scratch disk
-}
-
-func (w diskWant) serials() []string {
-	s := []string{SerialBase}
-	for i := 0; i < w.layers; i++ {
+// wantedSerials are the disks a Mount names, beyond the base.
+func wantedSerials(m agentproto.Mount) []string {
+	var s []string
+	for i := 0; i < m.Layers; i++ {
 		s = append(s, LayerSerial(i))
 	}
-	if w.scratch {
+	if m.Scratch {
 		s = append(s, SerialScratch)
+	}
+	if m.Workspace != "" {
+		s = append(s, agentproto.SerialWorkspace, agentproto.SerialWorkspaceUpper)
 	}
 	return s
 }
@@ -61,14 +59,15 @@ func scanDisks(sysBlock, devDir string) map[string]string {
 	return found
 }
 
-// waitDisks polls until every wanted disk has appeared or timeout passes.
-// It returns what it found and an error naming the disks still missing.
-func waitDisks(sysBlock, devDir string, want diskWant, timeout, every time.Duration) (map[string]string, error) {
+// waitDisks polls until every disk with a serial in want has appeared or
+// timeout passes. It returns what it found and an error naming the disks
+// still missing.
+func waitDisks(sysBlock, devDir string, want []string, timeout, every time.Duration) (map[string]string, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		found := scanDisks(sysBlock, devDir)
 		var missing []string
-		for _, s := range want.serials() {
+		for _, s := range want {
 			if _, ok := found[s]; !ok {
 				missing = append(missing, s)
 			}
@@ -95,28 +94,15 @@ func describeFound(found map[string]string) string {
 	return strings.Join(s, " ")
 }
 
-// layerDevices returns the layer disks in order l0, l1, ... When the count
-// is unknown it takes the consecutive run that starts at l0.
-func layerDevices(found map[string]string, want diskWant) ([]string, error) {
+// layerDevices returns the n layer disks in order l0, l1, ...
+func layerDevices(found map[string]string, n int) ([]string, error) {
 	var devs []string
-	n := want.layers
-	if n < 0 {
-		n = MaxLayers
-	}
 	for i := 0; i < n; i++ {
 		dev, ok := found[LayerSerial(i)]
 		if !ok {
-			if want.layers < 0 {
-				break
-			}
 			return devs, fmt.Errorf("layer disk %s is missing", LayerSerial(i))
 		}
 		devs = append(devs, dev)
-	}
-	if want.layers < 0 {
-		if _, gap := found[LayerSerial(len(devs)+1)]; gap {
-			return devs, fmt.Errorf("layer disks are not consecutive: %s is missing", LayerSerial(len(devs)))
-		}
 	}
 	return devs, nil
 }

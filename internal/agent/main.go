@@ -68,7 +68,7 @@ func runPID1() {
 	globalReaper() // reap orphans from the very start
 	info, log := boot(log)
 	bootErr := oneLine(info.err)
-	sys := &linuxSystem{log: log, freezeFDs: []int{info.scratchFD}}
+	sys := &linuxSystem{log: log}
 	srv := NewServer(Options{
 		Logger:  log,
 		ReapAll: true,

@@ -46,6 +46,12 @@ type System interface {
 	AddEntropy(seed []byte) error
 	// SyncDisks flushes every filesystem before power-off.
 	SyncDisks() error
+	// MountRoot assembles the run's root from the disks m names (once).
+	MountRoot(m agentproto.Mount) error
+	// WorkspaceLayers returns the directories the workspace's changes are
+	// read from: its writable layer's upper directory and the original
+	// tree ("" without a workspace).
+	WorkspaceLayers() (upper, lower string)
 }
 
 // Server serves the agent protocol. One Server may serve several
@@ -289,6 +295,10 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.spawn(func() { c.addEntropy(m, payload) })
 	case agentproto.KindHalt:
 		c.spawn(func() { c.halt(m) })
+	case agentproto.KindMount:
+		c.spawn(func() { c.mountRoot(m) })
+	case agentproto.KindWorkspaceChanges:
+		c.spawn(func() { c.workspaceChanges(m) })
 	default:
 		c.replyErr(m.ID, fmt.Errorf("unknown message kind %q (agent protocol version %d): %w", m.Kind, ProtoVersion(), errdefs.ErrNotSupported))
 	}

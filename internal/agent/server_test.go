@@ -119,6 +119,9 @@ type fakeSystem struct {
 	net      *agentproto.NetConfig
 	entropy  []byte
 	synced   int
+	mount    *agentproto.Mount
+	wsUpper  string
+	wsLower  string
 	fail     error
 }
 
@@ -322,4 +325,17 @@ func TestGarbageHeaderEndsConnection(t *testing.T) {
 	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "decoding header") {
 		t.Errorf("Serve = %v; want a decoding error", err)
 	}
+}
+
+func (f *fakeSystem) MountRoot(m agentproto.Mount) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mount = &m
+	return f.fail
+}
+
+func (f *fakeSystem) WorkspaceLayers() (upper, lower string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.wsUpper, f.wsLower
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -20,10 +21,37 @@ const fifreeze = 0xC0045877
 // linuxSystem performs machine operations on the running Linux guest.
 type linuxSystem struct {
 	log *slog.Logger
-	// freezeFDs are directories on filesystems to freeze after the final
-	// sync (the scratch ext4), which checkpoints the journal and leaves a
-	// clean image for the host to commit. -1 entries are skipped.
-	freezeFDs []int
+
+	mu sync.Mutex // guards following
+	// mounted is what the host's Mount set up (nil before).
+	mounted *mounted
+}
+
+// MountRoot assembles the run's root from the disks m names and switches to
+// it; it may run once.
+func (s *linuxSystem) MountRoot(m agentproto.Mount) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mounted != nil {
+		return fmt.Errorf("mount: the root is already assembled")
+	}
+	mt, err := mountRoot(s.log, m)
+	if err != nil {
+		return err
+	}
+	s.mounted = &mt
+	return nil
+}
+
+// WorkspaceLayers returns the workspace's writable layer's upper directory
+// and its original tree ("" when the run has no workspace).
+func (s *linuxSystem) WorkspaceLayers() (upper, lower string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mounted == nil {
+		return "", ""
+	}
+	return s.mounted.workspaceUpper, s.mounted.workspaceLower
 }
 
 var _ System = (*linuxSystem)(nil)
@@ -71,13 +99,23 @@ func (s *linuxSystem) AddEntropy(seed []byte) error {
 	return nil
 }
 
-// SyncDisks syncs every filesystem, then freezes the scratch filesystem so
-// its journal is checkpointed and the image is clean when the VM powers
-// off. A filesystem that cannot be frozen (tmpfs) is skipped.
+// SyncDisks takes the workspace out of the root (its mount point must not
+// be committed), syncs every filesystem, then freezes the scratch
+// filesystem so its journal is checkpointed and the image is clean when the
+// VM powers off. A filesystem that cannot be frozen (tmpfs) is skipped.
 func (s *linuxSystem) SyncDisks() error {
 	t0 := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var freeze []int
+	if s.mounted != nil {
+		if err := s.mounted.unmountWorkspace(); err != nil {
+			return err
+		}
+		freeze = append(freeze, s.mounted.scratchFD)
+	}
 	unix.Sync()
-	for _, fd := range s.freezeFDs {
+	for _, fd := range freeze {
 		if fd < 0 {
 			continue
 		}

@@ -342,3 +342,7 @@ func TestCallContext(t *testing.T) {
 		t.Errorf("ping after a call gave up: %v", err)
 	}
 }
+
+func (s *recSystem) MountRoot(agentproto.Mount) error { return nil }
+
+func (s *recSystem) WorkspaceLayers() (upper, lower string) { return "", "" }

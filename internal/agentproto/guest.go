@@ -21,6 +21,12 @@ const (
 	SerialScratch = "isopod-scratch"
 	// serialLayerPrefix + index is a stage layer (ext4, read-only).
 	serialLayerPrefix = "isopod-l"
+	// SerialWorkspace is a workspace: a squashfs of the host tree,
+	// read-only.
+	SerialWorkspace = "isopod-ws"
+	// SerialWorkspaceUpper is the workspace's own writable layer (ext4),
+	// never committed.
+	SerialWorkspaceUpper = "isopod-ws-upper"
 )
 
 // MaxLayers is how many stage layers one guest mounts (one virtio disk
@@ -31,24 +37,24 @@ const MaxLayers = 10
 // the base.
 func LayerSerial(i int) string { return serialLayerPrefix + strconv.Itoa(i) }
 
-// Kernel command-line keys the agent reads. Everything else (network,
-// clock, hostname, entropy) arrives as protocol messages so that a resumed
-// snapshot can be reconfigured.
+// Kernel command-line keys the agent reads. Everything else (the disks of
+// the root, network, clock, hostname, entropy) arrives as protocol messages
+// so that a resumed snapshot can be reconfigured.
 const (
 	// CmdlineHostname is the hostname set at boot.
 	CmdlineHostname = "isopod.hostname"
-	// CmdlineLayers is how many stage layer disks to wait for (0 to
-	// MaxLayers); always given.
-	CmdlineLayers = "isopod.layers"
-	// CmdlineUpper set to UpperRAM makes the overlay's upper layer a tmpfs
-	// in guest memory instead of the scratch disk.
-	CmdlineUpper = "isopod.upper"
 	// CmdlineDebug set to "1" adds debug lines to the console.
 	CmdlineDebug = "isopod.debug"
 )
 
-// UpperRAM is the CmdlineUpper value for a tmpfs upper layer.
-const UpperRAM = "ram"
+// BaseMountPoint is where the guest mounts the base image at boot, before
+// the root is assembled; the host reads files of the base there to warm
+// the page cache of a snapshot VM.
+const BaseMountPoint = "/run/isopod/base"
+
+// WorkspaceMountPoint is where the workspace's disks are mounted in the
+// guest before its overlay is assembled at the workspace directory.
+const WorkspaceMountPoint = "/run/isopod/workspace"
 
 // FloorArg, given to the guest's init after "--" on the kernel command line,
 // makes it power off at once: the floor a boot is measured against.

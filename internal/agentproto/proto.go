@@ -41,7 +41,7 @@ package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 2
+const Version = 3
 
 // Limits.
 const (
@@ -82,6 +82,14 @@ const (
 	KindFileChunk Kind = "file_chunk" // guest -> host: payload is file bytes at Offset
 	KindFileDone  Kind = "file_done"  // guest -> host: File set; the file is complete
 
+	// The root filesystem. The guest boots with only its base image
+	// mounted; the host then names the disks that make the run's root, so
+	// that a snapshot taken before that serves any chain of layers, a
+	// fresh scratch disk and a workspace, each attached at restore.
+	KindMount            Kind = "mount"             // host -> guest: Mount set; assemble the root, once
+	KindWorkspaceChanges Kind = "workspace_changes" // host -> guest: list what changed in the workspace
+	KindWorkspaceEntry   Kind = "workspace_entry"   // guest -> host: Entry set; one changed path
+
 	// Machine configuration.
 	KindConfigureNet Kind = "configure_net" // host -> guest: Net set
 	KindSyncClock    Kind = "sync_clock"    // host -> guest: Clock set
@@ -112,10 +120,12 @@ type Msg struct {
 	Offset   int64     `json:"offset,omitempty"`    // on KindFileChunk: where the payload belongs
 	File     *FileDone `json:"file,omitempty"`
 
-	Net      *NetConfig `json:"net,omitempty"`
-	Clock    *Clock     `json:"clock,omitempty"`
-	Hostname string     `json:"hostname,omitempty"`
-	Sync     bool       `json:"sync,omitempty"` // on KindHalt
+	Mount    *Mount          `json:"mount,omitempty"`
+	Entry    *WorkspaceEntry `json:"entry,omitempty"`
+	Net      *NetConfig      `json:"net,omitempty"`
+	Clock    *Clock          `json:"clock,omitempty"`
+	Hostname string          `json:"hostname,omitempty"`
+	Sync     bool            `json:"sync,omitempty"` // on KindHalt
 
 	Error string `json:"error,omitempty"`
 }
@@ -168,4 +178,39 @@ type NetConfig struct {
 // Clock carries the host's wall clock.
 type Clock struct {
 	UnixNano int64 `json:"unix_nano"`
+}
+
+// Mount says which disks (found by their serials, see guest.go) make the
+// run's root: stage layers l0 .. l(Layers-1) over the base, the scratch
+// disk as the upper layer (else a tmpfs in guest memory), and a workspace.
+type Mount struct {
+	Layers  int  `json:"layers"`
+	Scratch bool `json:"scratch"`
+	// Flush drops any sectors the guest cached of each disk before it is
+	// mounted: after a snapshot resume the disks behind the serials are
+	// new files.
+	Flush bool `json:"flush,omitempty"`
+	// Workspace, when set, is the guest directory where the workspace
+	// disk (a squashfs of the host tree) is mounted, writable through the
+	// workspace upper disk; it is never part of the root's upper layer.
+	Workspace string `json:"workspace,omitempty"`
+	// WaitMS bounds the wait for the disks to appear.
+	WaitMS int64 `json:"wait_ms,omitempty"`
+}
+
+// WorkspaceEntry is one path that differs in the workspace after a
+// command, as its writable layer records it. Path is relative to the
+// workspace, clean and never outside it.
+type WorkspaceEntry struct {
+	Path string `json:"path"`
+	// Kind: "file", "dir", "symlink", "deleted" (a path of the original
+	// tree that is gone) or "opaque" (a directory whose original contents
+	// are all gone, but for the entries listed under it).
+	Kind   string `json:"kind"`
+	Mode   uint32 `json:"mode,omitempty"` // permission bits
+	Size   int64  `json:"size,omitempty"`
+	Target string `json:"target,omitempty"` // a symlink's target
+	// InOriginal says the path exists in the original tree (so a file is
+	// modified, not added).
+	InOriginal bool `json:"in_original,omitempty"`
 }

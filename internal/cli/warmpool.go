@@ -12,7 +12,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	var o sandbox.WarmBuildOptions
 	build := &cobra.Command{
 		Use:   "build",
-		Short: "Build the snapshot eligible runs with these sizes resume from (skipped when current)",
+		Short: "Build the snapshot runs of this shape resume from (skipped when current)",
 		Args:  positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range []string{"vcpus", "mem-mib"} {
@@ -25,6 +25,8 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	}
 	f := build.Flags()
 	f.StringVar(&o.Base, "base", "", "base image: base-min (default) or base-debian")
+	f.StringVar(&o.Stage, "stage", "", "build for runs on this stage (its chain's base)")
+	f.BoolVar(&o.NoNetwork, "no-network", false, "build for --no-network runs (a VM without a NIC)")
 	f.IntVar(&o.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs, as the runs will ask")
 	f.IntVar(&o.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB, as the runs will ask")
 	list := &cobra.Command{

@@ -34,6 +34,8 @@ type Settings struct {
 	AllowBaseSkew bool
 	// Jail: ISOPOD_JAIL, whether the VMM runs inside its jail.
 	Jail sandbox.JailMode
+	// NoWarmPool: ISOPOD_WARM_POOL=off, every run boots cold.
+	NoWarmPool bool
 
 	// raw keeps every knob as read, for front-end policies that interpret
 	// their own (the MCP server's host-I/O switches).
@@ -46,7 +48,7 @@ type Settings struct {
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
 		if v, ok := lookup(k); ok {
 			s.raw[k] = v
 		}
@@ -78,6 +80,13 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		return s, fmt.Errorf("%s=%q: use kvm or tcg, or unset it for auto: %w", knobs.Accel, a, errdefs.ErrInvalidArgument)
 	}
 	s.AllowBaseSkew = s.raw[knobs.AllowBaseSkew] == "1"
+	switch v := strings.ToLower(strings.TrimSpace(s.raw[knobs.WarmPool])); v {
+	case "", "1", "on":
+	case "0", "off":
+		s.NoWarmPool = true
+	default:
+		return s, fmt.Errorf("%s=%q: use 0 or off (every run boots cold), or 1 or on, or unset it: %w", knobs.WarmPool, v, errdefs.ErrInvalidArgument)
+	}
 	if s.Jail, err = parseJail(s.raw[knobs.Jail]); err != nil {
 		return s, err
 	}
@@ -150,5 +159,6 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		QEMU:          s.QEMU,
 		Accel:         s.Accel,
 		Jail:          s.Jail,
+		NoWarmPool:    s.NoWarmPool,
 	})
 }

@@ -11,7 +11,8 @@ const (
 	Accel         = "ISOPOD_ACCEL"           // force "kvm" or "tcg"
 	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW" // "1": fork stages made over another base build
 	LogLevel      = "ISOPOD_LOG"             // debug|info|warn|error (stderr)
-	Jail          = "ISOPOD_JAIL"            // 1|on: confine the VMM (not built yet); 0|off: unconfined, with a warning
+	Jail          = "ISOPOD_JAIL"            // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
+	WarmPool      = "ISOPOD_WARM_POOL"       // 0|off: every run boots cold and no snapshot is built
 	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"

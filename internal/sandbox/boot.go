@@ -44,12 +44,29 @@ func (r *run) boot(ctx context.Context) error {
 		if done, err := r.bootWarm(ctx, drv); done || err != nil {
 			return err
 		}
-		if err := r.ensureScratch(); err != nil {
-			return err
-		}
 	}
 	return r.bootCold(ctx, drv, r.coldConfig())
 }
+
+// runDisks are the files behind this run's disks.
+func (r *run) runDisks() runDisks {
+	return r.plan.disks(r.scratch, "", "")
+}
+
+// mountRoot tells the guest which disks make the run's root (after a
+// resume, to drop what it cached of the snapshot's placeholders first).
+func (r *run) mountRoot(ctx context.Context, flush bool) error {
+	m := r.runDisks().mount(r.workspaceDir(), flush, r.deadline())
+	mctx, cancel := context.WithDeadline(ctx, r.deadline())
+	defer cancel()
+	if err := r.client.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil); err != nil {
+		return fmt.Errorf("assembling the guest's root: %w (see %s)", err, r.rep.SerialLogPath)
+	}
+	return nil
+}
+
+// workspaceDir is the guest directory of the run's workspace ("" none).
+func (r *run) workspaceDir() string { return "" }
 
 // coldConfig is the run's VM: the plan's kernel, command line and disks,
 // and the network when it has one.
@@ -62,7 +79,7 @@ func (r *run) coldConfig() vmm.Config {
 		Cmdline:   r.plan.cmdline(r.dir.rec.Name),
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,
-		Disks:     r.plan.disks(r.scratch),
+		Disks:     r.runDisks().cold(),
 		SerialLog: r.dir.serial,
 		Logger:    r.s.log,
 	}
@@ -108,6 +125,9 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
 	}
 	_, r.client = r.vm.current()
+	if err := r.mountRoot(ctx, false); err != nil {
+		return err
+	}
 	boot := time.Since(tBoot).Milliseconds()
 	r.rep.BootMS = &boot
 	return nil

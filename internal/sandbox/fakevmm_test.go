@@ -106,12 +106,23 @@ func writeJSON(t *testing.T, path string, v any) {
 // vmmfake Driver with cfg.
 func newFakeService(t *testing.T, cfg vmmfake.Config) (*sandbox.Service, *vmmfake.Driver) {
 	t.Helper()
+	return newFake(t, cfg, false)
+}
+
+// newColdService is newFakeService without the warm pool: every run boots.
+func newColdService(t *testing.T, cfg vmmfake.Config) (*sandbox.Service, *vmmfake.Driver) {
+	t.Helper()
+	return newFake(t, cfg, true)
+}
+
+func newFake(t *testing.T, cfg vmmfake.Config, noWarm bool) (*sandbox.Service, *vmmfake.Driver) {
+	t.Helper()
 	p, kernel := newTestRoot(t)
 	d, err := vmmfake.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sandbox.New(sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test"})
+	s, err := sandbox.New(sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test", NoWarmPool: noWarm})
 	if err != nil {
 		t.Fatal(err)
 	}

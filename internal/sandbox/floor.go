@@ -44,7 +44,7 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
-	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB, true)
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
@@ -56,7 +56,12 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
-	cfg = warmConfig(in, id, dir, nil, n.vmmNet())
+	ph, err := placeholders(dir)
+	if err != nil {
+		n.close()
+		return "", vmm.Config{}, nil, err
+	}
+	cfg = warmConfig(in, id, dir, nil, n.vmmNet(), runDisks{base: pl.base.Path}.slots(ph))
 	cfg.Logger = s.log
 	return s.warm.Dir(in.key.ID()), cfg, n.close, nil
 }

@@ -14,7 +14,7 @@ func (s *Service) lookupBase(flavor string) (baseImage, error) {
 	if err != nil {
 		return baseImage{}, fmt.Errorf("--base %s: %w", flavor, err)
 	}
-	return baseImage{Flavor: flavor, Path: ii.Path, SHA256: ii.ContentSHA256}, nil
+	return baseOf(flavor, ii), nil
 }
 
 // resolveBoot picks the guest kernel and its initramfs.

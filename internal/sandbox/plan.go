@@ -3,13 +3,11 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/store"
-	"isopod/internal/vmm"
 )
 
 // MaxChainDepth caps a stage chain (each layer is one virtio disk).
@@ -20,6 +18,11 @@ type baseImage struct {
 	Flavor string
 	Path   string
 	SHA256 string
+	// An imported base's run defaults (Env before the run's, WorkingDir
+	// when the run names none), and whether it lacks /bin/sh.
+	Env     []string
+	Cwd     string
+	NoShell bool
 }
 
 // kernelFiles is the kernel and initramfs a run boots.
@@ -37,6 +40,7 @@ type plan struct {
 	chain      []stageRef // root first
 	scratchMiB int
 	env        []string
+	cwd        string // the working directory when the request names none
 	warnings   []string
 }
 
@@ -70,11 +74,14 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 	if flavor == "" {
 		flavor = DefaultBase
 	}
-	base, err := s.lookupBase(flavor)
+	base, err := s.baseFor(flavor, pl.chain)
 	if err != nil {
 		return nil, err
 	}
-	pl.base = base
+	if err := checkShell(req, base); err != nil {
+		return nil, err
+	}
+	pl.base, pl.env, pl.cwd = base, base.Env, base.Cwd
 	if len(pl.chain) > 0 {
 		warns, err := s.checkChainBase(pl.chain, base)
 		if err != nil {
@@ -141,16 +148,13 @@ func (pl *plan) cmdline(hostname string) string {
 		// from an environment of their own.
 		"GODEBUG=asyncpreemptoff=1",
 		agentproto.CmdlineHostname + "=" + hostname,
-		agentproto.CmdlineLayers + "=" + strconv.Itoa(len(pl.layers)),
 	}
 	return strings.Join(args, " ")
 }
 
-// disks are the base, the layers (root first) and the scratch.
-func (pl *plan) disks(scratch string) []vmm.Disk {
-	d := []vmm.Disk{{Path: pl.base.Path, ReadOnly: true, Serial: agentproto.SerialBase}}
-	for i, l := range pl.layers {
-		d = append(d, vmm.Disk{Path: l, ReadOnly: true, Serial: agentproto.LayerSerial(i)})
-	}
-	return append(d, vmm.Disk{Path: scratch, Serial: agentproto.SerialScratch})
+// disks are the run's disks: the base, the layers (root first), and the
+// scratch and workspace files given.
+func (pl *plan) disks(scratch, workspace, workspaceUpper string) runDisks {
+	return runDisks{base: pl.base.Path, layers: pl.layers, scratch: scratch,
+		workspace: workspace, workspaceUpper: workspaceUpper}
 }

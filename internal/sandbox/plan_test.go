@@ -1,36 +1,86 @@
 package sandbox
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"isopod/internal/vmm"
 )
 
-// TestPlanDisksLayersReadOnly: the base and every stage layer are attached
-// read-only, root first; only the scratch disk is writable.
-func TestPlanDisksLayersReadOnly(t *testing.T) {
+type wantDisk struct {
+	path, serial string
+	ro           bool
+}
+
+func checkDisks(t *testing.T, what string, got []vmm.Disk, want []wantDisk) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: disks %+v; want %d", what, got, len(want))
+	}
+	for i, w := range want {
+		if d := got[i]; d.Path != w.path || d.Serial != w.serial || d.ReadOnly != w.ro {
+			t.Errorf("%s: disk %d: %+v; want %s %s read-only=%v", what, i, d, w.path, w.serial, w.ro)
+		}
+	}
+}
+
+// TestRunDisks: a cold boot attaches what the run uses, the base and every
+// stage layer read-only, root first, the scratch and workspace layer
+// writable; a snapshot VM's slots are all there, in a fixed order with
+// fixed flags, backed by the run's files or placeholders; the Mount names
+// the same disks.
+func TestRunDisks(t *testing.T) {
 	pl := &plan{
 		base:   baseImage{Flavor: "base-min", Path: "/img/base-min.sqfs"},
 		layers: []string{"/stages/a/layer.ext4", "/stages/b/layer.ext4"},
 	}
-	disks := pl.disks("/vm/scratch.ext4")
-	want := []struct {
-		path, serial string
-		ro           bool
-	}{
+	d := pl.disks("/vm/scratch.ext4", "/vm/ws.sqfs", "/vm/ws-upper.ext4")
+	checkDisks(t, "cold", d.cold(), []wantDisk{
 		{"/img/base-min.sqfs", "isopod-base", true},
 		{"/stages/a/layer.ext4", "isopod-l0", true},
 		{"/stages/b/layer.ext4", "isopod-l1", true},
 		{"/vm/scratch.ext4", "isopod-scratch", false},
+		{"/vm/ws.sqfs", "isopod-ws", true},
+		{"/vm/ws-upper.ext4", "isopod-ws-upper", false},
+	})
+	want := []wantDisk{{"/img/base-min.sqfs", "isopod-base", true},
+		{"/stages/a/layer.ext4", "isopod-l0", true}, {"/stages/b/layer.ext4", "isopod-l1", true}}
+	for i := 2; i < 10; i++ {
+		want = append(want, wantDisk{"RO", "isopod-l" + string(rune('0'+i)), true})
 	}
-	if len(disks) != len(want) {
-		t.Fatalf("disks %+v; want %d", disks, len(want))
+	want = append(want, wantDisk{"/vm/scratch.ext4", "isopod-scratch", false},
+		wantDisk{"RO", "isopod-ws", true}, wantDisk{"RW1", "isopod-ws-upper", false})
+	checkDisks(t, "slots without a workspace", pl.disks("/vm/scratch.ext4", "", "").slots(slotPlaceholders{ro: "RO", rw: [2]string{"RW0", "RW1"}}), want)
+	m := d.mount("/workspace", true, time.Now().Add(time.Minute))
+	if m.Layers != 2 || !m.Scratch || !m.Flush || m.Workspace != "/workspace" || m.WaitMS <= 0 {
+		t.Errorf("mount %+v", m)
 	}
-	for i, w := range want {
-		if d := disks[i]; d.Path != w.path || d.Serial != w.serial || d.ReadOnly != w.ro {
-			t.Errorf("disk %d: %+v; want %s %s read-only=%v", i, d, w.path, w.serial, w.ro)
+	if m := pl.disks("/s", "", "").mount("/workspace", false, time.Now()); m.Workspace != "" || m.WaitMS != 1 {
+		t.Errorf("mount without a workspace, past the deadline: %+v", m)
+	}
+	if cl := pl.cmdline("box"); strings.Contains(cl, "isopod.layers") || !strings.Contains(cl, "isopod.hostname=box") {
+		t.Errorf("cmdline %q: the disks come as a Mount; the hostname stays", cl)
+	}
+}
+
+// TestPlaceholders: a VM's placeholder disks are sparse files of the
+// largest size a run attaches, made once.
+func TestPlaceholders(t *testing.T) {
+	dir := t.TempDir()
+	ph, err := placeholders(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{ph.ro, ph.rw[0], ph.rw[1]} {
+		st, err := os.Stat(p)
+		if err != nil || st.Size() != slotBytes || filepath.Dir(p) != dir {
+			t.Errorf("%s: %v, %v", p, st, err)
 		}
 	}
-	if cl := pl.cmdline("box"); !strings.Contains(cl, "isopod.layers=2") || !strings.Contains(cl, "isopod.hostname=box") {
-		t.Errorf("cmdline %q does not carry the layer count and hostname", cl)
+	if ph2, err := placeholders(dir); err != nil || ph2 != ph {
+		t.Errorf("second call: %+v %v", ph2, err)
 	}
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -216,12 +217,7 @@ func (r *run) prepare() error {
 	if r.stderr, err = newCapture(r.rep.StderrLogPath, LogCap); err != nil {
 		return err
 	}
-	if r.warm == nil {
-		// A warm-eligible run needs a scratch disk only if it falls back
-		// to a plain cold boot.
-		return r.ensureScratch()
-	}
-	return nil
+	return r.ensureScratch()
 }
 
 // ensureScratch prepares the run's scratch disk once.
@@ -248,7 +244,7 @@ func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, 
 		Exec: agentproto.Exec{
 			Argv:      r.req.Argv,
 			Env:       env,
-			Cwd:       r.req.Cwd,
+			Cwd:       cmp.Or(r.req.Cwd, r.plan.cwd),
 			TimeoutMS: remaining.Milliseconds(),
 		},
 		Stdin:  stdin,
@@ -397,6 +393,11 @@ func (r *run) cleanup() {
 	}
 	if r.scratch != "" {
 		os.Remove(r.scratch)
+	}
+	if r.dir != nil {
+		for _, f := range placeholderNames {
+			os.Remove(filepath.Join(r.dir.path, f))
+		}
 	}
 	if r.dir != nil {
 		var code *int

@@ -25,7 +25,7 @@ import (
 
 func TestRunCold(t *testing.T) {
 	t.Parallel()
-	s, d := newFakeService(t, vmmfake.Config{})
+	s, d := newColdService(t, vmmfake.Config{})
 	rep := run(t, s, sandbox.Request{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, NoNetwork: true})
 	if code(rep) != 3 || rep.Stdout != "out\n" || rep.Stderr != "err\n" || rep.TimedOut || rep.GuestDied {
 		t.Errorf("report: code %d stdout %q stderr %q timed out %v died %v; want 3, out, err", code(rep), rep.Stdout, rep.Stderr, rep.TimedOut, rep.GuestDied)
@@ -48,6 +48,9 @@ func TestRunCold(t *testing.T) {
 	st := m.State()
 	if st.Hostname != rep.Name || st.Clock.IsZero() || st.Net != nil {
 		t.Errorf("guest state %+v; want the run's name from the command line, a clock, no network", st)
+	}
+	if st.Mount == nil || st.Mount.Layers != 0 || !st.Mount.Scratch || st.Mount.Flush {
+		t.Errorf("mount %+v; want the scratch disk as the upper layer, nothing to flush after a boot", st.Mount)
 	}
 	var serials []string
 	for _, disk := range m.Config().Disks {
@@ -94,10 +97,14 @@ func TestRunWarm(t *testing.T) {
 	if net := ms[0].State().Net; net == nil || len(net.Env) != 0 {
 		t.Errorf("snapshot guest's network %+v; want configured without a run's env", net)
 	}
-	// A resumed clone is made its own machine before the command.
+	// A resumed clone is made its own machine before the command, and
+	// assembles its root from the disks it was given, flushing first.
 	st := ms[2].State()
 	if st.Hostname != second.Name || st.EntropyBytes < 64 || st.Clock.IsZero() || st.Net == nil {
 		t.Errorf("resumed guest state %+v; want the run's hostname, fresh entropy, a clock and the network", st)
+	}
+	if st.Mount == nil || !st.Mount.Flush || !st.Mount.Scratch || ms[0].State().Mount != nil {
+		t.Errorf("resumed mount %+v, snapshot VM's %+v; want a flushed mount after the resume and none before the snapshot", st.Mount, ms[0].State().Mount)
 	}
 	list, err := s.WarmList(context.Background())
 	if err != nil || len(list.Snapshots) != 1 || list.Snapshots[0].Stale {
@@ -138,7 +145,7 @@ func TestRunTimeout(t *testing.T) {
 // report, not an error.
 func TestRunBootTimeout(t *testing.T) {
 	t.Parallel()
-	s, d := newFakeService(t, vmmfake.Config{BootDelay: time.Hour})
+	s, d := newColdService(t, vmmfake.Config{BootDelay: time.Hour})
 	rep := run(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true, TimeoutS: 1})
 	if !rep.TimedOut || rep.ExitCode != nil || rep.BootMS != nil {
 		t.Errorf("report: timed out %v code %v boot %v; want timed out before the guest was ready", rep.TimedOut, rep.ExitCode, rep.BootMS)
@@ -200,7 +207,7 @@ func TestRunCopyOut(t *testing.T) {
 // A commit that cannot happen is refused before any VM starts.
 func TestRunCommitRefusedBeforeBoot(t *testing.T) {
 	t.Parallel()
-	s, d := newFakeService(t, vmmfake.Config{})
+	s, d := newColdService(t, vmmfake.Config{})
 	rep := run(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true, CommitAs: "tools"})
 	if rep.StageID == "" || rep.CommitError != "" {
 		t.Fatalf("commit run: stage %q error %q; want a stage", rep.StageID, rep.CommitError)

@@ -35,6 +35,13 @@ type Options struct {
 	Accel vmm.Accel
 	// Jail says whether the VMM runs inside its jail (ISOPOD_JAIL).
 	Jail JailMode
+	// DockerConfig is the directory of Docker's config.json, whose
+	// credentials image import and stage transfers use (DOCKER_CONFIG,
+	// else ~/.docker); empty: anonymous.
+	DockerConfig string
+	// NoWarmPool makes every run boot cold and builds no snapshot
+	// (ISOPOD_WARM_POOL=off).
+	NoWarmPool bool
 }
 
 // JailMode is whether a VMM runs confined by isopod's jail.

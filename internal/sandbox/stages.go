@@ -186,7 +186,7 @@ func (s *Service) markStale(st *store.Store, entries []StageEntry) {
 		}
 		for _, id := range entries[i].Chain {
 			m, err := st.Get(id)
-			if err == nil && m.BaseSHA256 != "" && m.BaseSHA256 != sha {
+			if err == nil && m.BaseSHA256 != "" && m.BaseSHA256 != sha && !s.haveBaseBuild(m.BaseSHA256) {
 				entries[i].Stale = true
 			}
 		}

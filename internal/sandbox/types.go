@@ -49,6 +49,9 @@ type CopyOut struct {
 // default.
 type Request struct {
 	Argv  []string
+	// Shell: Argv is a shell command line (/bin/sh -c CMD, as MCP's cmd
+	// runs), refused before boot over a base without /bin/sh.
+	Shell bool
 	Stage string // default "base"
 	Base  string // default base-min; must agree with a forked stage's chain
 

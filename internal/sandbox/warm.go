@@ -15,18 +15,23 @@ import (
 	"isopod/internal/warmpool"
 )
 
-// The warm path of a run. An eligible run resumes from its key's snapshot
-// in the warm pool (internal/warmpool) instead of booting.
+// The warm path of a run. Every run resumes from its shape's snapshot in
+// the warm pool (internal/warmpool) instead of booting, once the snapshot
+// exists: the first run of a shape builds it.
 //
-// Layout decision: a snapshot VM has the base disk and a NIC but no scratch
-// disk, and boots with the upper layer in RAM, so its overlay upper is a
-// tmpfs in guest memory. A resumed VM maps the snapshot's RAM privately
-// (copy-on-write), so its writes live in its own memory and no run ever
-// sees another's. Warm runs never commit, so nothing needs a scratch disk.
+// Layout decision: one snapshot per shape (base build, vCPUs, memory, NIC
+// or not), of a VM booted with only its base mounted and every other disk
+// slot backed by a placeholder (see disks.go). A resumed QEMU backs the
+// slots with the run's layers, its fresh scratch disk and its workspace;
+// the guest then assembles its root from them (Mount). So forks of any
+// chain, commits and workspaces resume from the same snapshot as a plain
+// run, and a commit is the same ext4 layer as a cold one. A resumed VM maps
+// the snapshot's RAM privately (copy-on-write), so no run sees another's
+// memory.
 const (
 	// warmFormat is the snapshot layout version; bump it when the snapshot
 	// VM's configuration (disks, command line, NIC) changes.
-	warmFormat = 2
+	warmFormat = 3
 	// warmHostname is the snapshot VM's boot hostname; every resumed run
 	// sets its own.
 	warmHostname = "isopod-warm"
@@ -51,22 +56,13 @@ type warmState struct {
 	meta *warmpool.Meta
 }
 
-// warmEligible reports whether req may resume from the warm pool: a fresh
-// base with no layers, networking on, no commit, the default scratch.
-// (Filtered egress is networked, so it is eligible.)
-func warmEligible(req Request, pl *plan) bool {
-	return req.Stage == BaseStage && len(pl.layers) == 0 && pl.stage == nil &&
-		!req.NoNetwork && req.CommitAs == "" && req.ScratchMiB == 0
-}
-
-// warmFor returns the warm-pool state of an eligible run, nil otherwise
-// (also when the driver cannot restore or the key cannot be computed; the
-// run then boots cold).
+// warmFor returns the warm-pool state of a run, nil when the driver cannot
+// restore or the key cannot be computed (the run then boots cold).
 func (s *Service) warmFor(ctx context.Context, req Request, pl *plan) *warmState {
-	if !warmEligible(req, pl) {
+	if s.opts.NoWarmPool {
 		return nil
 	}
-	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB, !req.NoNetwork)
 	if err != nil {
 		s.log.Debug("warm pool: no key; booting cold", "err", err)
 		return nil
@@ -78,9 +74,9 @@ func (s *Service) warmFor(ctx context.Context, req Request, pl *plan) *warmState
 	return w
 }
 
-// warmKeyFor computes the current key of base with sizes vcpus and memMiB
-// from the host, the boot files and the driver.
-func (s *Service) warmKeyFor(ctx context.Context, base baseImage, vcpus, memMiB int) (warmInputs, error) {
+// warmKeyFor computes the current key of a shape (base, sizes, a NIC or
+// not) from the host, the boot files and the driver.
+func (s *Service) warmKeyFor(ctx context.Context, base baseImage, vcpus, memMiB int, nic bool) (warmInputs, error) {
 	restorer, err := s.restorer(ctx)
 	if err != nil {
 		return warmInputs{}, err
@@ -104,6 +100,7 @@ func (s *Service) warmKeyFor(ctx context.Context, base baseImage, vcpus, memMiB 
 		BaseSHA256: base.SHA256,
 		VCPUs:      vcpus,
 		MemMiB:     memMiB,
+		NIC:        nic,
 		Protocol:   agentproto.Version,
 	}
 	if boot.BuiltInKernel {
@@ -127,25 +124,19 @@ func (s *Service) restorer(ctx context.Context) (vmm.Restorer, error) {
 	return r, nil
 }
 
-// warmCmdline is the snapshot VM's kernel command line: the plan's, with
-// a neutral hostname and the overlay upper in RAM.
-func warmCmdline(pl *plan) string {
-	return pl.cmdline(warmHostname) + " " + agentproto.CmdlineUpper + "=" + agentproto.UpperRAM
-}
-
-// warmConfig is the VM configuration of key's snapshot: base disk, NIC, no
-// scratch. A restore must use the same shape.
-func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net) vmm.Config {
+// warmConfig is the VM configuration of key's snapshot, with disks (every
+// slot; see disks.go) and the NIC given. A restore has the same shape.
+func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net, disks []vmm.Disk) vmm.Config {
 	pl := &plan{base: in.base, kernel: in.kernel}
 	return vmm.Config{
 		ID:        id,
 		Dir:       dir,
 		Kernel:    in.kernel.Kernel,
 		Initrd:    in.kernel.Initramfs,
-		Cmdline:   warmCmdline(pl),
+		Cmdline:   pl.cmdline(warmHostname),
 		VCPUs:     in.key.VCPUs,
 		MemMiB:    in.key.MemMiB,
-		Disks:     []vmm.Disk{{Path: in.base.Path, ReadOnly: true, Serial: agentproto.SerialBase}},
+		Disks:     disks,
 		Net:       net,
 		SerialLog: serial,
 	}
@@ -190,14 +181,13 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 		// The build is not charged to the run's timeout: it has its own
 		// bound, and the run's deadline moves by the time it took.
 		tBuild := time.Now()
-		meta, bootMS, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
+		// boot_ms is a cold boot's; the snapshot VM's boot is part of
+		// snapshot_build_ms.
+		meta, _, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
 			dir: r.dir, vm: r.vm, deadline: tBuild.Add(snapshotBuildTimeout),
 			started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
 		})
 		r.uncharged += time.Since(tBuild)
-		if bootMS > 0 {
-			r.rep.BootMS = &bootMS
-		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
@@ -234,7 +224,11 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if r.vm.net != nil {
 		net = r.vm.net.vmmNet()
 	}
-	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net)
+	ph, err := placeholders(r.dir.path)
+	if err != nil {
+		return err
+	}
+	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().slots(ph))
 	cfg.Logger = r.s.log
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
@@ -269,6 +263,11 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
 	_, r.client = r.vm.current()
+	// The snapshot is sound; what the run's own disks hold is not its
+	// fault, so a failure here fails the run as it would a cold boot.
+	if err := r.mountRoot(ctx, true); err != nil {
+		return err
+	}
 	ms := time.Since(t).Milliseconds()
 	r.s.log.Debug("warm pool: resumed", "restore_ms", tRestore.Milliseconds(), "total_ms", ms)
 	r.rep.ResumeMS = &ms

@@ -45,7 +45,11 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	if b.vm.net != nil {
 		net = b.vm.net.vmmNet()
 	}
-	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net)
+	ph, err := placeholders(b.dir.path)
+	if err != nil {
+		return nil, 0, err
+	}
+	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, runDisks{base: in.base.Path}.slots(ph))
 	cfg.Logger = s.log
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
@@ -136,18 +140,20 @@ func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Clien
 		}
 		netUp = time.Now()
 	}
-	if _, err := c.CopyOut(ctx, "/bin/sh", agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{}); err != nil {
+	if _, err := c.CopyOut(ctx, agentproto.BaseMountPoint+"/bin/sh", agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{}); err != nil {
 		s.log.Debug("warm pool: prefetching /bin/sh", "err", err)
 	}
 	return netUp, nil
 }
 
-// WarmBuildOptions are `isopod warmpool build`'s flags; zero means the
-// run default.
+// WarmBuildOptions are `isopod warmpool build`'s flags: the shape of the
+// runs to build for; zero means the run default.
 type WarmBuildOptions struct {
-	Base   string
-	VCPUs  int
-	MemMiB int
+	Base      string
+	Stage     string // runs on this stage share its base's snapshot
+	NoNetwork bool
+	VCPUs     int
+	MemMiB    int
 }
 
 type WarmBuildResult struct {
@@ -158,6 +164,7 @@ type WarmBuildResult struct {
 	Base    string    `json:"base"`
 	VCPUs   int       `json:"vcpus"`
 	MemMiB  int       `json:"mem_mib"`
+	Network bool      `json:"network"`
 	Accel   vmm.Accel `json:"accel"`
 	Path    string    `json:"path"`
 }
@@ -166,7 +173,8 @@ type WarmBuildResult struct {
 // would use exists, building it when needed (waiting for another builder
 // of the same key rather than racing it).
 func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuildResult, error) {
-	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, VCPUs: o.VCPUs, MemMiB: o.MemMiB}, readHostLimits())
+	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, Stage: o.Stage, NoNetwork: o.NoNetwork,
+		VCPUs: o.VCPUs, MemMiB: o.MemMiB}, readHostLimits())
 	if err != nil {
 		return nil, err
 	}
@@ -178,11 +186,11 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	if err != nil {
 		return nil, err
 	}
-	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB)
+	in, err := s.warmKeyFor(ctx, pl.base, req.VCPUs, req.MemMiB, !req.NoNetwork)
 	if err != nil {
 		return nil, fmt.Errorf("warmpool build: %w", err)
 	}
-	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB}
+	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
 	unlock, err := s.warm.Build(ctx, in.key.ID())
 	if err != nil {
 		return nil, err
@@ -201,8 +209,10 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	defer d.finish(nil)
 	v := &vm{log: s.log}
 	defer v.close()
-	if v.net, err = s.startNetwork(d.rec.ID, d.path, req, time.Now()); err != nil {
-		return nil, err
+	if !req.NoNetwork {
+		if v.net, err = s.startNetwork(d.rec.ID, d.path, req, time.Now()); err != nil {
+			return nil, err
+		}
 	}
 	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotBuildTimeout)})
 	if err != nil {

@@ -75,7 +75,7 @@ func (s *Service) warmStale(ctx context.Context, m *warmpool.Meta) string {
 	if err != nil {
 		return "base " + m.Parts.Base + " is not usable: " + err.Error()
 	}
-	in, err := s.warmKeyFor(ctx, base, m.Parts.VCPUs, m.Parts.MemMiB)
+	in, err := s.warmKeyFor(ctx, base, m.Parts.VCPUs, m.Parts.MemMiB, m.Parts.NIC)
 	if err != nil {
 		return err.Error()
 	}
@@ -133,7 +133,7 @@ func (s *Service) warmDead(m *warmpool.Meta) string {
 	case m.Parts.Protocol != agentproto.Version || m.Parts.Format != warmFormat:
 		return "format or protocol changed"
 	}
-	in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB)
+	in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB, m.Parts.NIC)
 	if err != nil {
 		return ""
 	}

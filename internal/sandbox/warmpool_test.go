@@ -17,30 +17,6 @@ import (
 	"isopod/internal/warmpool"
 )
 
-func TestWarmEligible(t *testing.T) {
-	base := &plan{}
-	forked := &plan{layers: []string{"/l0"}, stage: &stageRef{ID: "st-1"}}
-	tests := []struct {
-		name string
-		req  Request
-		pl   *plan
-		want bool
-	}{
-		{"default", Request{Stage: BaseStage}, base, true},
-		{"filtered egress", Request{Stage: BaseStage, AllowHosts: []string{"example.com"}}, base, true},
-		{"other sizes", Request{Stage: BaseStage, VCPUs: 2, MemMiB: 256}, base, true},
-		{"no network", Request{Stage: BaseStage, NoNetwork: true}, base, false},
-		{"commit", Request{Stage: BaseStage, CommitAs: "x"}, base, false},
-		{"scratch size", Request{Stage: BaseStage, ScratchMiB: DefaultScratchMiB}, base, false},
-		{"forked stage", Request{Stage: "deps"}, forked, false},
-	}
-	for _, tt := range tests {
-		if got := warmEligible(tt.req, tt.pl); got != tt.want {
-			t.Errorf("%s: eligible %v; want %v", tt.name, got, tt.want)
-		}
-	}
-}
-
 // newTestService returns a Service over a fresh home with its directories
 // made; it boots nothing.
 func newTestService(t *testing.T) *Service {
@@ -207,3 +183,7 @@ func TestConfigureResumed(t *testing.T) {
 		t.Error("two resumes sent the same entropy")
 	}
 }
+
+func (r *recordingSystem) MountRoot(agentproto.Mount) error { return nil }
+
+func (r *recordingSystem) WorkspaceLayers() (upper, lower string) { return "", "" }

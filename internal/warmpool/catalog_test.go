@@ -42,6 +42,7 @@ func TestKeyChangesWithEveryPart(t *testing.T) {
 		"base build":   func(k *Key) { k.BaseSHA256 += "x" },
 		"vcpus":        func(k *Key) { k.VCPUs = 2 },
 		"memory":       func(k *Key) { k.MemMiB = 256 },
+		"network":      func(k *Key) { k.NIC = !k.NIC },
 		"protocol":     func(k *Key) { k.Protocol++ },
 	}
 	for name, change := range changes {

@@ -44,7 +44,10 @@ type Key struct {
 	BaseSHA256  string `json:"base_sha256"`
 	VCPUs       int    `json:"vcpus"`
 	MemMiB      int    `json:"mem_mib"`
-	Protocol    int    `json:"protocol"`
+	// NIC: the snapshot VM has a network interface (every run but
+	// --no-network ones).
+	NIC      bool `json:"nic"`
+	Protocol int  `json:"protocol"`
 }
 
 // ID is the key's directory name: wk- and 16 hex digits of its digest.
@@ -72,6 +75,7 @@ func (k Key) Diff(o Key) []string {
 	add("base build", k.Base != o.Base || k.BaseSHA256 != o.BaseSHA256)
 	add("vcpus", k.VCPUs != o.VCPUs)
 	add("memory", k.MemMiB != o.MemMiB)
+	add("network", k.NIC != o.NIC)
 	add("protocol", k.Protocol != o.Protocol)
 	return d
 }

@@ -1,6 +1,7 @@
 package vmmfake
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -24,7 +25,11 @@ type State struct {
 	EntropyCalls int `json:"entropy_calls"`
 	// Syncs counts disk syncs (a Halt with Sync).
 	Syncs int `json:"syncs"`
+	// Mount is the root the host asked for (nil: not yet).
+	Mount *agentproto.Mount `json:"mount,omitempty"`
 }
+
+var errAlreadyMounted = errors.New("mount: the root is already assembled")
 
 // system is the fake guest's agent.System.
 type system struct {
@@ -95,3 +100,17 @@ func (s *system) SyncDisks() error {
 	s.st.Syncs++
 	return nil
 }
+
+func (s *system) MountRoot(m agentproto.Mount) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st.Mount != nil {
+		return errAlreadyMounted
+	}
+	s.st.Mount = &m
+	return nil
+}
+
+// WorkspaceLayers: the fake guest has no filesystem of its own, so no
+// workspace layers to read.
+func (s *system) WorkspaceLayers() (upper, lower string) { return "", "" }
