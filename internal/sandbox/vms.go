@@ -82,6 +82,8 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 		return nil, invalid("--keep-last %d: must be 0 or more (0 keeps no finished record)", keepLast)
 	}
 	res := &VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}
+	// The jail (when on) knows where dead VMMs' cgroups are.
+	s.driver(ctx)
 	recs := s.records()
 	for _, r := range recs {
 		// An orphan: its owner is gone but its VMM (the same process, by
@@ -151,10 +153,17 @@ func (s *Service) gcSocketDirs() {
 }
 
 // cleanLeftovers removes what a run that is over may have left outside its
-// record when its process died: its scratch disk, the staging files of a
-// copy-out it was writing, and its VMM's cgroup.
+// record when its process died: its scratch and placeholder disks, its
+// socket directory, the staging files of a copy-out it was writing, and its
+// VMM's cgroup.
 func (s *Service) cleanLeftovers(r *vmRecord) {
 	os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), "scratch.ext4"))
+	for _, name := range placeholderNames {
+		os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), name))
+	}
+	if base, err := socketBase(); err == nil && strings.HasPrefix(r.ID, "vm-") {
+		os.RemoveAll(filepath.Join(base, r.ID))
+	}
 	for _, p := range r.Staging {
 		if isStagingName(filepath.Base(p), r.OwnerPID) {
 			os.Remove(p)
