@@ -31,8 +31,11 @@ type cgroupPlan struct {
 	parents []string
 }
 
-// v1Controllers are the hierarchies a v1 VMM cgroup is made in.
-var v1Controllers = []string{"memory", "pids", "cpu"}
+// v1Controllers are the hierarchies a v1 VMM cgroup is made in. Not cpu:
+// under v1 a group competes with every process of its parent one by one, so
+// a VMM in a group of its own would get less CPU on a busy host than an
+// unconfined one; it keeps the scheduler's default share instead.
+var v1Controllers = []string{"memory", "pids"}
 
 // planCgroups finds where VMM cgroups can be made: as root, under this
 // process's own cgroup (v1) or the root's isopod group (v2); as a normal
@@ -194,8 +197,6 @@ func writeLimits(kind cgroupKind, controller, dir string, lim Limits) error {
 		files = map[string]string{"memory.limit_in_bytes": itoa64(lim.MemoryBytes)}
 	case controller == "pids":
 		files = map[string]string{"pids.max": strconv.Itoa(lim.Pids)}
-	case controller == "cpu":
-		files = map[string]string{"cpu.shares": strconv.Itoa(lim.CPUWeight * 1024 / 100)}
 	}
 	for name, v := range files {
 		err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0)

@@ -103,7 +103,6 @@ func TestCgroupLimits(t *testing.T) {
 	for file, want := range map[string]string{
 		"memory/isopod/vm-1/memory.limit_in_bytes": "1073741824",
 		"pids/isopod/vm-1/pids.max":                "512",
-		"cpu/isopod/vm-1/cpu.shares":               "1024",
 	} {
 		if b, err := os.ReadFile(filepath.Join(root, file)); err != nil || string(b) != want {
 			t.Errorf("%s = %q, %v; want %q", file, b, err, want)
