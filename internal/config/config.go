@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"isopod/internal/errdefs"
@@ -20,10 +21,16 @@ import (
 	"isopod/internal/vmm"
 )
 
+// DefaultWarmPoolDiskMiB is the warm pool's disk budget unless set.
+const DefaultWarmPoolDiskMiB = 8192
+
 // Settings are everything isopod's behaviour depends on outside a request.
 type Settings struct {
-	Paths    paths.Paths
-	LogLevel slog.Level
+	Paths paths.Paths
+	// DockerConfig is Docker's configuration directory (DOCKER_CONFIG,
+	// else ~/.docker), for registry credentials.
+	DockerConfig string
+	LogLevel     slog.Level
 	// Kernel is a custom guest kernel (--kernel or ISOPOD_KERNEL), made
 	// absolute; empty: the fetched one.
 	Kernel   string
@@ -36,6 +43,9 @@ type Settings struct {
 	Jail sandbox.JailMode
 	// NoWarmPool: ISOPOD_WARM_POOL=off, every run boots cold.
 	NoWarmPool bool
+	// WarmPoolBytes: ISOPOD_WARM_POOL_DISK_MIB, the snapshots' disk
+	// budget (default DefaultWarmPoolDiskMiB).
+	WarmPoolBytes int64
 
 	// raw keeps every knob as read, for front-end policies that interpret
 	// their own (the MCP server's host-I/O switches).
@@ -48,7 +58,7 @@ type Settings struct {
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
 		if v, ok := lookup(k); ok {
 			s.raw[k] = v
 		}
@@ -66,6 +76,9 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		return s, fmt.Errorf("%s: %w", knobs.Home, err)
 	}
 	s.Paths = p
+	if s.DockerConfig, err = dockerConfigDir(lookup); err != nil {
+		return s, err
+	}
 	if s.LogLevel, err = parseLevel(s.raw[knobs.LogLevel]); err != nil {
 		return s, err
 	}
@@ -86,6 +99,14 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		s.NoWarmPool = true
 	default:
 		return s, fmt.Errorf("%s=%q: use 0 or off (every run boots cold), or 1 or on, or unset it: %w", knobs.WarmPool, v, errdefs.ErrInvalidArgument)
+	}
+	s.WarmPoolBytes = DefaultWarmPoolDiskMiB << 20
+	if v := strings.TrimSpace(s.raw[knobs.WarmPoolDisk]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return s, fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
+		}
+		s.WarmPoolBytes = n << 20
 	}
 	if s.Jail, err = parseJail(s.raw[knobs.Jail]); err != nil {
 		return s, err
@@ -151,6 +172,7 @@ func (s Settings) Logger(w io.Writer) *slog.Logger {
 func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service, error) {
 	return sandbox.New(sandbox.Options{
 		Paths:         s.Paths,
+		DockerConfig:  s.DockerConfig,
 		Logger:        log,
 		Version:       version,
 		AllowBaseSkew: s.AllowBaseSkew,
@@ -160,5 +182,23 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		Accel:         s.Accel,
 		Jail:          s.Jail,
 		NoWarmPool:    s.NoWarmPool,
+		WarmPoolBytes: s.WarmPoolBytes,
 	})
+}
+
+// dockerConfigDir is where Docker's config.json is: DOCKER_CONFIG, else
+// ~/.docker (empty when there is no home directory: anonymous).
+func dockerConfigDir(lookup func(string) (string, bool)) (string, error) {
+	if v, ok := lookup(knobs.DockerConfig); ok && v != "" {
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			return "", fmt.Errorf("%s %q: %w: %w", knobs.DockerConfig, v, err, errdefs.ErrInvalidArgument)
+		}
+		return abs, nil
+	}
+	h, err := os.UserHomeDir()
+	if err != nil {
+		return "", nil
+	}
+	return filepath.Join(h, ".docker"), nil
 }

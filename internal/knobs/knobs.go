@@ -4,16 +4,22 @@
 package knobs
 
 const (
-	Home          = "ISOPOD_HOME"            // state root; default ~/.isopod
-	Kernel        = "ISOPOD_KERNEL"          // a kernel with every driver built in
-	QEMU          = "ISOPOD_QEMU"            // qemu-system-x86_64 to use
-	AgentBin      = "ISOPOD_AGENT_BIN"       // isopod-agent binary for image builds
-	Accel         = "ISOPOD_ACCEL"           // force "kvm" or "tcg"
-	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW" // "1": fork stages made over another base build
-	LogLevel      = "ISOPOD_LOG"             // debug|info|warn|error (stderr)
-	Jail          = "ISOPOD_JAIL"            // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
-	WarmPool      = "ISOPOD_WARM_POOL"       // 0|off: every run boots cold and no snapshot is built
+	Home          = "ISOPOD_HOME"               // state root; default ~/.isopod
+	Kernel        = "ISOPOD_KERNEL"             // a kernel with every driver built in
+	QEMU          = "ISOPOD_QEMU"               // qemu-system-x86_64 to use
+	AgentBin      = "ISOPOD_AGENT_BIN"          // isopod-agent binary for image builds
+	Accel         = "ISOPOD_ACCEL"              // force "kvm" or "tcg"
+	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW"    // "1": fork stages made over another base build
+	LogLevel      = "ISOPOD_LOG"                // debug|info|warn|error (stderr)
+	Jail          = "ISOPOD_JAIL"               // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
+	WarmPool      = "ISOPOD_WARM_POOL"          // 0|off: every run boots cold and no snapshot is built
+	WarmPoolDisk  = "ISOPOD_WARM_POOL_DISK_MIB" // the snapshots' disk budget; least recently used go first
 	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"
 )
+
+// DockerConfig is Docker's configuration directory, whose config.json and
+// credential helpers give registry credentials (image import, stage push
+// and pull); default ~/.docker.
+const DockerConfig = "DOCKER_CONFIG"

@@ -42,6 +42,9 @@ type Options struct {
 	// NoWarmPool makes every run boot cold and builds no snapshot
 	// (ISOPOD_WARM_POOL=off).
 	NoWarmPool bool
+	// WarmPoolBytes is the disk budget of the warm pool's snapshots; the
+	// least recently used go first (ISOPOD_WARM_POOL_DISK_MIB). 0: none.
+	WarmPoolBytes int64
 }
 
 // JailMode is whether a VMM runs confined by isopod's jail.

@@ -268,6 +268,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if err := r.mountRoot(ctx, true); err != nil {
 		return err
 	}
+	r.s.warm.Used(meta.Key)
 	ms := time.Since(t).Milliseconds()
 	r.s.log.Debug("warm pool: resumed", "restore_ms", tRestore.Milliseconds(), "total_ms", ms)
 	r.rep.ResumeMS = &ms

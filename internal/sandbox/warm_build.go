@@ -121,6 +121,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	}
 	published = true
 	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS)
+	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
 	return meta, bootMS, nil
 }
 

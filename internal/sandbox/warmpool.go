@@ -10,7 +10,6 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
-	"isopod/internal/paths"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -18,17 +17,21 @@ import (
 // The warm pool's housekeeping API: list, remove, and the dead-snapshot
 // test `isopod vm gc` uses. The catalog itself is internal/warmpool.
 
-// WarmEntry describes one warm-pool snapshot.
+// WarmEntry describes one warm-pool snapshot: the shape of the runs it
+// serves, what it costs and how much it is used.
 type WarmEntry struct {
 	Key        string    `json:"key"`
 	Base       string    `json:"base"`
 	BaseSHA256 string    `json:"base_sha256"`
 	VCPUs      int       `json:"vcpus"`
 	MemMiB     int       `json:"mem_mib"`
+	Network    bool      `json:"network"`
 	Accel      vmm.Accel `json:"accel"`
 	Built      string    `json:"built"`
 	BuildMS    int64     `json:"build_ms"`
 	Allocated  int64     `json:"allocated_bytes"`
+	Uses       int64     `json:"uses"`
+	LastUsed   string    `json:"last_used"`
 	Path       string    `json:"path"`
 	// Stale: an eligible run with these sizes would use another key now.
 	Stale       bool   `json:"stale"`
@@ -55,9 +58,11 @@ func (s *Service) WarmList(ctx context.Context) (*WarmListResult, error) {
 			continue
 		}
 		dir := s.warm.Dir(id)
+		u := s.warm.Usage(id, m)
 		ent := WarmEntry{
 			Key: m.Key, Base: m.Parts.Base, BaseSHA256: m.Parts.BaseSHA256, VCPUs: m.Parts.VCPUs, MemMiB: m.Parts.MemMiB,
-			Accel: m.Accel, Built: m.Built.Format(time.RFC3339), BuildMS: m.BuildMS, Allocated: paths.DirBytes(dir), Path: dir,
+			Network: m.Parts.NIC, Accel: m.Accel, Built: m.Built.Format(time.RFC3339), BuildMS: m.BuildMS,
+			Allocated: u.Bytes, Uses: u.Uses, LastUsed: u.LastUsed.Format(time.RFC3339), Path: dir,
 		}
 		if why := s.warmStale(ctx, m); why != "" {
 			ent.Stale, ent.StaleReason = true, why

@@ -241,3 +241,39 @@ func TestGC(t *testing.T) {
 		t.Errorf("gc removed a usable snapshot: %v", removed)
 	}
 }
+
+// TestEnforceEvictsLeastRecentlyUsed: over its disk budget, the catalog
+// retires the snapshots used longest ago first, never the one named to
+// keep, and counts uses.
+func TestEnforceEvictsLeastRecentlyUsed(t *testing.T) {
+	c := newTestCatalog(t)
+	var keys []Key
+	for i := 0; i < 3; i++ {
+		k := sampleKey()
+		k.MemMiB = 128 * (i + 1)
+		tmp, m := stage(t, c, k, "b")
+		os.WriteFile(filepath.Join(tmp, "memory"), make([]byte, 1<<20), 0o600)
+		if err := c.Publish(tmp, m); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	// Use them oldest-first, with distinct times: 0 is the least recent.
+	for i, k := range keys {
+		c.Used(k.ID())
+		at := time.Now().Add(time.Duration(i-10) * time.Minute)
+		os.Chtimes(filepath.Join(c.Dir(k.ID()), usesFile), at, at)
+	}
+	c.Used(keys[2].ID())
+	if u := c.Usage(keys[2].ID(), nil); u.Uses != 2 || u.Bytes < 1<<20 {
+		t.Errorf("usage %+v; want 2 uses and the memory file's size", u)
+	}
+	one := c.Usage(keys[0].ID(), nil).Bytes
+	retired := c.Enforce(2*one+one/2, keys[0].ID())
+	if len(retired) != 1 || retired[0] != keys[1].ID() {
+		t.Errorf("retired %v; want only %s (the least recently used but for the kept one)", retired, keys[1].ID())
+	}
+	if got := c.Enforce(0, ""); got != nil {
+		t.Errorf("no budget retired %v", got)
+	}
+}

@@ -1,0 +1,87 @@
+package warmpool
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"isopod/internal/paths"
+)
+
+// usesFile counts a snapshot's resumes: one byte is appended per use
+// (appends are atomic, so concurrent runs need no lock), and its
+// modification time is the last use.
+const usesFile = "uses"
+
+// Usage is how much a snapshot is used and what it costs on disk.
+type Usage struct {
+	Uses     int64
+	LastUsed time.Time // the build time when never used
+	Bytes    int64     // allocated on disk
+}
+
+// Used records one resume from key id's snapshot.
+func (c *Catalog) Used(id string) {
+	f, err := os.OpenFile(filepath.Join(c.Dir(id), usesFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return
+	}
+	f.Write([]byte{1})
+	f.Close()
+}
+
+// Usage reports key id's snapshot's use and size.
+func (c *Catalog) Usage(id string, m *Meta) Usage {
+	u := Usage{Bytes: paths.DirBytes(c.Dir(id))}
+	if m != nil {
+		u.LastUsed = m.Built
+	}
+	if st, err := os.Stat(filepath.Join(c.Dir(id), usesFile)); err == nil {
+		u.Uses = st.Size()
+		if st.ModTime().After(u.LastUsed) {
+			u.LastUsed = st.ModTime()
+		}
+	}
+	return u
+}
+
+// Enforce keeps the snapshots within maxBytes on disk, retiring the least
+// recently used ones first; keep (the one just built) is never retired.
+// It returns the keys retired. maxBytes <= 0 means no budget.
+func (c *Catalog) Enforce(maxBytes int64, keep string) []string {
+	if maxBytes <= 0 {
+		return nil
+	}
+	type entry struct {
+		id string
+		u  Usage
+	}
+	var all []entry
+	var total int64
+	for _, id := range c.IDs() {
+		m, err := c.Read(id)
+		if err != nil {
+			continue
+		}
+		u := c.Usage(id, m)
+		total += u.Bytes
+		all = append(all, entry{id, u})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].u.LastUsed.Before(all[j].u.LastUsed) })
+	var retired []string
+	for _, e := range all {
+		if total <= maxBytes {
+			break
+		}
+		if e.id == keep {
+			continue
+		}
+		if ok, freed := c.Retire(e.id, ""); ok {
+			total -= freed
+			retired = append(retired, e.id)
+			c.log.Info("warm pool: evicted the least recently used snapshot", "key", e.id, "freed", freed, "budget", maxBytes)
+		}
+	}
+	return retired
+}
