@@ -55,7 +55,7 @@ func newStageCmd(e *env) *cobra.Command {
 			})
 		},
 	}
-	return group("stage", "Inspect and prune stages", list, info, rm, log, diff)
+	return group("stage", "Inspect, prune and share stages", list, info, rm, log, diff, newStagePushCmd(e), newStagePullCmd(e))
 }
 
 func newVMCmd(e *env) *cobra.Command {
@@ -107,7 +107,8 @@ func newImageCmd(e *env) *cobra.Command {
 			return call(e, func(s *sandbox.Service) (*sandbox.ImageListResult, error) { return s.ImageList(cmd.Context()) })
 		},
 	}
-	return group("image", "Fetch the guest kernel and build guest images", fetch, buildAll, build, ls)
+	return group("image", "Fetch the guest kernel, build guest images, import bases", fetch, buildAll, build, ls,
+		newImageImportCmd(e), newImageRmCmd(e))
 }
 
 func newDevCmd(e *env) *cobra.Command {

@@ -302,3 +302,25 @@ func InstallPulled(p paths.Paths, dir string, info BaseInfo, from string) (BaseI
 	}
 	return b, err
 }
+
+// BaseRecord returns the record (Path set) of the build of base flavor
+// with content id id: the base called flavor when it is that build, else
+// the stored base with that id.
+func BaseRecord(p paths.Paths, flavor, id string) (BaseInfo, error) {
+	if knownBase(flavor) {
+		var info BaseInfo
+		bp := BasePath(p, flavor)
+		if err := readJSON(sidecarPath(bp), &info); err == nil && info.ContentSHA256 == id {
+			if fi, err := os.Stat(bp); err == nil && fi.Size() == info.Size {
+				info.Path = bp
+				return info, nil
+			}
+		}
+	} else if b, ok := storedByName(p, flavor); ok && b.ContentSHA256 == id {
+		return b, nil
+	}
+	if b, ok := StoredByID(p, id); ok {
+		return b, nil
+	}
+	return BaseInfo{}, fmt.Errorf("base %s build %s is not on this host: %w", flavor, id, errdefs.ErrNotFound)
+}

@@ -22,7 +22,7 @@ import (
 type RunArgs struct {
 	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && so a failing step makes the exit code non-zero; /bin/sh is dash on base-debian (no pipefail): for a pipeline whose failure must count, run it under bash -o pipefail -c"`
 	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list. The stage itself is never modified"`
-	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only). A forked stage always uses the base it was made on; see image_list"`
+	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only), or a base imported from a container image (it needs /bin/sh). A forked stage always uses the base it was made on; see image_list"`
 
 	Network    *bool    `json:"network,omitempty" jsonschema:"give the VM a network card (default true, NAT to the internet); false for untrusted code that needs no network"`
 	AllowHosts []string `json:"allow_hosts,omitempty" jsonschema:"switch to filtered egress: only these host names are reachable (exact or *.suffix, e.g. [\"pypi.org\", \"*.pythonhosted.org\"]). An empty list [] denies everything but records every attempted connection and DNS lookup in the report's egress"`
@@ -125,6 +125,7 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	}
 	r := sandbox.Request{
 		Argv:       []string{"/bin/sh", "-c", in.Cmd},
+		Shell:      true,
 		Stage:      in.Stage,
 		Base:       in.Base,
 		AllowCIDRs: in.AllowCIDRs,

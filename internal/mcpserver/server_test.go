@@ -88,7 +88,7 @@ func TestRunArgsMapping(t *testing.T) {
 		check func(t *testing.T, r sandbox.Request)
 	}{
 		{"defaults", map[string]any{"cmd": "echo hi"}, func(t *testing.T, r sandbox.Request) {
-			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Stage: "base", Base: DefaultBase}
+			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Shell: true, Stage: "base", Base: DefaultBase}
 			r.Stdin = nil
 			// Schema defaults fill in the documented values; they equal the
 			// core's own defaults.
