@@ -1,0 +1,224 @@
+//go:build linux
+
+package workspace
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/errdefs"
+)
+
+// squashfsArgs pack the staging copy as it is, uncompressed: the guest may
+// read it under software emulation, and the image lives for one run.
+var squashfsArgs = []string{
+	"-noappend", "-all-root", "-no-progress", "-quiet",
+	"-noI", "-noD", "-noF", "-noX", "-no-xattrs",
+}
+
+// Pack copies the tree under dir into a private directory it makes under
+// work, then packs the copy into a squashfs image, and reports what it took.
+// dir is an open directory, which the caller may have opened beneath a
+// confinement root: everything below it is opened relative to it, without
+// following a symlink. Git, when the tree lies in a work tree, only
+// chooses the names; its rules come from the repository around dir, and
+// .git is copied only when dir is the repository's top level.
+//
+// A copy over a cap is refused with a [*LimitError] before anything is
+// packed. The caller closes the Tree.
+func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, retErr error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	root, err := reopenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	src := os.NewFile(uintptr(root), "workspace")
+	defer src.Close()
+
+	private, err := os.MkdirTemp(work, "workspace-")
+	if err != nil {
+		return nil, fmt.Errorf("making the workspace copy: %w", err)
+	}
+	t := &Tree{dir: private, maxPatch: o.MaxPatchBytes, Skipped: map[string]int{}}
+	defer func() {
+		if retErr != nil {
+			_ = t.Close()
+		}
+	}()
+
+	start := time.Now()
+	git := gitPath()
+	s, err := choose(ctx, git, root, o.All, t)
+	if err != nil {
+		return nil, err
+	}
+	w := &walker{ctx: ctx, maxFiles: int64(o.MaxFiles), maxBytes: o.MaxBytes, skipped: t.Skipped}
+	if t.Git && git != "" {
+		w.nested = nestedLister(git)
+	}
+	if err := copyRoot(w, src, t.stage(), s); err != nil {
+		return nil, err
+	}
+	if err := overCaps(w, o); err != nil {
+		return nil, err
+	}
+	t.Files, t.Bytes = w.files, w.bytes
+	if t.CredentialsRemoved, err = scrubConfigs(ctx, git, t.stage(), w.configs); err != nil {
+		return nil, err
+	}
+	t.CopyTime = time.Since(start)
+
+	start = time.Now()
+	t.Image = filepath.Join(private, "image.sqfs")
+	if err := mksquashfs(ctx, t.stage(), t.Image); err != nil {
+		return nil, err
+	}
+	t.PackTime = time.Since(start)
+	return t, nil
+}
+
+// reopenDir opens a description of its own of the directory dir holds, so
+// that reading it leaves the caller's offset alone.
+func reopenDir(dir *os.File) (int, error) {
+	if dir == nil {
+		return -1, fmt.Errorf("no workspace directory given: %w", errdefs.ErrInvalidArgument)
+	}
+	rc, err := dir.SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("workspace directory: %w", err)
+	}
+	fd := -1
+	var oerr error
+	err = rc.Control(func(d uintptr) {
+		fd, oerr = unix.Openat(int(d), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	})
+	if err == nil {
+		err = oerr
+	}
+	if errors.Is(err, unix.ENOTDIR) {
+		return -1, fmt.Errorf("workspace %s is not a directory: %w", dir.Name(), errdefs.ErrInvalidArgument)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("opening workspace %s: %w", dir.Name(), err)
+	}
+	return fd, nil
+}
+
+// choose decides what to copy of the root: everything, or what git would
+// see. It records the repository's facts in t.
+func choose(ctx context.Context, git string, root int, all bool, t *Tree) (*sel, error) {
+	if git == "" {
+		if all {
+			return allSel, nil
+		}
+		inRepo, err := gitAbove(root)
+		if err != nil {
+			return nil, fmt.Errorf("looking for a git repository around the workspace: %w", err)
+		}
+		if inRepo {
+			return nil, fmt.Errorf("the workspace lies in a git repository, but git is not installed to say which files it ignores; install git, or take the whole tree: %w",
+				errdefs.ErrFailedPrecondition)
+		}
+		return allSel, nil
+	}
+	if all {
+		info, err := revParse(ctx, git, root)
+		t.objectFormat, t.Prefix = info.objectFormat, info.prefix
+		return allSel, err
+	}
+	s, info, err := listRepo(ctx, git, root)
+	if err != nil {
+		return nil, err
+	}
+	t.objectFormat = info.objectFormat
+	if s == nil {
+		return allSel, nil
+	}
+	t.Prefix, t.Git = info.prefix, true
+	return s, nil
+}
+
+// copyRoot copies the root's entries into a new staging directory at stage,
+// and then the root's mode and time.
+func copyRoot(w *walker, src *os.File, stage string, s *sel) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return fmt.Errorf("stat workspace: %w", err)
+	}
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		return fmt.Errorf("making the workspace copy: %w", err)
+	}
+	dst, err := unix.Open(stage, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("making the workspace copy: %w", err)
+	}
+	defer unix.Close(dst)
+	err = w.copyDir(src, dst, "", s)
+	if err != nil && !errors.Is(err, errStop) {
+		return err
+	}
+	if w.over {
+		return nil
+	}
+	if err := unix.Fchmod(dst, st.Mode&0o777); err != nil {
+		return fmt.Errorf("making the workspace copy: %w", err)
+	}
+	return unix.UtimesNano(stage, []unix.Timespec{st.Mtim, st.Mtim})
+}
+
+// overCaps turns passed caps into refusals that give the numbers.
+func overCaps(w *walker, o Options) error {
+	if !w.over {
+		return nil
+	}
+	stopped := w.files > 10*int64(o.MaxFiles)
+	var errs []error
+	if w.files > int64(o.MaxFiles) {
+		have := w.files
+		if stopped {
+			have = 10 * int64(o.MaxFiles)
+		}
+		errs = append(errs, &LimitError{What: "entries", Have: have, AtLeast: stopped, Limit: int64(o.MaxFiles)})
+	}
+	if w.bytes > o.MaxBytes {
+		errs = append(errs, &LimitError{What: "bytes", Have: w.bytes, AtLeast: stopped, Limit: o.MaxBytes, InGit: w.gitBytes})
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+// mksquashfs packs dir into the image out.
+func mksquashfs(ctx context.Context, dir, out string) error {
+	bin, err := exec.LookPath("mksquashfs")
+	if err != nil {
+		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, squashfsArgs...)...)
+	// SOURCE_DATE_EPOCH would set every file's time to it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.WaitDelay = 5 * time.Second
+	var o bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &o
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("packing the workspace image: mksquashfs: %w: %s", err, strings.TrimSpace(o.String()))
+	}
+	return nil
+}

@@ -1,0 +1,297 @@
+//go:build linux
+
+package workspace
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+
+	"isopod/internal/errdefs"
+)
+
+// TestPackGit checks a copy of a git work tree holds exactly what git
+// sees plus .git, with credentials gone, links as links, modes and times
+// kept.
+func TestPackGit(t *testing.T) {
+	t.Parallel()
+	repo, outside := fixture(t)
+	if err := os.Chmod(filepath.Join(repo, "bin/tool.sh"), 0o755|os.ModeSetuid|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, repo, false)
+	tr := mustPack(t, repo, Options{})
+	if !tr.Git || tr.Prefix != "" {
+		t.Errorf("Git, Prefix = %v, %q; want true, \"\"", tr.Git, tr.Prefix)
+	}
+	got := unpack(t, tr.Image)
+	snap := snapshot(t, got, true)
+	want := []string{".gitignore", "README.md", "bin", "bin/tool.sh", "data", "data/blob.bin", "empty",
+		"link-in", "link-out", "linkdir-out", "src", "src/main.go", "sub", "sub/.gitignore", "sub/deep",
+		"sub/deep/more.txt", "sub/keep.txt", "untracked.txt", "with space", "with space/naïve file.txt"}
+	if k := keys(snap); !reflect.DeepEqual(k, want) {
+		t.Errorf("copy holds %q;\nwant %q", k, want)
+	}
+	if _, err := os.Stat(filepath.Join(got, ".git/HEAD")); err != nil {
+		t.Errorf(".git was not copied: %v", err)
+	}
+	for rel, target := range map[string]string{"link-in": "README.md", "link-out": filepath.Join(outside, "secret.txt"), "linkdir-out": outside} {
+		if e := snap[rel]; e.Mode.Type() != os.ModeSymlink || e.Data != target {
+			t.Errorf("%s: got %v -> %q; want a symlink to %q", rel, e.Mode, e.Data, target)
+		}
+	}
+	checkModesAndTimes(t, repo, got, map[string]os.FileMode{"bin/tool.sh": 0o755, "src/main.go": 0o644, "sub/deep/more.txt": 0o600})
+	if tr.Files != int64(len(snap)+countUnder(t, filepath.Join(got, ".git"))+1) {
+		t.Errorf("Files = %d; the copy holds %d entries besides .git", tr.Files, len(snap))
+	}
+	checkNoSecrets(t, got)
+	wantRemoved := []string{"http.https://github.com/.extraheader", "credential.helper", "remote.origin.url (user info)"}
+	if !reflect.DeepEqual(tr.CredentialsRemoved, wantRemoved) {
+		t.Errorf("CredentialsRemoved = %q; want %q", tr.CredentialsRemoved, wantRemoved)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(got, ".git/config"))
+	if !strings.Contains(string(cfg), "https://github.com/o/r.git") {
+		t.Errorf("the remote's URL did not survive without its user info:\n%s", cfg)
+	}
+	// git works in the copy and sees what it saw on the host.
+	status := gitIn(t, got, "status", "--porcelain")
+	if status != " D deleted.txt\n?? untracked.txt\n" {
+		t.Errorf("git status in the copy:\n%s", status)
+	}
+	if d := diffSnapshots(snapshot(t, repo, false), before); d != "" {
+		t.Errorf("Pack changed the host tree:\n%s", d)
+	}
+}
+
+func countUnder(t *testing.T, dir string) int {
+	t.Helper()
+	return len(snapshot(t, dir, false))
+}
+
+// checkModesAndTimes compares the copy's modes with want and every
+// entry's modification time with the host's.
+func checkModesAndTimes(t *testing.T, host, got string, want map[string]os.FileMode) {
+	t.Helper()
+	for rel, mode := range want {
+		fi, err := os.Lstat(filepath.Join(got, rel))
+		if err != nil || fi.Mode() != mode {
+			t.Errorf("%s: mode %v (%v); want %v", rel, fi.Mode(), err, mode)
+		}
+	}
+	for _, rel := range []string{"README.md", "bin", "link-out", "sub/deep/more.txt", "with space"} {
+		h, _ := os.Lstat(filepath.Join(host, rel))
+		g, _ := os.Lstat(filepath.Join(got, rel))
+		if h == nil || g == nil || h.ModTime().Unix() != g.ModTime().Unix() {
+			t.Errorf("%s: the copy's time differs from the host's", rel)
+		}
+	}
+}
+
+// checkNoSecrets fails when any file under dir holds a planted secret.
+func checkNoSecrets(t *testing.T, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		for _, s := range []string{secretToken, secretHeader, secretOut, "/root/.creds"} {
+			if strings.Contains(string(b), s) {
+				t.Errorf("%s holds %q", p, s)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPackModes checks what a copy takes in each mode.
+func TestPackModes(t *testing.T) {
+	t.Parallel()
+	repo, _ := fixture(t)
+	plain := t.TempDir()
+	write(t, filepath.Join(plain, "a/b.txt"), "b\n", 0o644)
+	write(t, filepath.Join(plain, "x.log"), "x\n", 0o644)
+	if err := syscall.Mkfifo(filepath.Join(plain, "pipe"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		dir        string
+		o          Options
+		has, hasnt []string
+		git        bool
+		prefix     string
+		skipped    map[string]int
+	}{
+		{name: "all", dir: repo, o: Options{All: true},
+			has:     []string{"debug.log", "build/out.o", "sub/local.txt", ".git/config", "untracked.txt"},
+			hasnt:   []string{"fifo", "deleted.txt"},
+			skipped: map[string]int{SkippedFIFO: 1}},
+		{name: "subdirectory", dir: filepath.Join(repo, "sub"), git: true, prefix: "sub/",
+			has:     []string{"keep.txt", "deep/more.txt", ".gitignore"},
+			hasnt:   []string{"local.txt", ".git"},
+			skipped: map[string]int{}},
+		{name: "outside git", dir: plain,
+			has:     []string{"a/b.txt", "x.log"},
+			hasnt:   []string{"pipe"},
+			skipped: map[string]int{SkippedFIFO: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := mustPack(t, tt.dir, tt.o)
+			got := unpack(t, tr.Image)
+			for _, rel := range tt.has {
+				if _, err := os.Lstat(filepath.Join(got, rel)); err != nil {
+					t.Errorf("%s is missing from the copy", rel)
+				}
+			}
+			for _, rel := range tt.hasnt {
+				if _, err := os.Lstat(filepath.Join(got, rel)); err == nil {
+					t.Errorf("%s is in the copy", rel)
+				}
+			}
+			if tr.Git != tt.git || tr.Prefix != tt.prefix {
+				t.Errorf("Git, Prefix = %v, %q; want %v, %q", tr.Git, tr.Prefix, tt.git, tt.prefix)
+			}
+			if !reflect.DeepEqual(tr.Skipped, tt.skipped) {
+				t.Errorf("Skipped = %v; want %v", tr.Skipped, tt.skipped)
+			}
+			checkNoSecrets(t, got)
+		})
+	}
+}
+
+// TestPackCaps checks a tree over a cap is refused with the numbers, and
+// nothing is left behind.
+func TestPackCaps(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for i := range 30 {
+		write(t, filepath.Join(dir, "d", string(rune('a'+i%26))+string(rune('0'+i/26))), strings.Repeat("x", 100), 0o644)
+	}
+	tests := []struct {
+		name string
+		o    Options
+		want []string
+	}{
+		{"entries", Options{MaxFiles: 10}, []string{"holds 31 entries", "limit of 10"}},
+		{"entries, counting stopped", Options{MaxFiles: 2}, []string{"holds more than 20 entries", "limit of 2"}},
+		{"bytes", Options{MaxBytes: 1000}, []string{"holds 3000 bytes", "limit of 1000"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			work := t.TempDir()
+			f, err := os.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			tr, err := Pack(t.Context(), f, work, tt.o)
+			if err == nil {
+				tr.Close()
+				t.Fatal("Pack accepted a tree over its cap")
+			}
+			var le *LimitError
+			if !errors.As(err, &le) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("got %v; want a LimitError that is an invalid argument", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q does not say %q", err, w)
+				}
+			}
+			if left, _ := os.ReadDir(work); len(left) != 0 {
+				t.Errorf("a refused Pack left %d entries in its work directory", len(left))
+			}
+		})
+	}
+	if _, err := pack(t, dir, Options{MaxFiles: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a negative cap: got %v; want an invalid argument", err)
+	}
+}
+
+// TestClose checks Close removes everything and may be called again.
+func TestClose(t *testing.T) {
+	t.Parallel()
+	needTools(t, "mksquashfs")
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "ro/f"), "f", 0o444)
+	if err := os.Chmod(filepath.Join(dir, "ro"), 0o555); err != nil {
+		t.Fatal(err)
+	}
+	tr := mustPack(t, dir, Options{})
+	priv := filepath.Dir(tr.Image)
+	for range 2 {
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(priv); !os.IsNotExist(err) {
+		t.Errorf("%s survived Close: %v", priv, err)
+	}
+	if _, err := tr.Patch(t.Context(), nil, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Patch after Close: got %v; want a failed precondition", err)
+	}
+}
+
+// TestPackNested checks a submodule and an untracked nested repository are
+// copied by their own rules, with their configs scrubbed, and that a linked
+// worktree's .git file is copied as the file it is.
+func TestPackNested(t *testing.T) {
+	t.Parallel()
+	needTools(t, "git", "mksquashfs", "unsquashfs")
+	base := t.TempDir()
+	lib, repo := filepath.Join(base, "lib"), filepath.Join(base, "repo")
+	gitIn(t, base, "init", "-q", "-b", "main", lib)
+	write(t, filepath.Join(lib, "lib.c"), "int x;\n", 0o644)
+	write(t, filepath.Join(lib, ".gitignore"), "*.o\n", 0o644)
+	gitIn(t, lib, "add", "-A")
+	gitIn(t, lib, "commit", "-q", "-m", "lib")
+	gitIn(t, base, "init", "-q", "-b", "main", repo)
+	write(t, filepath.Join(repo, "top.txt"), "top\n", 0o644)
+	gitIn(t, repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", lib, "lib")
+	gitIn(t, repo, "commit", "-q", "-m", "top")
+	gitIn(t, filepath.Join(repo, "lib"), "remote", "set-url", "origin", "https://u:"+secretToken+"@example.com/lib.git")
+	write(t, filepath.Join(repo, "lib/lib.o"), "ignored by the submodule\n", 0o644)
+	gitIn(t, repo, "init", "-q", "nested")
+	write(t, filepath.Join(repo, "nested/.gitignore"), "*.tmp\n", 0o644)
+	write(t, filepath.Join(repo, "nested/n.txt"), "n\n", 0o644)
+	write(t, filepath.Join(repo, "nested/x.tmp"), "ignored by nested\n", 0o644)
+	gitIn(t, filepath.Join(repo, "nested"), "config", "credential.helper", "cache")
+
+	tr := mustPack(t, repo, Options{})
+	got := unpack(t, tr.Image)
+	for _, rel := range []string{"lib/lib.c", "lib/.git", ".git/modules/lib/HEAD", "nested/n.txt", "nested/.git/HEAD"} {
+		if _, err := os.Lstat(filepath.Join(got, rel)); err != nil {
+			t.Errorf("%s is missing from the copy", rel)
+		}
+	}
+	for _, rel := range []string{"lib/lib.o", "nested/x.tmp"} {
+		if _, err := os.Lstat(filepath.Join(got, rel)); err == nil {
+			t.Errorf("%s, ignored by its own repository, is in the copy", rel)
+		}
+	}
+	want := []string{".git/modules/lib/config: remote.origin.url (user info)", "nested/.git/config: credential.helper"}
+	if !reflect.DeepEqual(tr.CredentialsRemoved, want) {
+		t.Errorf("CredentialsRemoved = %q; want %q", tr.CredentialsRemoved, want)
+	}
+	checkNoSecrets(t, got)
+	if s := gitIn(t, filepath.Join(got, "lib"), "status", "--porcelain"); s != "" {
+		t.Errorf("git status in the copied submodule:\n%s", s)
+	}
+
+	wt := filepath.Join(base, "wt")
+	gitIn(t, repo, "worktree", "add", "-q", wt)
+	tr = mustPack(t, wt, Options{})
+	got = unpack(t, tr.Image)
+	if fi, err := os.Lstat(filepath.Join(got, ".git")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("a worktree's .git: got %v, %v; want the file copied as it is", fi, err)
+	}
+}

@@ -1,0 +1,347 @@
+//go:build linux
+
+package workspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// sel chooses what to copy of one directory.
+type sel struct {
+	all  bool            // every entry, recursively
+	leaf bool            // the entry itself was named (git listed it)
+	kids map[string]*sel // the named entries below it (when !all)
+}
+
+// allSel takes everything.
+var allSel = &sel{all: true}
+
+// add names p (slash-separated, relative) and the directories above it. A
+// trailing slash (git's name for a nested repository) is dropped.
+func (s *sel) add(p string) {
+	p = strings.TrimSuffix(p, "/")
+	for p != "" {
+		name, rest, _ := strings.Cut(p, "/")
+		if s.kids == nil {
+			s.kids = map[string]*sel{}
+		}
+		k := s.kids[name]
+		if k == nil {
+			k = &sel{}
+			s.kids[name] = k
+		}
+		s, p = k, rest
+	}
+	s.leaf = true
+}
+
+// child is the selection for entry name, nil when it is not chosen.
+func (s *sel) child(name string) *sel {
+	if s.all {
+		return allSel
+	}
+	return s.kids[name]
+}
+
+// errChanged says an entry changed type between its stat and its open.
+var errChanged = errors.New("changed while being copied")
+
+// errStop ends a walk that is over a cap and has counted enough.
+var errStop = errors.New("counted enough")
+
+// testHookBeforeOpenDir, when set, runs before each directory below the root
+// is opened (tests swap it for a symlink there).
+var testHookBeforeOpenDir func(rel string)
+
+// walker copies a tree from source descriptors into the staging copy,
+// counting as it goes. Once a cap is passed it stops writing and only
+// counts, up to ten times the entry cap, so the refusal can say how much
+// there is.
+type walker struct {
+	ctx                context.Context
+	maxFiles, maxBytes int64
+
+	files, bytes, gitBytes int64
+	over                   bool
+	skipped                map[string]int
+	// configs are the copied files named config or config.worktree, for
+	// the credential scrub.
+	configs []string
+	// nested lists a nested repository (a directory git named itself);
+	// nil when git's rules are off.
+	nested func(ctx context.Context, fd int) (*sel, error)
+	ticks  int
+}
+
+func join(rel, name string) string {
+	if rel == "" {
+		return name
+	}
+	return rel + "/" + name
+}
+
+// copyDir copies the entries s chooses from the open directory src into
+// dst (-1 once over a cap).
+func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
+	var names []string
+	if s.all {
+		var err error
+		if names, err = src.Readdirnames(-1); err != nil {
+			return fmt.Errorf("listing %s: %w", show(rel), err)
+		}
+	} else {
+		for name := range s.kids {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	sfd := int(src.Fd())
+	for _, name := range names {
+		if w.ticks++; w.ticks%256 == 0 {
+			if err := w.ctx.Err(); err != nil {
+				return err
+			}
+		}
+		k := s.child(name)
+		err := w.entry(sfd, dst, join(rel, name), name, k)
+		if errors.Is(err, errChanged) {
+			err = w.entry(sfd, dst, join(rel, name), name, k)
+		}
+		if errors.Is(err, errChanged) {
+			return fmt.Errorf("%s kept changing while being copied; run again once the tree is quiet", show(join(rel, name)))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// show names a path of the tree in messages.
+func show(rel string) string {
+	if rel == "" {
+		return "the workspace root"
+	}
+	return rel
+}
+
+// entry copies one entry, never following a symlink.
+func (w *walker) entry(sfd, dst int, rel, name string, s *sel) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil // gone, or deleted from the work tree while still tracked
+		}
+		return fmt.Errorf("stat %s: %w", rel, err)
+	}
+	take := s.all || s.leaf // a non-directory is copied only when named
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return w.dir(sfd, dst, rel, name, &st, s)
+	case unix.S_IFREG:
+		if take {
+			return w.file(sfd, dst, rel, name, &st)
+		}
+	case unix.S_IFLNK:
+		if take {
+			return w.symlink(sfd, dst, rel, name, &st)
+		}
+	case unix.S_IFSOCK:
+		w.skip(take, SkippedSocket)
+	case unix.S_IFIFO:
+		w.skip(take, SkippedFIFO)
+	default:
+		w.skip(take, SkippedDevice)
+	}
+	return nil
+}
+
+func (w *walker) skip(take bool, kind string) {
+	if take {
+		w.skipped[kind]++
+	}
+}
+
+// count adds an entry and its bytes, and notes a passed cap.
+func (w *walker) count(rel string, size int64) error {
+	w.files++
+	w.bytes += size
+	if rel == ".git" || strings.HasPrefix(rel, ".git/") {
+		w.gitBytes += size
+	}
+	if w.files > w.maxFiles || w.bytes > w.maxBytes {
+		w.over = true
+	}
+	if w.files > 10*w.maxFiles {
+		return errStop
+	}
+	return nil
+}
+
+func (w *walker) dir(sfd, dst int, rel, name string, st *unix.Stat_t, s *sel) error {
+	if testHookBeforeOpenDir != nil {
+		testHookBeforeOpenDir(rel)
+	}
+	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		return errChanged
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EACCES):
+		w.skipped[SkippedUnreadable]++
+		return nil
+	case err != nil:
+		return fmt.Errorf("opening %s: %w", rel, err)
+	}
+	src := os.NewFile(uintptr(fd), rel)
+	defer src.Close()
+	if !s.all && s.leaf && w.nested != nil {
+		// Git named a directory: a submodule or a nested repository,
+		// listed by its own rules.
+		n, err := w.nested(w.ctx, fd)
+		if err != nil {
+			return fmt.Errorf("listing nested repository %s: %w", rel, err)
+		}
+		for k, v := range s.kids {
+			if n.kids == nil {
+				n.kids = map[string]*sel{}
+			}
+			if n.kids[k] == nil {
+				n.kids[k] = v
+			}
+		}
+		s = n
+	}
+	if err := w.count(rel, 0); err != nil {
+		return err
+	}
+	sub := -1
+	if !w.over {
+		if err := unix.Mkdirat(dst, name, 0o700); err != nil {
+			return fmt.Errorf("staging %s: %w", rel, err)
+		}
+		if sub, err = unix.Openat(dst, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			return fmt.Errorf("staging %s: %w", rel, err)
+		}
+		defer unix.Close(sub)
+	}
+	if err := w.copyDir(src, sub, rel, s); err != nil {
+		return err
+	}
+	if w.over {
+		return nil
+	}
+	// Mode and time last: a read-only directory is filled first, and
+	// filling it moves its time.
+	if err := unix.Fchmod(sub, st.Mode&0o777); err != nil {
+		return fmt.Errorf("staging %s: %w", rel, err)
+	}
+	return setTime(dst, name, rel, st.Mtim)
+}
+
+func (w *walker) file(sfd, dst int, rel, name string, st *unix.Stat_t) error {
+	if w.over {
+		return w.count(rel, st.Size)
+	}
+	// O_NONBLOCK: a file swapped for a FIFO must not block the open.
+	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return errChanged
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		w.skipped[SkippedUnreadable]++
+		return nil
+	case err != nil:
+		return fmt.Errorf("opening %s: %w", rel, err)
+	}
+	src := os.NewFile(uintptr(fd), rel)
+	defer src.Close()
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
+		return fmt.Errorf("stat %s: %w", rel, err)
+	}
+	if fst.Mode&unix.S_IFMT != unix.S_IFREG {
+		return errChanged
+	}
+	if err := w.count(rel, fst.Size); err != nil || w.over {
+		return err
+	}
+	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
+		w.configs = append(w.configs, rel)
+	}
+	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("staging %s: %w", rel, err)
+	}
+	f := os.NewFile(uintptr(out), rel)
+	defer f.Close()
+	// Copy what the file held at its stat; *os.File uses copy_file_range.
+	n, err := io.Copy(f, io.LimitReader(src, fst.Size))
+	if err != nil {
+		return fmt.Errorf("copying %s: %w", rel, err)
+	}
+	if n != fst.Size {
+		w.bytes += n - fst.Size // it shrank while being copied
+	}
+	if err := unix.Fchmod(out, fst.Mode&0o777); err != nil {
+		return fmt.Errorf("staging %s: %w", rel, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("staging %s: %w", rel, err)
+	}
+	return setTime(dst, name, rel, fst.Mtim)
+}
+
+func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error {
+	target, err := readlinkat(sfd, name)
+	switch {
+	case errors.Is(err, unix.EINVAL):
+		return errChanged // no longer a link
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading link %s: %w", rel, err)
+	}
+	if err := w.count(rel, 0); err != nil || w.over {
+		return err
+	}
+	if err := unix.Symlinkat(target, dst, name); err != nil {
+		return fmt.Errorf("staging %s: %w", rel, err)
+	}
+	return setTime(dst, name, rel, st.Mtim)
+}
+
+// readlinkat reads a link's target, however long.
+func readlinkat(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
+
+// setTime sets an entry's access and modification times to mtime, without
+// following a link.
+func setTime(dirfd int, name, rel string, mtime unix.Timespec) error {
+	ts := []unix.Timespec{mtime, mtime}
+	if err := unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("staging %s: setting its time: %w", rel, err)
+	}
+	return nil
+}
