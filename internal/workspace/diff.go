@@ -24,8 +24,12 @@ import (
 // Patch writes to w a patch of changes, against the tree as it was copied,
 // that `git apply` accepts on the original tree: added, modified and
 // deleted files, mode changes (the execute bit), symlinks, and binary files
-// in git's binary form. Changes under .git are left out. Nothing reaches w
-// unless the whole patch is made and within the cap.
+// in git's binary form. Its names carry [Tree.Prefix]. Changes under .git
+// are left out, and so, when the copy followed git's rules, are files the
+// run added that the repository ignores (as it stands when Patch runs):
+// build outputs do not belong in a patch, and one the host already holds
+// would make git apply refuse it all. A patch carries no empty directory.
+// Nothing reaches w unless the whole patch is made and within the cap.
 //
 // The patch is made by the host's git in a throwaway repository under the
 // Tree's private directory, holding only the original versions of the
@@ -42,20 +46,26 @@ func (t *Tree) Patch(ctx context.Context, changes []Change, w io.Writer) (PatchS
 		return PatchStats{}, fmt.Errorf("opening the workspace copy: %w", err)
 	}
 	defer unix.Close(root)
-	p, err := makePlan(root, changes)
+	git := gitPath()
+	if git == "" {
+		return PatchStats{}, fmt.Errorf("making the workspace patch needs git, which is not installed: %w", errdefs.ErrFailedPrecondition)
+	}
+	var ignored ignoreFunc
+	if t.src != nil {
+		ignored = func(paths []string) (map[string]bool, error) {
+			return checkIgnored(ctx, git, int(t.src.Fd()), paths)
+		}
+	}
+	p, err := makePlan(root, changes, ignored)
 	if err != nil {
 		return PatchStats{}, err
 	}
-	stats := PatchStats{LeftOut: p.leftOut}
+	stats := PatchStats{LeftOut: p.leftOut, Ignored: p.ignored}
 	if len(p.dels) == 0 && len(p.puts) == 0 {
 		return stats, nil
 	}
 	if p.content > t.maxPatch {
 		return stats, &LimitError{What: "changed bytes", Have: p.content, Limit: t.maxPatch}
-	}
-	git := gitPath()
-	if git == "" {
-		return stats, fmt.Errorf("making the workspace patch needs git, which is not installed: %w", errdefs.ErrFailedPrecondition)
 	}
 	tmp, err := os.MkdirTemp(t.dir, "patch-")
 	if err != nil {

@@ -54,10 +54,18 @@ func gitEnv(extra ...string) []string {
 // path is resolved again) and returns its stdout. The repository's
 // fsmonitor, a command it may name, is never run.
 func runGit(ctx context.Context, git string, fd int, args ...string) ([]byte, error) {
+	return runGitIn(ctx, git, fd, nil, args...)
+}
+
+// runGitIn is runGit with stdin.
+func runGitIn(ctx context.Context, git string, fd int, stdin []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, git, append([]string{"-c", "core.fsmonitor=false"}, args...)...)
 	cmd.Dir = "/proc/self/fd/" + strconv.Itoa(fd)
 	cmd.Env = gitEnv()
 	cmd.WaitDelay = 5 * time.Second
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
@@ -147,6 +155,32 @@ func nestedLister(git string) func(ctx context.Context, fd int) (*sel, error) {
 		}
 		return s, nil
 	}
+}
+
+// checkIgnored asks git which of paths (relative to the directory open as
+// fd) its rules ignore. The index is not consulted (--no-index): the paths
+// asked about are absent from the copy, so not tracked files git could see,
+// and a path in a submodule would make git refuse the whole question.
+func checkIgnored(ctx context.Context, git string, fd int, paths []string) (map[string]bool, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	in := []byte(strings.Join(paths, "\x00") + "\x00")
+	out, err := runGitIn(ctx, git, fd, in, "check-ignore", "--no-index", "-z", "--stdin")
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 1 {
+		return nil, nil // none is ignored
+	}
+	if err != nil {
+		return nil, fmt.Errorf("asking git which added files it ignores: %w", err)
+	}
+	ignored := map[string]bool{}
+	for _, p := range strings.Split(string(out), "\x00") {
+		if p != "" {
+			ignored[p] = true
+		}
+	}
+	return ignored, nil
 }
 
 // gitAbove reports whether the directory open as fd, or one above it,

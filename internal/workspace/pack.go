@@ -29,9 +29,16 @@ var squashfsArgs = []string{
 // work, then packs the copy into a squashfs image, and reports what it took.
 // dir is an open directory, which the caller may have opened beneath a
 // confinement root: everything below it is opened relative to it, without
-// following a symlink. Git, when the tree lies in a work tree, only
-// chooses the names; its rules come from the repository around dir, and
-// .git is copied only when dir is the repository's top level.
+// following a symlink.
+//
+// In a git work tree, git only chooses the names: its rules come from the
+// repository around dir, a submodule or nested repository is listed by its
+// own, and .git is copied (less credentials and lock files) only when dir is
+// the repository's top level. A .git file (a linked worktree, or a
+// submodule packed on its own) is copied as the file it is: the repository
+// it names lies outside the tree and is not brought in, so git in the guest
+// will not find it. A submodule of a packed superproject works, its .git
+// file pointing into the superproject's .git.
 //
 // A copy over a cap is refused with a [*LimitError] before anything is
 // packed. The caller closes the Tree.
@@ -45,7 +52,12 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 		return nil, err
 	}
 	src := os.NewFile(uintptr(root), "workspace")
-	defer src.Close()
+	keep := false // the Tree holds src
+	defer func() {
+		if !keep {
+			src.Close()
+		}
+	}()
 
 	private, err := os.MkdirTemp(work, "workspace-")
 	if err != nil {
@@ -65,6 +77,11 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 		return nil, err
 	}
 	w := &walker{ctx: ctx, maxFiles: int64(o.MaxFiles), maxBytes: o.MaxBytes, skipped: t.Skipped}
+	var self unix.Stat_t
+	if err := unix.Stat(private, &self); err != nil {
+		return nil, fmt.Errorf("making the workspace copy: %w", err)
+	}
+	w.selfDev, w.selfIno = self.Dev, self.Ino
 	if t.Git && git != "" {
 		w.nested = nestedLister(git)
 	}
@@ -86,6 +103,9 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 		return nil, err
 	}
 	t.PackTime = time.Since(start)
+	if t.Git {
+		t.src, keep = src, true
+	}
 	return t, nil
 }
 

@@ -23,8 +23,12 @@ func TestPackGit(t *testing.T) {
 	if err := os.Chmod(filepath.Join(repo, "bin/tool.sh"), 0o755|os.ModeSetuid|os.ModeSetgid); err != nil {
 		t.Fatal(err)
 	}
+	write(t, filepath.Join(repo, ".git/index.lock"), "", 0o644) // a git command running on the host
 	before := snapshot(t, repo, false)
 	tr := mustPack(t, repo, Options{})
+	if !reflect.DeepEqual(tr.Skipped, map[string]int{SkippedGitLock: 1}) {
+		t.Errorf("Skipped = %v; want the lock file", tr.Skipped)
+	}
 	if !tr.Git || tr.Prefix != "" {
 		t.Errorf("Git, Prefix = %v, %q; want true, \"\"", tr.Git, tr.Prefix)
 	}
@@ -214,6 +218,33 @@ func TestPackCaps(t *testing.T) {
 	}
 	if _, err := pack(t, dir, Options{MaxFiles: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("a negative cap: got %v; want an invalid argument", err)
+	}
+}
+
+// TestPackWorkInside checks a work directory inside the tree is not copied
+// into itself.
+func TestPackWorkInside(t *testing.T) {
+	t.Parallel()
+	needTools(t, "mksquashfs", "unsquashfs")
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.txt"), "a\n", 0o644)
+	work := filepath.Join(dir, "work")
+	if err := os.Mkdir(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr, err := Pack(t.Context(), f, work, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	got := keys(snapshot(t, unpack(t, tr.Image), false))
+	if want := []string{"a.txt", "work"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("copy holds %q; want %q", got, want)
 	}
 }
 

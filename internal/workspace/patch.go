@@ -70,6 +70,9 @@ type PatchStats struct {
 	Added, Modified, Deleted int
 	// LeftOut counts changes under .git, which a patch does not carry.
 	LeftOut int
+	// Ignored counts files the run added that git ignores, left out of
+	// the patch (a copy that followed git's rules only).
+	Ignored int
 	// Bytes is the patch's size.
 	Bytes int64
 }
@@ -89,6 +92,7 @@ type plan struct {
 	dels    []string
 	puts    []put
 	leftOut int
+	ignored int
 	content int64 // bytes of new content
 }
 
@@ -100,10 +104,14 @@ type planner struct {
 	orig    map[string]uint32 // chosen original entries by path
 }
 
+// ignoreFunc says which of the paths git ignores.
+type ignoreFunc func(paths []string) (map[string]bool, error)
+
 // makePlan checks every change and works out the plan. Nothing is read
 // through a symlink: a change below one (in the copy or in the new tree)
-// is refused.
-func makePlan(root int, changes []Change) (*plan, error) {
+// is refused. With ignored set, a file or link the copy did not hold that
+// git ignores is left out.
+func makePlan(root int, changes []Change, ignored ignoreFunc) (*plan, error) {
 	p := &plan{}
 	pl := &planner{root: root, deleted: map[string]bool{}, puts: map[string]Change{}, orig: map[string]uint32{}}
 	for _, c := range changes {
@@ -144,7 +152,15 @@ func makePlan(root int, changes []Change) (*plan, error) {
 			return nil, err
 		}
 	}
+	if ignored != nil {
+		if err := pl.dropIgnored(p, ignored); err != nil {
+			return nil, err
+		}
+	}
 	for _, q := range paths {
+		if _, ok := pl.puts[q]; !ok && !pl.deleted[q] {
+			continue // dropped
+		}
 		if err := pl.place(p, q); err != nil {
 			return nil, err
 		}
@@ -322,6 +338,38 @@ func (pl *planner) place(p *plan, q string) error {
 			p.content += fi.Size()
 		}
 		p.puts = append(p.puts, pt)
+	}
+	return nil
+}
+
+// dropIgnored leaves out the files and links the run added where the copy
+// holds nothing, when git ignores them: build outputs do not belong in a
+// patch, and one that already exists on the host would make git apply
+// refuse the whole patch.
+func (pl *planner) dropIgnored(p *plan, ignored ignoreFunc) error {
+	var added []string
+	for q, c := range pl.puts {
+		if c.Mode.Type() == fs.ModeDir || pl.deleted[q] {
+			continue
+		}
+		k, _, err := pl.origKind(q)
+		if err != nil {
+			return err
+		}
+		if k == absent {
+			added = append(added, q)
+		}
+	}
+	sort.Strings(added)
+	drop, err := ignored(added)
+	if err != nil {
+		return err
+	}
+	for q := range drop {
+		if _, ok := pl.puts[q]; ok {
+			delete(pl.puts, q)
+			p.ignored++
+		}
 	}
 	return nil
 }

@@ -117,20 +117,26 @@ func TestPatch(t *testing.T) {
 	g.file(Added, "bin", "a directory became a file\n", 0o644)
 	g.file(Modified, "untracked.txt", "untracked, changed\n", 0o644)
 	g.changes = append(g.changes, Change{Path: ".git/config", Kind: Modified, Content: "/nonexistent"})
+	// Files git ignores: one the host holds too (git apply would refuse a
+	// patch creating it), and one the host does not.
+	ignoredBody := filepath.Join(g.contents, "ignored")
+	write(t, ignoredBody, "build output\n", 0o644)
+	g.changes = append(g.changes, Change{Path: "debug.log", Kind: Modified, Content: ignoredBody},
+		Change{Path: "build/gen.o", Kind: Added, Content: ignoredBody})
 
 	var patch bytes.Buffer
 	stats, err := tr.Patch(t.Context(), g.changes, &patch)
 	if err != nil {
 		t.Fatalf("Patch: %v", err)
 	}
-	want := PatchStats{Added: 7, Modified: 6, Deleted: 4, LeftOut: 1, Bytes: int64(patch.Len())}
+	want := PatchStats{Added: 7, Modified: 6, Deleted: 4, LeftOut: 1, Ignored: 2, Bytes: int64(patch.Len())}
 	if stats != want {
 		t.Errorf("stats = %+v; want %+v", stats, want)
 	}
 	if !strings.Contains(patch.String(), "GIT binary patch") {
 		t.Error("the patch has no binary hunk")
 	}
-	for _, unchanged := range []string{"empty\n", "tool.sh\n", "secret"} {
+	for _, unchanged := range []string{"empty\n", "tool.sh\n", "secret", "debug.log", "gen.o"} {
 		if strings.Contains(patch.String(), "b/"+unchanged) {
 			t.Errorf("the patch names %q, which did not change", unchanged)
 		}

@@ -78,7 +78,10 @@ type walker struct {
 	// nested lists a nested repository (a directory git named itself);
 	// nil when git's rules are off.
 	nested func(ctx context.Context, fd int) (*sel, error)
-	ticks  int
+	// self is the Tree's private directory, never copied into itself
+	// when it lies in the tree.
+	selfDev, selfIno uint64
+	ticks            int
 }
 
 func join(rel, name string) string {
@@ -145,8 +148,15 @@ func (w *walker) entry(sfd, dst int, rel, name string, s *sel) error {
 	take := s.all || s.leaf // a non-directory is copied only when named
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
+		if st.Dev == w.selfDev && st.Ino == w.selfIno {
+			return nil
+		}
 		return w.dir(sfd, dst, rel, name, &st, s)
 	case unix.S_IFREG:
+		if take && strings.HasSuffix(name, ".lock") && inGitDir(rel) {
+			w.skipped[SkippedGitLock]++
+			return nil
+		}
 		if take {
 			return w.file(sfd, dst, rel, name, &st)
 		}
@@ -168,6 +178,11 @@ func (w *walker) skip(take bool, kind string) {
 	if take {
 		w.skipped[kind]++
 	}
+}
+
+// inGitDir reports whether rel lies in a .git directory.
+func inGitDir(rel string) bool {
+	return strings.HasPrefix(rel, ".git/") || strings.Contains(rel, "/.git/")
 }
 
 // count adds an entry and its bytes, and notes a passed cap.

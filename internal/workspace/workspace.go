@@ -60,6 +60,10 @@ const (
 	SkippedFIFO       = "fifo"
 	SkippedDevice     = "device"
 	SkippedUnreadable = "unreadable" // permission denied
+	// SkippedGitLock counts git's lock files (index.lock, ...) in .git: a
+	// git command was running on the host, and a copied lock would lock
+	// the guest's repository.
+	SkippedGitLock = "git lock"
 )
 
 // Options limit and shape a copy. The zero value takes what git would see,
@@ -125,11 +129,15 @@ type Tree struct {
 	// patch carry it, so that `git apply` run anywhere in the repository
 	// finds them.
 	Prefix string
-	// CopyTime and PackTime are what the copy and mksquashfs took.
+	// CopyTime is what choosing (git), copying and removing credentials
+	// took; PackTime what mksquashfs took.
 	CopyTime, PackTime time.Duration
 
 	maxPatch     int64
 	objectFormat string // the repository's object format, for the patch's ids
+	// src is the directory copied, held in git mode to ask its
+	// repository, when a patch is made, which added files it ignores.
+	src *os.File
 
 	mu sync.Mutex // guards following
 	// dir is the private directory holding the staging copy (dir/tree)
@@ -148,6 +156,10 @@ func (t *Tree) Close() error {
 	defer t.mu.Unlock()
 	if t.dir == "" {
 		return nil
+	}
+	if t.src != nil {
+		t.src.Close()
+		t.src = nil
 	}
 	err := removeTree(t.dir)
 	t.dir = ""
