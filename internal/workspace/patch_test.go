@@ -276,3 +276,33 @@ func TestPatchCaps(t *testing.T) {
 		})
 	}
 }
+
+// TestPatchSHA256 checks a patch for a repository of SHA-256 objects
+// carries ids git apply checks binary hunks against.
+func TestPatchSHA256(t *testing.T) {
+	t.Parallel()
+	needTools(t, "git", "mksquashfs")
+	repo := filepath.Join(t.TempDir(), "repo")
+	gitIn(t, filepath.Dir(repo), "init", "-q", "--object-format=sha256", repo)
+	write(t, filepath.Join(repo, "blob.bin"), binaryBody, 0o644)
+	gitIn(t, repo, "add", "-A")
+	gitIn(t, repo, "commit", "-q", "-m", "sha256")
+	pristine := copyTree(t, repo)
+	tr := mustPack(t, repo, Options{})
+	g := &guest{t: t, tree: copyTree(t, repo), contents: t.TempDir()}
+	g.file(Modified, "blob.bin", binaryBody+"\x00changed", 0o644)
+	var patch bytes.Buffer
+	if _, err := tr.Patch(t.Context(), g.changes, &patch); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(patch.String(), "GIT binary patch") {
+		t.Fatalf("no binary hunk:\n%s", patch.String())
+	}
+	if idx := strings.SplitN(strings.SplitN(patch.String(), "index ", 2)[1], "..", 2)[0]; len(idx) != 64 {
+		t.Errorf("the preimage id %q is not a SHA-256 id", idx)
+	}
+	apply(t, pristine, patch.Bytes())
+	if d := diffSnapshots(snapshot(t, pristine, true), snapshot(t, g.tree, true)); d != "" {
+		t.Errorf("the patched tree differs from the guest's:\n%s", d)
+	}
+}
