@@ -15,20 +15,42 @@ import (
 // AgentBinaryName is the guest agent's file name.
 const AgentBinaryName = "isopod-agent"
 
-const agentBuildHint = "build it with `CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent` and put it next to isopod or set " + knobs.AgentBin
+const agentBuildHint = "reinstall the isopod package (it installs " + SystemAgentPath + "), or build it with " +
+	"`CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent` and put it next to isopod, or set " + knobs.AgentBin
 
-// LocateAgent finds the guest agent binary: explicit (from
-// $ISOPOD_AGENT_BIN, read by the front ends) if set, else isopod-agent next
-// to the running executable, else on PATH. It checks that the file is a
-// static x86-64 ELF executable.
+// SystemAgentPath is where the isopod packages install the guest agent.
+const SystemAgentPath = "/usr/lib/isopod/" + AgentBinaryName
+
+// Seams for tests.
+var (
+	executable     = os.Executable
+	systemAgentDir = filepath.Dir(SystemAgentPath)
+)
+
+// LocateAgent finds the guest agent binary, the first of:
+//
+//   - explicit ($ISOPOD_AGENT_BIN, read by the front ends);
+//   - isopod-agent next to the running executable (a checkout's bin/);
+//   - lib/isopod/isopod-agent in the prefix the executable is installed
+//     in, <prefix>/bin/isopod (an unpacked release tarball, /usr/local);
+//   - /usr/lib/isopod/isopod-agent, where the packages install it;
+//   - isopod-agent on PATH.
+//
+// It checks that the file is a static x86-64 ELF executable.
 func LocateAgent(explicit string) (string, error) {
 	p, from := explicit, knobs.AgentBin
 	if p == "" {
 		from = AgentBinaryName
-		if exe, err := os.Executable(); err == nil {
-			cand := filepath.Join(filepath.Dir(exe), AgentBinaryName)
+		var cands []string
+		if exe, err := executable(); err == nil {
+			dir := filepath.Dir(exe)
+			cands = append(cands, filepath.Join(dir, AgentBinaryName), filepath.Join(filepath.Dir(dir), "lib", "isopod", AgentBinaryName))
+		}
+		cands = append(cands, filepath.Join(systemAgentDir, AgentBinaryName))
+		for _, cand := range cands {
 			if fi, err := os.Stat(cand); err == nil && fi.Mode().IsRegular() {
 				p = cand
+				break
 			}
 		}
 		if p == "" {
@@ -37,8 +59,8 @@ func LocateAgent(explicit string) (string, error) {
 			}
 		}
 		if p == "" {
-			return "", fmt.Errorf("guest agent %s not found (not in %s, next to the isopod binary, or on PATH); %s: %w",
-				AgentBinaryName, knobs.AgentBin, agentBuildHint, errdefs.ErrFailedPrecondition)
+			return "", fmt.Errorf("guest agent %s not found (not in %s, next to the isopod binary, in its prefix's lib/isopod, in %s, or on PATH); %s: %w",
+				AgentBinaryName, knobs.AgentBin, systemAgentDir, agentBuildHint, errdefs.ErrFailedPrecondition)
 		}
 	}
 	abs, err := filepath.Abs(p)

@@ -187,6 +187,7 @@ func TestLocateAgentRejectsDynamic(t *testing.T) {
 		t.Errorf("script: %v", err)
 	}
 	t.Setenv("PATH", t.TempDir())
+	replace(t, &systemAgentDir, t.TempDir())
 	if _, err := LocateAgent(""); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Errorf("missing agent: %v", err)
 	}
