@@ -109,12 +109,22 @@ func (j *Jailer) Warnings() []string { return append([]string(nil), j.warnings..
 func (j *Jailer) UID() int { return j.ids.uid }
 func (j *Jailer) GID() int { return j.ids.gid }
 
-// failed builds a precondition error that names the missing piece and the
-// fix, and the way out.
-func failed(what, fix string) error {
-	return fmt.Errorf("the VMM jail cannot be set up: %s; %s (or set %s=off to run the VMM unconfined, for debugging only): %w",
-		what, fix, knobs.Jail, errdefs.ErrFailedPrecondition)
+// SetupError says why the jail cannot be set up on this host: the missing
+// piece and the fix. It is an errdefs.ErrFailedPrecondition.
+type SetupError struct {
+	What string // what is missing
+	Fix  string // how to provide it
 }
+
+func (e *SetupError) Error() string {
+	return fmt.Sprintf("the VMM jail cannot be set up: %s; %s (or set %s=off to run the VMM unconfined, for debugging only): %v",
+		e.What, e.Fix, knobs.Jail, errdefs.ErrFailedPrecondition)
+}
+
+func (e *SetupError) Unwrap() error { return errdefs.ErrFailedPrecondition }
+
+// failed builds the SetupError that names the missing piece and the fix.
+func failed(what, fix string) error { return &SetupError{What: what, Fix: fix} }
 
 // checkUserNamespaces refuses a host that does not let this process create
 // user namespaces, naming the setting that forbids it.
