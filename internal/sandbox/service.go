@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 
 	"isopod/internal/errdefs"
@@ -97,7 +96,7 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 		}
 		cfg := qemu.Config{
 			Binary: s.opts.QEMU, Accel: s.opts.Accel, Logger: s.log,
-			ProbeCache: filepath.Join(s.opts.Paths.Home, "accel-probe.json"),
+			ProbeCache: s.probeCache(),
 		}
 		if s.opts.Jail != JailOff {
 			j, err := jail.New(jail.Config{Logger: s.log})
