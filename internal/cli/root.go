@@ -28,6 +28,9 @@ type env struct {
 	settings       config.Settings
 	// result is the one JSON object to print on success.
 	result any
+	// code is the exit status after printing result: 0, or 1 for a
+	// result that reports a failure itself (isopod doctor).
+	code int
 }
 
 // service opens the core over the state root. VM cleanup that the report
@@ -76,7 +79,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	writeJSON(stdout, e.result)
-	return 0
+	return e.code
 }
 
 // failure is the one JSON object of a failed command.
@@ -122,6 +125,7 @@ func newRoot(e *env) *cobra.Command {
 		newBenchCmd(e),
 		newEgressCmd(e),
 		newWarmpoolCmd(e),
+		newDoctorCmd(e),
 	)
 	return root
 }

@@ -1,0 +1,275 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"testing"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/image"
+	"isopod/internal/jail"
+)
+
+// healthy is a host on which every check passes.
+func healthy() Host {
+	return Host{
+		LookPath: func(name string) (string, error) { return "/usr/bin/" + name, nil },
+		QEMUVersion: func(context.Context, string) (string, error) {
+			return "QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)\nCopyright (c) 2003-2022 Fabrice Bellard\n", nil
+		},
+		OpenKVM:  func() error { return nil },
+		KVMProbe: func() (KVMProbe, bool) { return KVMProbe{KVM: true, At: time.Unix(1e9, 0)}, true },
+		Jail:     func() (JailInfo, error) { return JailInfo{UID: 998, GID: 998}, nil },
+		Kernel: func() (image.BootKernel, error) {
+			return image.BootKernel{Path: "/h/kernels/6.1/vmlinuz", Info: image.KernelInfo{Package: "linux-image-cloud", Version: "6.1", Pinned: true}}, nil
+		},
+		Images: func() ([]image.ImageInfo, error) {
+			return []image.ImageInfo{
+				{Flavor: image.FlavorInitramfs, Built: true, Path: "/h/images/initramfs.cpio"},
+				{Flavor: image.FlavorBaseMin, Built: true, Path: "/h/images/base-min.sqfs"},
+				{Flavor: image.FlavorBaseDebian, Built: true, Path: "/h/images/base-debian.sqfs"},
+			}, nil
+		},
+		Agent:     func() (string, error) { return "/usr/lib/isopod/isopod-agent", nil },
+		FreeBytes: func(dir string) (uint64, string, error) { return 50 << 30, dir, nil },
+		WarmPool:  func(context.Context) (WarmPool, error) { return WarmPool{}, nil },
+	}
+}
+
+func check(t *testing.T, r *Report, name string) Check {
+	t.Helper()
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no check %q in %+v", name, r.Checks)
+	return Check{}
+}
+
+func TestHealthy(t *testing.T) {
+	r := Run(t.Context(), Config{Version: "0.1.0", Home: "/h"}, healthy())
+	if !r.OK || r.Error != "" || r.Class != "" || r.Accel != "kvm" {
+		t.Fatalf("ok %v, error %q, class %q, accel %q; want ok, no error, kvm", r.OK, r.Error, r.Class, r.Accel)
+	}
+	seen := map[string]bool{}
+	for _, c := range r.Checks {
+		if seen[c.Name] {
+			t.Errorf("check %q twice", c.Name)
+		}
+		seen[c.Name] = true
+		if !c.OK || c.Fix != "" || c.Why == "" {
+			t.Errorf("%s: ok %v, fix %q, why %q; want ok, no fix, a why", c.Name, c.OK, c.Fix, c.Why)
+		}
+	}
+	required := map[string]bool{"qemu": true, "jail": true, "kernel": true, "initramfs": true, "base": true, "disk": true}
+	for _, name := range []string{"qemu", "kvm", "jail", "kernel", "agent", "initramfs", "base", "base-min", "base-debian", "disk", "warm_pool"} {
+		if c := check(t, r, name); c.Required != required[name] {
+			t.Errorf("%s: required %v; want %v", name, c.Required, required[name])
+		}
+	}
+	if v := check(t, r, "qemu").Detail["version"]; v != "7.2.19" {
+		t.Errorf("qemu version %v; want 7.2.19", v)
+	}
+}
+
+func TestFailures(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		cfg   func(*Config)
+		host  func(*Host)
+		check string
+		// required: the report fails too.
+		required bool
+		why, fix []string // each must appear
+		accel    string   // "" : not checked
+	}{
+		{name: "no qemu", host: func(h *Host) {
+			h.LookPath = func(string) (string, error) { return "", errors.New("not in PATH") }
+		}, check: "qemu", required: true, why: []string{"not found", "qemu-system-x86_64"}, fix: []string{"qemu-system-x86", "ISOPOD_QEMU"}},
+		{name: "ISOPOD_QEMU is looked up", cfg: func(c *Config) { c.QEMU = "/opt/q" }, host: func(h *Host) {
+			h.LookPath = func(p string) (string, error) { return "", fmt.Errorf("%s: no such file", p) }
+		}, check: "qemu", required: true, why: []string{"ISOPOD_QEMU=/opt/q", "/opt/q: no such file"}},
+		{name: "old qemu", host: func(h *Host) {
+			h.QEMUVersion = func(context.Context, string) (string, error) { return "QEMU emulator version 6.2.0\n", nil }
+		}, check: "qemu", required: true, why: []string{"6.2.0", "older than 7.2"}, fix: []string{"7.2 or newer"}},
+		{name: "qemu with no version", host: func(h *Host) {
+			h.QEMUVersion = func(context.Context, string) (string, error) { return "something else\n", nil }
+		}, check: "qemu", required: true, why: []string{"no version", "something else"}},
+		{name: "no /dev/kvm", host: func(h *Host) {
+			h.OpenKVM = func() error { return &fs.PathError{Op: "open", Path: "/dev/kvm", Err: fs.ErrNotExist} }
+		}, check: "kvm", why: []string{"not usable", "TCG", "slower"}, fix: []string{"virtualization"}, accel: "tcg"},
+		{name: "/dev/kvm not permitted", host: func(h *Host) {
+			h.OpenKVM = func() error { return &fs.PathError{Op: "open", Path: "/dev/kvm", Err: fs.ErrPermission} }
+		}, check: "kvm", why: []string{"TCG"}, fix: []string{"kvm group"}, accel: "tcg"},
+		{name: "kvm opens but cannot run a guest", host: func(h *Host) {
+			h.KVMProbe = func() (KVMProbe, bool) {
+				return KVMProbe{KVM: false, Reason: "failed to set MSR 0x10a\nassertion", At: time.Unix(1e9, 0)}, true
+			}
+		}, check: "kvm", why: []string{"could not run a guest", "failed to set MSR 0x10a", "TCG"}, accel: "tcg"},
+		{name: "tcg forced", cfg: func(c *Config) { c.Accel = "tcg" }, check: "kvm", why: []string{"ISOPOD_ACCEL=tcg", "slower"}, fix: []string{"unset ISOPOD_ACCEL"}, accel: "tcg"},
+		{name: "no jail", host: func(h *Host) {
+			h.Jail = func() (JailInfo, error) {
+				return JailInfo{}, fmt.Errorf("wrapped: %w", &jail.SetupError{What: "user namespaces are disabled", Fix: "sysctl -w user.max_user_namespaces=15000"})
+			}
+		}, check: "jail", required: true, why: []string{"user namespaces are disabled"}, fix: []string{"max_user_namespaces"}},
+		{name: "no kernel", host: func(h *Host) {
+			h.Kernel = func() (image.BootKernel, error) {
+				return image.BootKernel{}, fmt.Errorf("no guest kernel: %w", errdefs.ErrFailedPrecondition)
+			}
+		}, check: "kernel", required: true, why: []string{"no guest kernel"}, fix: []string{"isopod image fetch-kernel"}},
+		{name: "an unpinned kernel passes with a warning", host: func(h *Host) {
+			h.Kernel = func() (image.BootKernel, error) {
+				return image.BootKernel{Path: "/k", Info: image.KernelInfo{Package: "linux-image-x", Version: "6.9"}}, nil
+			}
+		}, check: "kernel", why: []string{"not the pinned one"}, fix: []string{"fetch-kernel"}},
+		{name: "stale initramfs", host: func(h *Host) {
+			h.Images = func() ([]image.ImageInfo, error) {
+				return []image.ImageInfo{
+					{Flavor: image.FlavorInitramfs, Built: true, Stale: true, StaleReason: "protocol 2, isopod speaks 3"},
+					{Flavor: image.FlavorBaseMin, Built: true},
+				}, nil
+			}
+		}, check: "initramfs", required: true, why: []string{"stale", "protocol 2"}, fix: []string{"isopod image build initramfs"}},
+		{name: "no agent", host: func(h *Host) {
+			h.Agent = func() (string, error) { return "", errors.New("guest agent isopod-agent not found") }
+		}, check: "agent", why: []string{"not found", "cannot be built"}, fix: []string{image.SystemAgentPath}},
+		{name: "no base", host: func(h *Host) {
+			h.Images = func() ([]image.ImageInfo, error) {
+				return []image.ImageInfo{
+					{Flavor: image.FlavorInitramfs, Built: true},
+					{Flavor: image.FlavorBaseMin}, {Flavor: image.FlavorBaseDebian, Built: true, Stale: true, StaleReason: "old recipe"},
+				}, nil
+			}
+		}, check: "base", required: true, why: []string{"no base image", "base-min, base-debian", "build-all"}, fix: []string{"isopod image build base-min"}},
+		{name: "a custom kernel's fixes carry it", cfg: func(c *Config) { c.Kernel = "/k/bzImage" }, host: func(h *Host) {
+			h.Images = func() ([]image.ImageInfo, error) {
+				return []image.ImageInfo{{Flavor: image.FlavorInitramfs}, {Flavor: image.FlavorBaseMin, Built: true}}, nil
+			}
+		}, check: "initramfs", required: true, fix: []string{"isopod --kernel /k/bzImage image build initramfs"}},
+		{name: "full disk", host: func(h *Host) {
+			h.FreeBytes = func(string) (uint64, string, error) { return 100 << 20, "/h", nil }
+		}, check: "disk", required: true, why: []string{"0.1 GiB free", "under the 2.0 GiB"}, fix: []string{"vm gc", "ISOPOD_HOME"}},
+		{name: "stale snapshots", host: func(h *Host) {
+			h.WarmPool = func(context.Context) (WarmPool, error) {
+				return WarmPool{Snapshots: 2, Bytes: 1 << 30, Stale: map[string]string{"k1": "base build gone"}}, nil
+			}
+		}, check: "warm_pool", why: []string{"2 snapshot(s)", "k1: base build gone"}, fix: []string{"isopod vm gc"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, h := Config{Version: "0.1.0", Home: "/h"}, healthy()
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
+			if tt.host != nil {
+				tt.host(&h)
+			}
+			r := Run(t.Context(), cfg, h)
+			c := check(t, r, tt.check)
+			if c.OK && len(tt.fix) > 0 && tt.check != "kernel" {
+				t.Errorf("%s passed; want it to fail", tt.check)
+			}
+			if r.OK == tt.required {
+				t.Errorf("report ok %v; want %v (failed: %v)", r.OK, !tt.required, r.Failed())
+			}
+			if tt.required && (!strings.Contains(r.Error, tt.check) || r.Class != "failed_precondition") {
+				t.Errorf("error %q, class %q; want it to name %s, failed_precondition", r.Error, r.Class, tt.check)
+			}
+			for _, w := range tt.why {
+				if !strings.Contains(c.Why, w) {
+					t.Errorf("why %q does not say %q", c.Why, w)
+				}
+			}
+			for _, w := range tt.fix {
+				if !strings.Contains(c.Fix, w) {
+					t.Errorf("fix %q does not say %q", c.Fix, w)
+				}
+			}
+			if tt.accel != "" && r.Accel != tt.accel {
+				t.Errorf("accel %q; want %q", r.Accel, tt.accel)
+			}
+		})
+	}
+}
+
+// TestFirstUse: with nothing built, each image check names the command
+// that builds it, and the kernel comes first.
+func TestFirstUse(t *testing.T) {
+	h := healthy()
+	h.Kernel = func() (image.BootKernel, error) { return image.BootKernel{}, errors.New("no guest kernel in /h/kernels") }
+	h.Images = func() ([]image.ImageInfo, error) {
+		return []image.ImageInfo{{Flavor: image.FlavorInitramfs}, {Flavor: image.FlavorBaseMin}, {Flavor: image.FlavorBaseDebian}}, nil
+	}
+	r := Run(t.Context(), Config{Home: "/h"}, h)
+	want := map[string]string{
+		"kernel":      "isopod image fetch-kernel",
+		"initramfs":   "isopod image fetch-kernel, then isopod image build initramfs",
+		"base":        "isopod image build base-min",
+		"base-min":    "isopod image build base-min",
+		"base-debian": "isopod image build base-debian",
+	}
+	for name, fix := range want {
+		if c := check(t, r, name); c.OK || c.Fix != fix {
+			t.Errorf("%s: ok %v, fix %q; want failed, %q", name, c.OK, c.Fix, fix)
+		}
+	}
+	if got, want := r.Failed(), []string{"kernel", "initramfs", "base"}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("failed %v; want %v", got, want)
+	}
+}
+
+// TestNothingReadable: a host whose facts cannot be read fails every
+// required check instead of passing it.
+func TestNothingReadable(t *testing.T) {
+	r := Run(t.Context(), Config{Home: "/h"}, Host{})
+	if r.OK {
+		t.Fatal("an empty host passed")
+	}
+	for _, c := range r.Checks {
+		if c.Required && c.OK {
+			t.Errorf("%s passed on a host with no facts", c.Name)
+		}
+	}
+}
+
+func TestJailOff(t *testing.T) {
+	h := healthy()
+	h.Jail = func() (JailInfo, error) { return JailInfo{}, errors.New("must not be called") }
+	r := Run(t.Context(), Config{Home: "/h", JailOff: true}, h)
+	c := check(t, r, "jail")
+	if !r.OK || !c.OK || !strings.Contains(c.Why, "unconfined") {
+		t.Errorf("report ok %v, jail %+v; want both ok, saying unconfined", r.OK, c)
+	}
+}
+
+func TestJSONShape(t *testing.T) {
+	b, err := json.Marshal(Run(t.Context(), Config{Home: "/h"}, healthy()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ok", "version", "home", "accel", "checks"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("report lacks %q: %s", k, b)
+		}
+	}
+	for _, k := range []string{"error", "class"} {
+		if _, ok := m[k]; ok {
+			t.Errorf("a passing report carries %q", k)
+		}
+	}
+	c := m["checks"].([]any)[0].(map[string]any)
+	for _, k := range []string{"name", "ok", "required", "why"} {
+		if _, ok := c[k]; !ok {
+			t.Errorf("a check lacks %q: %v", k, c)
+		}
+	}
+}

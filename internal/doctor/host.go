@@ -1,0 +1,58 @@
+package doctor
+
+import (
+	"context"
+	"time"
+
+	"isopod/internal/image"
+)
+
+// Host is what the checks read of the host. A nil field is a fact that
+// cannot be had; its check says so.
+type Host struct {
+	// LookPath finds a program, as exec.LookPath.
+	LookPath func(name string) (string, error)
+	// QEMUVersion returns what `bin -version` prints.
+	QEMUVersion func(ctx context.Context, bin string) (string, error)
+	// OpenKVM opens /dev/kvm read-write and closes it.
+	OpenKVM func() error
+	// KVMProbe returns the last KVM probe recorded under the state root
+	// (ok false: none yet).
+	KVMProbe func() (p KVMProbe, ok bool)
+	// Jail sets the VMM jail up as a run does (jail.New).
+	Jail func() (JailInfo, error)
+	// Kernel resolves the guest kernel (image.ResolveKernel).
+	Kernel func() (image.BootKernel, error)
+	// Images lists the initramfs and every base (image.ListImages).
+	Images func() ([]image.ImageInfo, error)
+	// Agent finds the guest agent (image.LocateAgent).
+	Agent func() (string, error)
+	// FreeBytes is the space free to isopod on the filesystem that holds
+	// dir, or its nearest existing parent (at).
+	FreeBytes func(dir string) (free uint64, at string, err error)
+	// WarmPool lists the warm pool's snapshots.
+	WarmPool func(ctx context.Context) (WarmPool, error)
+}
+
+// KVMProbe is the outcome of the last KVM probe.
+type KVMProbe struct {
+	KVM    bool // QEMU ran a guest under KVM
+	Reason string
+	At     time.Time
+}
+
+// JailInfo is a jail that can be set up.
+type JailInfo struct {
+	UID, GID int
+	// Warnings are fallbacks that weaken it (rlimits for cgroups, the
+	// user's own uid).
+	Warnings []string
+}
+
+// WarmPool is the warm pool's state.
+type WarmPool struct {
+	Snapshots int
+	Bytes     int64
+	// Stale maps a snapshot's key to why no run would use it now.
+	Stale map[string]string
+}
