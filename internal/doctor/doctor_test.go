@@ -201,7 +201,9 @@ func TestFailures(t *testing.T) {
 // that builds it, and the kernel comes first.
 func TestFirstUse(t *testing.T) {
 	h := healthy()
-	h.Kernel = func() (image.BootKernel, error) { return image.BootKernel{}, errors.New("no guest kernel in /h/kernels") }
+	h.Kernel = func() (image.BootKernel, error) {
+		return image.BootKernel{}, errors.New("no guest kernel in /h/kernels")
+	}
 	h.Images = func() ([]image.ImageInfo, error) {
 		return []image.ImageInfo{{Flavor: image.FlavorInitramfs}, {Flavor: image.FlavorBaseMin}, {Flavor: image.FlavorBaseDebian}}, nil
 	}

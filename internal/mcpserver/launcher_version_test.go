@@ -63,7 +63,7 @@ func TestPluginLauncherVersions(t *testing.T) {
 		}
 	}
 	type want struct {
-		stdout string   // "" with a non-zero code: nothing ran
+		stdout string // "" with a non-zero code: nothing ran
 		code   int
 		stderr []string // each must appear
 	}
