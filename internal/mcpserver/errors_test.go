@@ -90,7 +90,7 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 			[]string{h.root, knobs.MCPHostIORoot}},
 		{"copy_out through a symlink out", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}},
 			[]string{h.root, knobs.MCPHostIORoot}},
-		{"copy_out dangling link/", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "dangling/"}}},
+		{"copy_out dangling link/", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "in-dangling/"}}},
 			[]string{"does not resolve"}},
 		{"copy_out into the state dir", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": ".isopod/credentials.json"}}},
 			[]string{"state directory"}},

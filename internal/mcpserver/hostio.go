@@ -8,7 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
@@ -17,12 +18,13 @@ import (
 // MaxStdinFileBytes caps a stdin_file read through the MCP server.
 const MaxStdinFileBytes = 4 << 20
 
-// HostIO is the policy for the two sandbox_run arguments that name files on
+// HostIO is the policy for the sandbox_run arguments that name files on
 // the host (stdin_file and copy_out[].host). It is resolved once at start-up
-// from the server's own environment; no tool argument can change it.
+// from the server's own settings; no tool argument can change it.
 //
-// Every accepted path lies under Root after symlinks are resolved, and never
-// under the state root (Home), which is refused even when unconfined.
+// Every accepted path is resolved beneath Root, one component at a time
+// from a descriptor of the directory before it (see beneath.go), and never
+// lies under the state root (Home), which is refused even when unconfined.
 type HostIO struct {
 	// Root is the canonical confinement root. "/" means unconfined.
 	Root string
@@ -31,15 +33,25 @@ type HostIO struct {
 	// StdinFile and CopyOut switch each argument on.
 	StdinFile bool
 	CopyOut   bool
+	// Remote marks the policy of a network listener, where host paths are
+	// off unless the operator named a root (--host-io-root).
+	Remote bool
+	// RootSetting names what set Root, for refusals; empty: the working
+	// directory or ISOPOD_MCP_HOST_IO_ROOT.
+	RootSetting string
+	// alias is the root as configured, when it differs from Root (a path
+	// through a symlink): absolute paths under it are accepted too.
+	alias string
 	// rootErr, when set, makes every host path fail closed: the configured
 	// root could not be used.
 	rootErr error
 }
 
-// HostIOFromEnv resolves the policy from environment lookups (os.LookupEnv
-// in production), the server's working directory and the state root. The
-// warnings are for the start-up log: a switch with an unknown value is read
-// as off, and an empty root variable falls back to cwd.
+// HostIOFromEnv resolves the stdio server's policy from environment
+// lookups (os.LookupEnv in production), the server's working directory and
+// the state root. The warnings are for the start-up log: a switch with an
+// unknown value is read as off, and an empty root variable falls back to
+// cwd.
 func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO, []string) {
 	var warns []string
 	h := HostIO{Home: canonicalOrAbs(home)}
@@ -55,27 +67,53 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 	if !set {
 		root = cwd
 	}
-	switch {
-	case !filepath.IsAbs(root):
-		h.rootErr = fmt.Errorf("%s=%q is not an absolute path; host file I/O is refused until it names an existing directory", knobs.MCPHostIORoot, root)
-	default:
-		canon, err := filepath.EvalSymlinks(root)
-		if err == nil {
-			var fi os.FileInfo
-			if fi, err = os.Stat(canon); err == nil && !fi.IsDir() {
-				err = errors.New("not a directory")
-			}
-		}
-		if err != nil {
-			h.rootErr = fmt.Errorf("host-I/O root %s is unusable (%v); host file I/O is refused until %s names an existing directory", root, err, knobs.MCPHostIORoot)
-		} else {
-			h.Root = canon
-		}
-	}
+	h.setRoot(root, knobs.MCPHostIORoot)
 	if h.rootErr != nil {
 		warns = append(warns, h.rootErr.Error())
 	}
 	return h, warns
+}
+
+// RemoteHostIO is a network listener's policy: host paths are off unless
+// the operator named a root (--host-io-root); then the environment's
+// switches apply as on stdio.
+func RemoteHostIO(lookup func(string) (string, bool), root, home string) (HostIO, []string) {
+	h := HostIO{Home: canonicalOrAbs(home), Remote: true, RootSetting: "--host-io-root"}
+	if root == "" {
+		return h, nil
+	}
+	var warns []string
+	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
+	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
+	h.setRoot(root, "--host-io-root")
+	if h.rootErr != nil {
+		warns = append(warns, h.rootErr.Error())
+	}
+	return h, warns
+}
+
+// setRoot makes root, named by setting, the confinement root, or records
+// why it cannot be.
+func (h *HostIO) setRoot(root, setting string) {
+	if !filepath.IsAbs(root) {
+		h.rootErr = fmt.Errorf("%s=%q is not an absolute path; host file I/O is refused until it names an existing directory", setting, root)
+		return
+	}
+	canon, err := filepath.EvalSymlinks(root)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(canon); err == nil && !fi.IsDir() {
+			err = errors.New("not a directory")
+		}
+	}
+	if err != nil {
+		h.rootErr = fmt.Errorf("host-I/O root %s is unusable (%v); host file I/O is refused until %s names an existing directory", root, err, setting)
+		return
+	}
+	h.Root = canon
+	if clean := filepath.Clean(root); clean != canon {
+		h.alias = clean
+	}
 }
 
 // readSwitch reads an on/off variable: unset means on; an unknown value
@@ -98,6 +136,8 @@ func readSwitch(lookup func(string) (string, bool), name string, warns []string)
 func (h HostIO) String() string {
 	where := "confined to " + h.Root
 	switch {
+	case h.Remote && h.Root == "" && h.rootErr == nil:
+		where = "off (a network listener without --host-io-root)"
 	case h.rootErr != nil:
 		where = "refused (" + h.rootErr.Error() + ")"
 	case h.Root == "/":
@@ -114,59 +154,48 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// ReadStdinFile resolves a stdin_file argument and reads it: a regular file
-// under the root, at most MaxStdinFileBytes. The file is opened by its
-// resolved name without following a final symlink and re-checked on the open
-// descriptor, so a swap after the check cannot redirect the read.
+// disabled is the refusal of a host-path argument whose switch is off.
+func (h HostIO) disabled(what, instead string) error {
+	if h.Remote {
+		return fmt.Errorf("%s is off on this network listener: it names a file on the server, which a remote client does not own; %s (the operator can allow host files under a root with --host-io-root DIR): %w",
+			what, instead, errdefs.ErrInvalidArgument)
+	}
+	knob := knobs.MCPStdinFile
+	if what == "copy_out" {
+		knob = knobs.MCPCopyOut
+	}
+	return fmt.Errorf("%s is disabled on this server (%s=off); %s: %w", what, knob, instead, errdefs.ErrInvalidArgument)
+}
+
+// ReadStdinFile resolves a stdin_file argument beneath the root and reads
+// it: a regular file with one link, outside the state root, at most
+// MaxStdinFileBytes. The file read is the one the walk found (its device
+// and inode are checked on the descriptor read from), whatever its path
+// names by then.
 func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err error) {
 	if !h.StdinFile {
-		return nil, "", fmt.Errorf("stdin_file is disabled on this server (%s=off); pass the input inline with stdin instead: %w",
-			knobs.MCPStdinFile, errdefs.ErrInvalidArgument)
+		return nil, "", h.disabled("stdin_file", "pass the input inline with stdin instead")
 	}
-	abs, err := h.absolute("stdin_file", arg)
+	w, err := h.walk("stdin_file", arg, walkRead)
 	if err != nil {
 		return nil, "", err
 	}
-	resolved, err = filepath.EvalSymlinks(abs)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, "", fmt.Errorf("stdin_file %q does not exist: %w", arg, errdefs.ErrNotFound)
-		}
-		return nil, "", fmt.Errorf("stdin_file %q cannot be resolved (%v): %w", arg, err, errdefs.ErrInvalidArgument)
+	defer w.close()
+	if w.file == nil {
+		return nil, "", fmt.Errorf("stdin_file %q does not exist: %w", arg, errdefs.ErrNotFound)
 	}
-	if err := h.allowed("stdin_file", arg, resolved); err != nil {
+	if err := h.checkReadable(arg, w); err != nil {
 		return nil, "", err
 	}
-	// Refuse a FIFO or device before opening it: opening one can block or
-	// have side effects.
-	if fi, err := os.Stat(resolved); err != nil || !fi.Mode().IsRegular() {
-		kind := "unreadable"
-		if err == nil {
-			kind = kindOf(fi.Mode())
-		}
-		return nil, "", fmt.Errorf("stdin_file %q resolves to %s, which is not a regular file (%s); only regular files are accepted: %w",
-			arg, resolved, kind, errdefs.ErrInvalidArgument)
-	}
-	f, err := os.OpenFile(resolved, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	fd, err := unix.Openat(int(w.dir.Fd()), w.name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, "", fmt.Errorf("stdin_file %q: opening %s: %v: %w", arg, resolved, err, errdefs.ErrInvalidArgument)
+		return nil, "", fmt.Errorf("stdin_file %q: opening %s: %v: %w", arg, w.path, err, errdefs.ErrInvalidArgument)
 	}
+	f := os.NewFile(uintptr(fd), w.path)
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, "", fmt.Errorf("stdin_file %q: %w", arg, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, "", fmt.Errorf("stdin_file %q resolves to %s, which is not a regular file (%s); only regular files are accepted: %w",
-			arg, resolved, kindOf(fi.Mode()), errdefs.ErrInvalidArgument)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
-		return nil, "", fmt.Errorf("stdin_file %q has %d hard links; a file with more than one link may be an alias of a file outside %s, so it is refused (copy it first): %w",
-			arg, st.Nlink, h.Root, errdefs.ErrInvalidArgument)
-	}
-	if fi.Size() > MaxStdinFileBytes {
-		return nil, "", fmt.Errorf("stdin_file %q is %d bytes, over the %d-byte (4 MiB) limit; copy larger inputs in through a stage or the network: %w",
-			arg, fi.Size(), MaxStdinFileBytes, errdefs.ErrInvalidArgument)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev != w.st.Dev || st.Ino != w.st.Ino {
+		return nil, "", fmt.Errorf("stdin_file %q: %s was replaced while it was opened; try again: %w", arg, w.path, errdefs.ErrInvalidArgument)
 	}
 	data, err = io.ReadAll(io.LimitReader(f, MaxStdinFileBytes+1))
 	if err != nil {
@@ -176,79 +205,171 @@ func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err err
 		return nil, "", fmt.Errorf("stdin_file %q grew past the %d-byte (4 MiB) limit while being read: %w",
 			arg, MaxStdinFileBytes, errdefs.ErrInvalidArgument)
 	}
-	return data, resolved, nil
+	return data, w.path, nil
 }
 
-// ResolveCopyOut resolves a copy_out host destination to the path the core
-// should write. The path is normalised (empty and "." components and trailing
-// separators dropped), every existing component is resolved through
-// symlinks, a dangling symlink is refused, and ".." is resolved only where
-// the directory above exists. The result must lie under the root and outside
-// the state root, and if it exists it must be a regular file.
+// checkReadable checks what a stdin_file walk found, before it is opened
+// for reading: a regular file (opening a FIFO or device can block or have
+// side effects), one link, within the size cap.
+func (h HostIO) checkReadable(arg string, w *walked) error {
+	mode := fileMode(w.st.Mode)
+	if !mode.IsRegular() {
+		return fmt.Errorf("stdin_file %q resolves to %s, which is not a regular file (%s); only regular files are accepted: %w",
+			arg, w.path, kindOf(mode), errdefs.ErrInvalidArgument)
+	}
+	if w.st.Nlink > 1 {
+		return fmt.Errorf("stdin_file %q has %d hard links; a file with more than one link may be an alias of a file outside %s, so it is refused (copy it first): %w",
+			arg, w.st.Nlink, h.Root, errdefs.ErrInvalidArgument)
+	}
+	if w.st.Size > MaxStdinFileBytes {
+		return fmt.Errorf("stdin_file %q is %d bytes, over the %d-byte (4 MiB) limit; copy larger inputs in through a stage or the network: %w",
+			arg, w.st.Size, MaxStdinFileBytes, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// ResolveCopyOut resolves a copy_out host destination beneath the root
+// without creating anything, and returns the path the core will write.
+// The destination must be new or a regular file; its missing parents
+// (created by OpenCopyOut) are allowed.
 func (h HostIO) ResolveCopyOut(arg string) (string, error) {
-	if !h.CopyOut {
-		return "", fmt.Errorf("copy_out is disabled on this server (%s=off); print small results to stdout instead: %w",
-			knobs.MCPCopyOut, errdefs.ErrInvalidArgument)
-	}
-	abs, err := h.absolute("copy_out host", arg)
+	w, err := h.copyOutWalk(arg, walkCheck)
 	if err != nil {
 		return "", err
 	}
-	resolved, err := resolveForWrite(abs)
-	if err != nil {
-		return "", fmt.Errorf("copy_out host path %q: %v: %w", arg, err, errdefs.ErrInvalidArgument)
-	}
-	if err := h.allowed("copy_out host", arg, resolved); err != nil {
-		return "", err
-	}
-	fi, err := os.Lstat(resolved)
-	switch {
-	case err == nil && !fi.Mode().IsRegular():
-		return "", fmt.Errorf("copy_out host path %q resolves to %s, which exists and is not a regular file (%s); name a new or regular file: %w",
-			arg, resolved, kindOf(fi.Mode()), errdefs.ErrInvalidArgument)
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("copy_out host path %q: %v: %w", arg, err, errdefs.ErrInvalidArgument)
-	}
-	return resolved, nil
+	w.close()
+	return w.path, nil
 }
 
-// absolute checks the shape of a host path argument and makes it absolute.
-// A relative path is taken relative to the root.
-func (h HostIO) absolute(what, arg string) (string, error) {
+// OpenCopyOut resolves a copy_out host destination beneath the root,
+// creating its missing parent directories one by one relative to the
+// directory before, and returns the path (for reports) and its parent
+// directory, open: the core writes the file relative to that descriptor
+// (sandbox.CopyOut.HostDir), so the write lands where the check was made
+// whatever the path names by then. The caller closes dir.
+func (h HostIO) OpenCopyOut(arg string) (path string, dir *os.File, err error) {
+	w, err := h.copyOutWalk(arg, walkCreate)
+	if err != nil {
+		return "", nil, err
+	}
+	if w.file != nil {
+		w.file.Close()
+	}
+	return w.path, w.dir, nil
+}
+
+func (h HostIO) copyOutWalk(arg string, mode walkMode) (*walked, error) {
+	if !h.CopyOut {
+		return nil, h.disabled("copy_out", "print small results to stdout, or name guest files in read_files to get them back in the result")
+	}
+	w, err := h.walk("copy_out host path", arg, mode)
+	if err != nil {
+		return nil, err
+	}
+	if w.file != nil && w.st.Mode&unix.S_IFMT != unix.S_IFREG {
+		w.close()
+		return nil, fmt.Errorf("copy_out host path %q resolves to %s, which exists and is not a regular file (%s); name a new or regular file: %w",
+			arg, w.path, kindOf(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
+	}
+	return w, nil
+}
+
+// fileMode converts a stat mode to an fs.FileMode's type bits.
+func fileMode(m uint32) fs.FileMode {
+	switch m & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return fs.ModeNamedPipe
+	case unix.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		return fs.ModeDevice
+	case unix.S_IFDIR:
+		return fs.ModeDir
+	case unix.S_IFSOCK:
+		return fs.ModeSocket
+	case unix.S_IFLNK:
+		return fs.ModeSymlink
+	}
+	return 0
+}
+
+// walk checks a host path argument's shape and resolves it beneath the
+// root for mode, wording any refusal for what (the argument).
+func (h HostIO) walk(what, arg string, mode walkMode) (*walked, error) {
+	if err := h.usable(what, arg); err != nil {
+		return nil, err
+	}
+	w := &walker{root: h.Root, alias: h.alias, home: h.Home}
+	comps := components(arg)
+	if filepath.IsAbs(arg) {
+		rel, ok := w.under(comps)
+		if !ok {
+			return nil, h.outside(what, arg, filepath.Clean(arg), "")
+		}
+		comps = rel
+	}
+	res, err := w.walk(comps, mode)
+	if err == nil {
+		return res, nil
+	}
+	var we *walkErr
+	if !errors.As(err, &we) {
+		return nil, fmt.Errorf("%s %q: %w", what, arg, err)
+	}
+	switch we.kind {
+	case errOutside:
+		return nil, h.outside(what, arg, we.path, we.detail)
+	case errHome:
+		return nil, fmt.Errorf("%s %q resolves to %s, inside the isopod state directory %s, which the MCP server never reads or writes: %w",
+			what, arg, we.path, h.Home, errdefs.ErrInvalidArgument)
+	case errMissing:
+		return nil, fmt.Errorf("%s %q does not exist (%s is missing): %w", what, arg, we.path, errdefs.ErrNotFound)
+	case errDangling:
+		if mode == walkRead {
+			return nil, fmt.Errorf("%s %q does not exist: %s %s: %w", what, arg, we.path, we.detail, errdefs.ErrNotFound)
+		}
+	case errSys:
+		return nil, fmt.Errorf("%s %q: %s: %s: %w", what, arg, we.path, we.detail, errdefs.ErrInvalidArgument)
+	}
+	return nil, fmt.Errorf("%s %q: %s %s: %w", what, arg, we.path, we.detail, errdefs.ErrInvalidArgument)
+}
+
+// outside words a path that leads out of the root.
+func (h HostIO) outside(what, arg, resolved, why string) error {
+	if why != "" {
+		why = " (" + why + ")"
+	}
+	return fmt.Errorf("%s %q resolves to %s%s, outside the host-I/O root %s; use a path under %s (%s): %w",
+		what, arg, resolved, why, h.Root, h.Root, h.rootSetting(), errdefs.ErrInvalidArgument)
+}
+
+// rootSetting says what sets the root, for refusals.
+func (h HostIO) rootSetting() string {
+	if h.RootSetting != "" {
+		return "the root is set by " + h.RootSetting
+	}
+	return "the root is the server's working directory unless " + knobs.MCPHostIORoot + " moves it"
+}
+
+// usable checks the policy and the shape of a host path argument.
+func (h HostIO) usable(what, arg string) error {
 	if h.rootErr != nil {
-		return "", fmt.Errorf("%s refused: %v: %w", what, h.rootErr, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("%s refused: %v: %w", what, h.rootErr, errdefs.ErrFailedPrecondition)
 	}
 	if h.Root == "" {
 		// The zero policy fails closed.
-		return "", fmt.Errorf("%s refused: this server has no host-I/O root (set %s to an existing directory): %w",
+		return fmt.Errorf("%s refused: this server has no host-I/O root (set %s to an existing directory): %w",
 			what, knobs.MCPHostIORoot, errdefs.ErrFailedPrecondition)
 	}
 	switch {
 	case arg == "":
-		return "", fmt.Errorf("%s is empty; give a path under %s: %w", what, h.Root, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s is empty; give a path under %s: %w", what, h.Root, errdefs.ErrInvalidArgument)
 	case arg == "-":
-		return "", fmt.Errorf("%s %q: \"-\" (the server's own stdin) is not accepted; pass input inline with stdin: %w", what, arg, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s %q: \"-\" (the server's own stdin) is not accepted; pass input inline with stdin: %w", what, arg, errdefs.ErrInvalidArgument)
 	case strings.HasPrefix(arg, "~"):
-		return "", fmt.Errorf("%s %q: \"~\" is not expanded; give an absolute path or one relative to %s: %w", what, arg, h.Root, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s %q: \"~\" is not expanded; give an absolute path or one relative to %s: %w", what, arg, h.Root, errdefs.ErrInvalidArgument)
 	case strings.ContainsRune(arg, 0):
-		return "", fmt.Errorf("%s contains a NUL byte: %w", what, errdefs.ErrInvalidArgument)
-	}
-	if filepath.IsAbs(arg) {
-		return arg, nil
-	}
-	return h.Root + string(filepath.Separator) + arg, nil
-}
-
-// allowed checks a resolved path against the state root and the confinement
-// root. Refusals name the root and the variable that moves it.
-func (h HostIO) allowed(what, arg, resolved string) error {
-	if h.Home != "" && within(h.Home, resolved) {
-		return fmt.Errorf("%s %q resolves to %s, inside the isopod state directory %s, which the MCP server never reads or writes: %w",
-			what, arg, resolved, h.Home, errdefs.ErrInvalidArgument)
-	}
-	if !within(h.Root, resolved) {
-		return fmt.Errorf("%s %q resolves to %s, outside the host-I/O root %s; use a path under %s (the root is the server's working directory unless %s moves it): %w",
-			what, arg, resolved, h.Root, h.Root, knobs.MCPHostIORoot, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s contains a NUL byte: %w", what, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -260,61 +381,6 @@ func within(root, p string) bool {
 		return true
 	}
 	return p == root || strings.HasPrefix(p, root+"/")
-}
-
-// resolveForWrite normalises abs and resolves it component by component. The
-// existing prefix is resolved through symlinks (a dangling or looping link is
-// refused); ".." steps up from a resolved directory; once a component does
-// not exist the rest is appended as written, and a ".." there is refused
-// because nothing on disk says where it leads.
-func resolveForWrite(abs string) (string, error) {
-	var parts []string
-	for _, c := range strings.Split(abs, "/") {
-		if c != "" && c != "." {
-			parts = append(parts, c)
-		}
-	}
-	cur := "/"
-	missing := false
-	for i, c := range parts {
-		if c == ".." {
-			if missing {
-				return "", errors.New(`".." below a directory that does not exist`)
-			}
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, c)
-		if missing {
-			cur = next
-			continue
-		}
-		fi, err := os.Lstat(next)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			missing = true
-			cur = next
-			continue
-		case err != nil:
-			return "", err
-		}
-		last := i == len(parts)-1
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			target, err := filepath.EvalSymlinks(next)
-			if err != nil {
-				return "", fmt.Errorf("%s is a symlink that does not resolve (%v)", next, err)
-			}
-			next = target
-			if fi, err = os.Stat(next); err != nil {
-				return "", err
-			}
-		}
-		if !last && !fi.IsDir() {
-			return "", fmt.Errorf("%s is not a directory", next)
-		}
-		cur = next
-	}
-	return cur, nil
 }
 
 // canonicalOrAbs resolves p through symlinks when it exists, else cleans it.

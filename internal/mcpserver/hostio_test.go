@@ -50,6 +50,9 @@ func newHostTree(t *testing.T) hostTree {
 		"in-link":     filepath.Join(h.root, "ok.txt"),
 		"home-link":   h.home,
 		"loop":        filepath.Join(h.root, "loop"),
+		"in-dangling": filepath.Join(h.root, "not-yet"),
+		"rel-link":    "sub/../ok.txt",
+		"rel-out":     "../outside/secret.txt",
 	}
 	for name, target := range links {
 		if err := os.Symlink(target, filepath.Join(h.root, name)); err != nil {
@@ -142,9 +145,12 @@ func TestResolveCopyOut(t *testing.T) {
 		{"absolute etc", "/etc/passwd", "", []string{"outside the host-I/O root"}},
 		{"symlink pointing out", "out-link", "", []string{h.secret, h.root}},
 		{"symlinked dir pointing out", "outdir-link/new.txt", "", []string{h.root}},
-		{"dangling symlink", "dangling", "", []string{"does not resolve"}},
-		{"dangling symlink with trailing separator", "dangling/", "", []string{"does not resolve"}},
-		{"dangling symlink as a parent", "dangling/x", "", []string{"does not resolve"}},
+		{"relative symlink inside", "rel-link", filepath.Join(h.root, "ok.txt"), nil},
+		{"relative symlink pointing out", "rel-out", "", []string{h.root, knobs.MCPHostIORoot}},
+		{"dangling symlink pointing out", "dangling", "", []string{h.outside, "outside the host-I/O root"}},
+		{"dangling symlink", "in-dangling", "", []string{"does not resolve"}},
+		{"dangling symlink with trailing separator", "in-dangling/", "", []string{"does not resolve"}},
+		{"dangling symlink as a parent", "in-dangling/x", "", []string{"does not resolve"}},
 		{"symlink loop", "loop", "", []string{"does not resolve"}},
 		{"dotdot below a missing dir", "newdir/../x", "", []string{`".." below a directory that does not exist`}},
 		{"into the state dir", ".isopod/credentials.json", "", []string{"state directory", h.home}},
@@ -207,7 +213,11 @@ func TestReadStdinFile(t *testing.T) {
 		{"5 MiB", "big", "", errdefs.ErrInvalidArgument, []string{"4 MiB"}},
 		{"hard link", "hard", "", errdefs.ErrInvalidArgument, []string{"hard links"}},
 		{"missing", "nope.txt", "", errdefs.ErrNotFound, []string{"does not exist"}},
-		{"dangling", "dangling", "", errdefs.ErrNotFound, nil},
+		{"dangling inside", "in-dangling", "", errdefs.ErrNotFound, nil},
+		{"dangling pointing out", "dangling", "", errdefs.ErrInvalidArgument, []string{"outside the host-I/O root"}},
+		{"relative symlink inside", "rel-link", "hello from the host", nil, nil},
+		{"relative symlink pointing out", "rel-out", "", errdefs.ErrInvalidArgument, []string{h.root}},
+		{"symlink loop", "loop", "", errdefs.ErrNotFound, []string{"too many levels"}},
 		{"dash", "-", "", errdefs.ErrInvalidArgument, []string{"stdin"}},
 	}
 	for _, tc := range tests {
@@ -372,5 +382,81 @@ func TestHostIOUnconfinedStillGuardsState(t *testing.T) {
 	}
 	if _, err := p.ResolveCopyOut(filepath.Join(h.home, "credentials.json")); err == nil {
 		t.Error("unconfined policy wrote into the state directory")
+	}
+}
+
+func TestOpenCopyOut(t *testing.T) {
+	h := newHostTree(t)
+	p := h.policy()
+	path, dir, err := p.OpenCopyOut("new/dir/x.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	if want := filepath.Join(h.root, "new", "dir", "x.txt"); path != want {
+		t.Errorf("path %q, want %q", path, want)
+	}
+	var got, want syscall.Stat_t
+	if err := syscall.Fstat(int(dir.Fd()), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(filepath.Join(h.root, "new", "dir"), &want); err != nil {
+		t.Fatalf("the missing parents were not created: %v", err)
+	}
+	if got.Ino != want.Ino || got.Dev != want.Dev {
+		t.Error("the directory returned is not the destination's parent")
+	}
+	// Refusals create nothing, even past the first missing directory.
+	before := snapshotDir(t, h.base)
+	for _, arg := range []string{"other/new/../x", "in-dangling/a/b", ".isopod/new/x", "outdir-link/new/x"} {
+		if _, dir, err := p.OpenCopyOut(arg); err == nil {
+			dir.Close()
+			t.Errorf("OpenCopyOut(%q) accepted", arg)
+		}
+	}
+	sameSnapshot(t, before, snapshotDir(t, h.base))
+}
+
+func TestHostIOAliasAndUnconfinedRoot(t *testing.T) {
+	h := newHostTree(t)
+	via := filepath.Join(h.base, "root-link")
+	if err := os.Symlink(h.root, via); err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(k string) (string, bool) {
+		if k == knobs.MCPHostIORoot {
+			return via, true
+		}
+		return "", false
+	}
+	p, _ := HostIOFromEnv(lookup, h.root, h.home)
+	if data, _, err := p.ReadStdinFile(filepath.Join(via, "ok.txt")); err != nil || !bytes.HasPrefix(data, []byte("hello")) {
+		t.Errorf("an absolute path under the root as configured: %q, %v", data, err)
+	}
+	un := HostIO{Root: "/", Home: h.home, StdinFile: true}
+	if _, _, err := un.ReadStdinFile("/../.." + h.secret); err != nil {
+		t.Errorf("unconfined: %v", err)
+	}
+}
+
+func TestRemoteHostIO(t *testing.T) {
+	h := newHostTree(t)
+	none := func(string) (string, bool) { return "", false }
+	off, _ := RemoteHostIO(none, "", h.home)
+	if _, _, err := off.ReadStdinFile("ok.txt"); err == nil || !strings.Contains(err.Error(), "--host-io-root") {
+		t.Errorf("stdin_file without --host-io-root: %v", err)
+	}
+	if _, err := off.ResolveCopyOut("x"); err == nil || !strings.Contains(err.Error(), "read_files") {
+		t.Errorf("copy_out without --host-io-root: %v", err)
+	}
+	if !strings.Contains(off.String(), "off") {
+		t.Errorf("policy line %q does not say off", off.String())
+	}
+	on, _ := RemoteHostIO(none, h.root, h.home)
+	if _, _, err := on.ReadStdinFile("ok.txt"); err != nil {
+		t.Errorf("stdin_file under --host-io-root: %v", err)
+	}
+	if _, _, err := on.ReadStdinFile("../outside/secret.txt"); err == nil || !strings.Contains(err.Error(), "--host-io-root") {
+		t.Errorf("an escape is not refused naming --host-io-root: %v", err)
 	}
 }

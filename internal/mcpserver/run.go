@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 )
 
@@ -61,6 +59,11 @@ func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in Ru
 	defer done()
 
 	r, err := s.buildRequest(in)
+	release := func() {}
+	if err == nil {
+		release, err = s.openCopyOut(&r, in.CopyOut)
+	}
+	defer release()
 	if err != nil {
 		// Nothing has started: whatever its class, this is a refusal.
 		s.log.Info("tool refused", "tool", ToolSandboxRun, "err", err)
@@ -182,42 +185,36 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		r.Stdin = strings.NewReader(in.Stdin)
 	}
 
-	for i, c := range in.CopyOut {
-		if !strings.HasPrefix(c.Guest, "/") {
-			return sandbox.Request{}, bad(fmt.Sprintf("copy_out[%d].guest", i), "give the file's absolute path inside the VM (got %s)", describe(c.Guest))
-		}
-		host, err := s.cfg.HostIO.ResolveCopyOut(c.Host)
-		if err != nil {
-			return sandbox.Request{}, fmt.Errorf("copy_out[%d]: %w", i, err)
-		}
-		r.CopyOut = append(r.CopyOut, sandbox.CopyOut{Guest: c.Guest, Host: host})
-	}
-	if err := s.makeParents(r.CopyOut); err != nil {
-		return sandbox.Request{}, err
-	}
 	return r, nil
 }
 
-// makeParents creates the missing parent directories of copy_out
-// destinations (all under the root: they were resolved), since a model
-// cannot create host directories itself. Each destination is resolved again
-// afterwards and must not have moved.
-func (s *Server) makeParents(cos []sandbox.CopyOut) error {
+// openCopyOut confines copy_out's host destinations: all are checked
+// first (a refused call creates nothing), then each is opened beneath the
+// root, its missing parents created there, and handed to the core as its
+// parent directory's descriptor. release closes them once the run is over.
+func (s *Server) openCopyOut(r *sandbox.Request, cos []CopyOutArg) (release func(), err error) {
 	for i, c := range cos {
-		dir := filepath.Dir(c.Host)
-		if _, err := os.Stat(dir); err == nil {
-			continue
+		if !strings.HasPrefix(c.Guest, "/") {
+			return func() {}, &refusal{fmt.Sprintf("copy_out[%d].guest", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(c.Guest))}
 		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("copy_out[%d]: creating %s: %v: %w", i, dir, err, errdefs.ErrInvalidArgument)
-		}
-		again, err := s.cfg.HostIO.ResolveCopyOut(c.Host)
-		if err != nil {
-			return fmt.Errorf("copy_out[%d]: %w", i, err)
-		}
-		if again != c.Host {
-			return fmt.Errorf("copy_out[%d]: %s changed while its directory was created (now %s): %w", i, c.Host, again, errdefs.ErrInvalidArgument)
+		if _, err := s.cfg.HostIO.ResolveCopyOut(c.Host); err != nil {
+			return func() {}, fmt.Errorf("copy_out[%d]: %w", i, err)
 		}
 	}
-	return nil
+	var dirs []*os.File
+	release = func() {
+		for _, d := range dirs {
+			d.Close()
+		}
+	}
+	for i, c := range cos {
+		path, dir, err := s.cfg.HostIO.OpenCopyOut(c.Host)
+		if err != nil {
+			release()
+			return func() {}, fmt.Errorf("copy_out[%d]: %w", i, err)
+		}
+		dirs = append(dirs, dir)
+		r.CopyOut = append(r.CopyOut, sandbox.CopyOut{Guest: c.Guest, Host: path, HostDir: dir})
+	}
+	return release, nil
 }
