@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -113,7 +114,7 @@ func changeOf(path, rel string, info fs.FileInfo, lower string) (agentproto.Work
 // isWhiteout reports whether info is an overlayfs whiteout: a character
 // device numbered 0:0.
 func isWhiteout(info fs.FileInfo) bool {
-	st, ok := info.Sys().(*unix.Stat_t)
+	st, ok := info.Sys().(*syscall.Stat_t) // os.Lstat's, not x/sys's
 	return ok && st.Rdev == 0
 }
 
