@@ -247,13 +247,57 @@ func (c *vmCgroup) remove() {
 // Spec with it, and housekeeping finds a dead VMM's cgroup by it.
 func CgroupName(vmID string) string { return "isopod-" + vmID }
 
-// RemoveCgroup removes the cgroup named name if it is empty (its VMM
-// gone), e.g. one a killed isopod process could not remove.
+// RemoveCgroup removes the cgroup named name once it is empty (its VMM
+// gone), e.g. one a killed isopod process could not remove; a VMM that is
+// still exiting is waited for, briefly.
 func (j *Jailer) RemoveCgroup(name string) {
 	if name == "" || strings.ContainsAny(name, "/.") {
 		return
 	}
+	c := &vmCgroup{}
 	for _, parent := range j.cgroups.parents {
-		os.Remove(filepath.Join(parent, name))
+		c.dirs = append(c.dirs, filepath.Join(parent, name))
+	}
+	c.remove()
+}
+
+// SweepCgroups removes the VMM cgroups under this process's parents whose
+// VM keep does not claim: processes still in one (a VMM whose run and
+// record are gone) are killed first. It returns the names removed.
+func (j *Jailer) SweepCgroups(keep func(vmID string) bool) []string {
+	seen := map[string]bool{}
+	var removed []string
+	for _, parent := range j.cgroups.parents {
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			name := e.Name()
+			id, ok := strings.CutPrefix(name, "isopod-")
+			if !e.IsDir() || !ok || seen[name] || keep(id) {
+				continue
+			}
+			seen[name] = true
+			for _, p := range j.cgroups.parents {
+				killProcs(filepath.Join(p, name))
+			}
+			j.RemoveCgroup(name)
+			removed = append(removed, name)
+		}
+	}
+	return removed
+}
+
+// killProcs sends SIGKILL to every process listed in the cgroup dir.
+func killProcs(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }

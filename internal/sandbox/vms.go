@@ -128,7 +128,33 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	}
 	s.gcExtra(res)
 	s.gcSocketDirs()
+	s.gcCgroups()
 	return res, nil
+}
+
+// gcCgroups removes the VMM cgroups of runs that are over, found by name
+// (a run killed before its record knew its VMM's pid leaves one no record
+// points at), killing any VMM still in one. A run's record is read again
+// for each, so that a run that started meanwhile keeps its own.
+func (s *Service) gcCgroups() {
+	if s.jailer == nil {
+		return
+	}
+	removed := s.jailer.SweepCgroups(func(id string) bool {
+		if !strings.HasPrefix(id, "vm-") {
+			return true
+		}
+		r, err := readRecord(s.opts.Paths.VM(id))
+		if err != nil {
+			// A run between making its directory and its record.
+			_, serr := os.Stat(s.opts.Paths.VM(id))
+			return serr == nil
+		}
+		return recordBusy(r)
+	})
+	for _, name := range removed {
+		s.log.Info("removed a dead VMM's cgroup", "cgroup", name)
+	}
 }
 
 // gcSocketDirs removes the socket directories of runs that ended without
