@@ -9,6 +9,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/workspace"
 )
 
 func newRunCmd(e *env) *cobra.Command {
@@ -16,6 +17,8 @@ func newRunCmd(e *env) *cobra.Command {
 		req       sandbox.Request
 		stdinFile string
 		copyOut   []string
+		ws        sandbox.Workspace
+		wsSpec    string
 	)
 	c := &cobra.Command{
 		Use:   "run [flags] -- ARGV...",
@@ -39,6 +42,9 @@ the command exits 0.`,
 					return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
 				}
 			}
+			if fl := cmd.Flags().Lookup("copy-out-max-bytes"); fl.Changed && !positive(fl.Value.String()) {
+				return fmt.Errorf("--copy-out-max-bytes %s: must be a positive number of bytes: %w", fl.Value, errdefs.ErrInvalidArgument)
+			}
 			for _, m := range copyOut {
 				g, h, ok := strings.Cut(m, ":")
 				if !ok || g == "" || h == "" {
@@ -53,13 +59,16 @@ the command exits 0.`,
 			default:
 				req.StdinFile = stdinFile
 			}
+			if err := workspaceFlags(cmd, &req, ws, wsSpec); err != nil {
+				return err
+			}
 			svc, err := e.service()
 			if err != nil {
 				return err
 			}
 			rep, err := svc.Run(cmd.Context(), req)
 			if err != nil {
-				return err
+				return raiseHint(err)
 			}
 			e.result = rep
 			return nil
@@ -81,6 +90,13 @@ the command exits 0.`,
 	f.StringVar(&req.Cwd, "cwd", "", "working directory in the guest (default /root)")
 	f.StringVar(&stdinFile, "stdin-file", "", "feed the command's stdin from this host file; - for isopod's own stdin")
 	f.StringArrayVar(&copyOut, "copy-out", nil, "GUEST:HOST: after the command, copy a guest file to the host; repeatable")
-	f.StringVar(&req.CommitAs, "commit-as", "", "when the command exits 0, keep the run's changes as a stage with this label")
+	f.Int64Var(&req.CopyOutMaxData, "copy-out-max-bytes", sandbox.DefaultCopyOutMaxData, "cap on the data all copy-outs write to the host (holes are free)")
+	f.StringVar(&req.CommitAs, "commit-as", "", "when the command exits 0, keep the run's changes as a stage with this label (never the workspace)")
+	f.StringVar(&wsSpec, "workspace", "", "HOSTDIR[:GUESTDIR]: a writable copy of a host directory in the guest (default "+sandbox.DefaultWorkspaceDir+", then the default --cwd); in git, what git sees and .git")
+	f.BoolVar(&ws.All, "workspace-all", false, "copy everything under the workspace directory, not only what git sees")
+	f.StringVar(&ws.Out, "workspace-out", "", "after the command, write what it changed in the workspace to this host file as a patch for git apply")
+	f.Int64Var(&ws.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxBytes, "cap on the bytes of the workspace's files, .git included")
+	f.IntVar(&ws.MaxFiles, "workspace-max-files", workspace.DefaultMaxFiles, "cap on the workspace's entries (files, directories, links)")
+	f.Int64Var(&ws.MaxPatchBytes, "workspace-max-patch-bytes", workspace.DefaultMaxPatchBytes, "cap on the workspace patch and the changed content it carries")
 	return c
 }

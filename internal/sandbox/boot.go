@@ -50,7 +50,11 @@ func (r *run) boot(ctx context.Context) error {
 
 // runDisks are the files behind this run's disks.
 func (r *run) runDisks() runDisks {
-	return r.plan.disks(r.scratch, "", "")
+	var image string
+	if r.ws != nil {
+		image = r.ws.Image
+	}
+	return r.plan.disks(r.scratch, image, r.wsUpper)
 }
 
 // mountRoot tells the guest which disks make the run's root (after a
@@ -64,9 +68,6 @@ func (r *run) mountRoot(ctx context.Context, flush bool) error {
 	}
 	return nil
 }
-
-// workspaceDir is the guest directory of the run's workspace ("" none).
-func (r *run) workspaceDir() string { return "" }
 
 // coldConfig is the run's VM: the plan's kernel, command line and disks,
 // and the network when it has one.

@@ -58,22 +58,27 @@ func isStagingName(name string, pid int) bool {
 
 // checkDestination refuses a destination that cannot be written safely
 // before any VM starts: an existing symlink, a directory, or a missing parent.
-func checkDestination(dest string) error {
+func checkDestination(dest string) error { return checkDestinationFor("copy-out", dest) }
+
+// checkDestinationFor is checkDestination for the request field what
+// (copy_out, workspace_out), named in its errors.
+func checkDestinationFor(what, dest string) error {
+	what = strings.ReplaceAll(what, "_", "-")
 	if dest == "" {
-		return fmt.Errorf("copy-out: empty host path: %w", errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: empty host path: %w", what, errdefs.ErrInvalidArgument)
 	}
 	st, err := os.Lstat(dest)
 	switch {
 	case err == nil && st.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("copy-out: host path %s is a symlink; isopod writes only the path you name, never through a link: %w", dest, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: host path %s is a symlink; isopod writes only the path you name, never through a link: %w", what, dest, errdefs.ErrInvalidArgument)
 	case err == nil && st.IsDir():
-		return fmt.Errorf("copy-out: host path %s is a directory; name the file to write: %w", dest, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: host path %s is a directory; name the file to write: %w", what, dest, errdefs.ErrInvalidArgument)
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("copy-out: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	parent := filepath.Dir(dest)
 	if st, err := os.Stat(parent); err != nil || !st.IsDir() {
-		return fmt.Errorf("copy-out: directory %s does not exist; create it first: %w", parent, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: directory %s does not exist; create it first: %w", what, parent, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

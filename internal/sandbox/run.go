@@ -16,6 +16,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/workspace"
 )
 
 // Bounds on host-side waits that are not covered by the run's timeout.
@@ -39,6 +40,11 @@ type run struct {
 	vm      *vm
 	client  *agentclient.Client // vm's, once the guest answered
 	scratch string
+
+	// ws is the run's workspace copy and wsUpper its writable layer
+	// (workspace.go).
+	ws      *workspace.Tree
+	wsUpper string
 
 	// Warm pool (warm.go): warm is set for an eligible run; resumed once
 	// its VM came from a snapshot.
@@ -91,6 +97,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	if err := r.prepare(); err != nil {
 		return nil, err
 	}
+	if err := r.packWorkspace(ctx); err != nil {
+		return nil, err
+	}
 	if err := r.boot(ctx); err != nil {
 		if errors.Is(err, errBootTimeout) {
 			return r.finishTimedOut(), nil
@@ -116,6 +125,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		if err := r.copyOut(ctx); err != nil {
 			return nil, err
 		}
+		r.workspaceOut(ctx)
 	}
 	r.halt(ctx)
 	r.commit(ctx, done)
@@ -244,7 +254,7 @@ func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, 
 		Exec: agentproto.Exec{
 			Argv:      r.req.Argv,
 			Env:       env,
-			Cwd:       cmp.Or(r.req.Cwd, r.plan.cwd),
+			Cwd:       cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
 			TimeoutMS: remaining.Milliseconds(),
 		},
 		Stdin:  stdin,
@@ -394,6 +404,7 @@ func (r *run) cleanup() {
 	if r.scratch != "" {
 		os.Remove(r.scratch)
 	}
+	r.closeWorkspace()
 	if r.dir != nil {
 		for _, f := range placeholderNames {
 			os.Remove(filepath.Join(r.dir.path, f))

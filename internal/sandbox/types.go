@@ -48,7 +48,7 @@ type CopyOut struct {
 // Request is one run. The zero value of every optional field means its
 // default.
 type Request struct {
-	Argv  []string
+	Argv []string
 	// Shell: Argv is a shell command line (/bin/sh -c CMD, as MCP's cmd
 	// runs), refused before boot over a base without /bin/sh.
 	Shell bool
@@ -80,6 +80,10 @@ type Request struct {
 	// 0 means DefaultCopyOutMaxData.
 	CopyOutMaxData int64
 	CommitAs       string
+
+	// Workspace, when set, copies a host directory into the run and can
+	// bring its changes back as a patch (workspace.go).
+	Workspace *Workspace
 }
 
 // Copied reports one copied file.
@@ -155,8 +159,9 @@ type Report struct {
 	Net     *NetReport `json:"net,omitempty"`
 	Egress  any        `json:"egress,omitempty"`
 
-	Copied   []Copied `json:"copied,omitempty"`
-	Warnings []string `json:"warnings,omitempty"`
+	Copied    []Copied         `json:"copied,omitempty"`
+	Workspace *WorkspaceReport `json:"workspace,omitempty"`
+	Warnings  []string         `json:"warnings,omitempty"`
 
 	SerialLogPath string `json:"serial_log_path"`
 	StdoutLogPath string `json:"stdout_log_path"`

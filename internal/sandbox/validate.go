@@ -211,6 +211,13 @@ func normalize(req Request, h hostLimits) (Request, error) {
 			return req, err
 		}
 	}
+	if req.Workspace != nil {
+		w := *req.Workspace
+		if err := checkWorkspace(&w); err != nil {
+			return req, err
+		}
+		req.Workspace = &w
+	}
 	return req, nil
 }
 

@@ -1,0 +1,180 @@
+package sandbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/workspace"
+)
+
+// A workspace carries a host directory into the run as a point-in-time
+// copy (internal/workspace packs it into a squashfs), writable in the
+// guest through a layer of its own that is never committed, and brings
+// what the command changed back as a patch the caller may apply. isopod
+// never writes the host tree.
+
+// DefaultWorkspaceDir is where a workspace appears in the guest; it is the
+// command's working directory unless the request names one.
+const DefaultWorkspaceDir = "/workspace"
+
+// Workspace is a run's workspace.
+type Workspace struct {
+	// Host is the host directory. Dir, when set, is that directory opened
+	// by the caller (the MCP server opens it beneath its host-I/O root);
+	// otherwise Host is opened, following symlinks as an operator expects.
+	Host string
+	Dir  *os.File
+	// Guest is the guest directory; default DefaultWorkspaceDir.
+	Guest string
+	// Options choose what is copied (All) and cap it.
+	workspace.Options
+	// Out, when set, is the host file that receives the patch; OutDir is
+	// its directory opened by the caller, as CopyOut.HostDir.
+	Out    string
+	OutDir *os.File
+}
+
+// WorkspaceReport is a report's workspace block.
+type WorkspaceReport struct {
+	Host  string `json:"host"`
+	Guest string `json:"guest"`
+	// Git: the copy took what git would see, and .git.
+	Git   bool  `json:"git"`
+	Files int64 `json:"files"`
+	Bytes int64 `json:"bytes"`
+	// Skipped counts what the copy left out by kind (socket, fifo,
+	// device, unreadable).
+	Skipped map[string]int `json:"skipped,omitempty"`
+	// CredentialsRemoved names the git settings removed from the copy
+	// (names, never values).
+	CredentialsRemoved []string `json:"credentials_removed,omitempty"`
+	// Changed and PatchBytes describe the patch written to Out; LeftOut
+	// counts changes under .git, which no patch carries.
+	Changed    *WorkspaceChanged `json:"changed,omitempty"`
+	LeftOut    int               `json:"left_out,omitempty"`
+	PatchBytes *int64            `json:"patch_bytes,omitempty"`
+	Out        string            `json:"out,omitempty"`
+	// PatchError says why no patch was written; the rest of the report
+	// stands.
+	PatchError string `json:"patch_error,omitempty"`
+	InMS       int64  `json:"in_ms"`
+	OutMS      *int64 `json:"out_ms,omitempty"`
+}
+
+// WorkspaceChanged counts the files and symlinks a patch adds, modifies
+// and deletes.
+type WorkspaceChanged struct {
+	Added    int `json:"added"`
+	Modified int `json:"modified"`
+	Deleted  int `json:"deleted"`
+}
+
+// reservedGuestDirs are guest directories a workspace may not be, nor lie
+// under.
+var reservedGuestDirs = []string{"/proc", "/sys", "/dev", "/run/isopod"}
+
+// checkWorkspace fills the workspace's defaults and checks it before
+// anything starts.
+func checkWorkspace(w *Workspace) error {
+	if w.Host == "" && w.Dir == nil {
+		return argError("workspace", nil, "the host directory is empty")
+	}
+	w.Guest = cmp.Or(w.Guest, DefaultWorkspaceDir)
+	g := w.Guest
+	if !strings.HasPrefix(g, "/") || path.Clean(g) != g || g == "/" {
+		return argError("workspace", strconv.Quote(g), "the guest directory must be a clean absolute path other than / (default %s)", DefaultWorkspaceDir)
+	}
+	for _, r := range reservedGuestDirs {
+		if g == r || strings.HasPrefix(g, r+"/") {
+			return argError("workspace", strconv.Quote(g), "the guest directory cannot be under %s, which the guest system owns", r)
+		}
+	}
+	if err := w.Options.Validate(); err != nil {
+		return err
+	}
+	if w.Out != "" && w.OutDir == nil {
+		if err := checkDestinationFor("workspace_out", w.Out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openWorkspace opens the workspace's host directory.
+func openWorkspace(w *Workspace) (*os.File, error) {
+	if w.Dir != nil {
+		return dupFile(w.Dir)
+	}
+	f, err := os.OpenFile(w.Host, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOTDIR) {
+			return nil, argError("workspace", w.Host, "not a directory; name the directory to copy")
+		}
+		return nil, fmt.Errorf("%s %s: %w: %w", CLIFlag("workspace"), w.Host, err, errdefs.ErrInvalidArgument)
+	}
+	return f, nil
+}
+
+// packWorkspace copies and packs the workspace, before the VM starts: a
+// tree over a cap is refused here. The time it takes is not charged to the
+// run's timeout, which is the command's.
+func (r *run) packWorkspace(ctx context.Context) error {
+	w := r.req.Workspace
+	if w == nil {
+		return nil
+	}
+	t := time.Now()
+	defer func() { r.uncharged += time.Since(t) }()
+	dir, err := openWorkspace(w)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	tree, err := workspace.Pack(ctx, dir, r.dir.path, w.Options)
+	if err != nil {
+		return fmt.Errorf("workspace %s: %w", w.Host, err)
+	}
+	r.ws = tree
+	upper := filepath.Join(r.dir.path, "workspace-upper.ext4")
+	if err := r.s.prepareScratch(upper, r.plan.scratchMiB); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	r.wsUpper = upper
+	r.rep.Workspace = &WorkspaceReport{
+		Host: w.Host, Guest: w.Guest, Git: tree.Git, Files: tree.Files, Bytes: tree.Bytes,
+		Skipped: tree.Skipped, CredentialsRemoved: tree.CredentialsRemoved, Out: w.Out,
+		InMS: time.Since(t).Milliseconds(),
+	}
+	return nil
+}
+
+// workspaceDir is the guest directory of the run's workspace ("" none).
+func (r *run) workspaceDir() string {
+	if r.ws == nil {
+		return ""
+	}
+	return r.req.Workspace.Guest
+}
+
+// closeWorkspace removes the copy, its image and its writable layer.
+func (r *run) closeWorkspace() {
+	if r.ws != nil {
+		if err := r.ws.Close(); err != nil {
+			r.s.log.Warn("removing the workspace copy", "err", err)
+		}
+	}
+	if r.wsUpper != "" {
+		os.Remove(r.wsUpper)
+	}
+}
