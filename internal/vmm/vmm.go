@@ -74,6 +74,10 @@ type Config struct {
 	SerialLog io.Writer
 	Accel     Accel
 	Logger    *slog.Logger
+	// Paused (Restore only): the Machine comes up with the snapshot's
+	// state loaded but no guest code running, until its Resume ([Resumer]).
+	// A driver that cannot do this refuses the config.
+	Paused bool
 }
 
 // Validate checks what a driver cannot do without.
@@ -164,6 +168,13 @@ type Restorer interface {
 	// the disks, NIC and agent channel for the new Machine; sizes must match
 	// the snapshot.
 	Restore(ctx context.Context, cfg Config, dir string) (Machine, error)
+}
+
+// Resumer is a Machine restored with Config.Paused.
+type Resumer interface {
+	// Resume lets the guest run. Calling it on a running Machine does
+	// nothing.
+	Resume(ctx context.Context) error
 }
 
 // Timing is optional boot detail a driver may expose (as a Machine).

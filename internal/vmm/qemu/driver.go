@@ -172,6 +172,9 @@ func parseVersion(out string) (string, error) {
 // Start boots a guest. ctx bounds the start-up (the KVM probe, QEMU's
 // initialisation and the QMP handshake), never the Machine.
 func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) {
+	if cfg.Paused {
+		return nil, fmt.Errorf("qemu start: only a restore can come up paused: %w", errdefs.ErrInvalidArgument)
+	}
 	m, err := d.start(ctx, &cfg, launch{})
 	if err != nil {
 		return nil, err
@@ -350,6 +353,7 @@ type Machine struct {
 var (
 	_ vmm.Machine = (*Machine)(nil)
 	_ vmm.Timing  = (*Machine)(nil)
+	_ vmm.Resumer = (*Machine)(nil)
 )
 
 // Agent is the host end of the agent channel (a *net.UnixConn). The caller

@@ -220,7 +220,7 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if err != nil {
 		return nil, err
 	}
-	if err := m.incoming(ctx, state); err != nil {
+	if err := m.incoming(ctx, state, !cfg.Paused); err != nil {
 		m.Kill()
 		m.Wait()
 		m.agent.Close()
@@ -241,8 +241,9 @@ func migrationCaps(ctx context.Context, q *QMPClient) error {
 	return err
 }
 
-// incoming loads the device state from state and lets the guest run.
-func (m *Machine) incoming(ctx context.Context, state *os.File) error {
+// incoming loads the device state from state and, when run is set, lets
+// the guest run.
+func (m *Machine) incoming(ctx context.Context, state *os.File, run bool) error {
 	if err := migrationCaps(ctx, m.qmp); err != nil {
 		return err
 	}
@@ -250,8 +251,16 @@ func (m *Machine) incoming(ctx context.Context, state *os.File) error {
 		return err
 	}
 	// The stream carries the source's run state, paused: resume here.
+	if !run {
+		return nil
+	}
+	return m.Resume(ctx)
+}
+
+// Resume lets a machine restored paused (vmm.Config.Paused) run.
+func (m *Machine) Resume(ctx context.Context) error {
 	if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
-		return err
+		return fmt.Errorf("qemu resume: %w", err)
 	}
 	return nil
 }

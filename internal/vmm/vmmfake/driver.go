@@ -131,6 +131,9 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, error)
 	if err := d.check(ctx, &cfg); err != nil {
 		return nil, err
 	}
+	if cfg.Paused {
+		return nil, fmt.Errorf("vmmfake: start: only a restore can come up paused: %w", errdefs.ErrInvalidArgument)
+	}
 	if d.cfg.FailStart != nil {
 		if err := d.cfg.FailStart(cfg); err != nil {
 			return nil, fmt.Errorf("vmmfake: start: %w", err)
@@ -231,5 +234,5 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 			return nil, fmt.Errorf("vmmfake restore: %w", err)
 		}
 	}
-	return d.launch(cfg, guest{restored: true, bootError: meta.BootError, state: meta.State, accel: meta.Accel})
+	return d.launch(cfg, guest{restored: true, paused: cfg.Paused, bootError: meta.BootError, state: meta.State, accel: meta.Accel})
 }

@@ -35,6 +35,7 @@ type guest struct {
 	delay     time.Duration // before the Hello of a cold boot
 	bootError string
 	restored  bool      // resumed from a snapshot: no Hello of its own
+	paused    bool      // restored paused: nothing runs until Resume
 	state     State     // the snapshot's recorded state
 	accel     vmm.Accel // the snapshot's; "" for the driver's
 }
@@ -57,19 +58,22 @@ type Machine struct {
 	ctx    context.Context // the agent's; cancelled when the machine stops
 	cancel context.CancelFunc
 
-	pauseOnce sync.Once
-	paused    chan struct{} // closed by Snapshot
-	exitOnce  sync.Once
-	err       error         // set before stopped is closed
-	stopped   chan struct{} // closed when the machine stops (power-off, Kill, Crash)
-	served    chan struct{} // closed when the agent goroutine has returned
-	done      chan struct{} // closed when stopped and served
+	pauseOnce  sync.Once
+	paused     chan struct{} // closed by Snapshot
+	resumeOnce sync.Once
+	resumed    chan struct{} // closed by Resume (at once unless restored paused)
+	exitOnce   sync.Once
+	err        error         // set before stopped is closed
+	stopped    chan struct{} // closed when the machine stops (power-off, Kill, Crash)
+	served     chan struct{} // closed when the agent goroutine has returned
+	done       chan struct{} // closed when stopped and served
 }
 
 var (
 	_ vmm.Machine     = (*Machine)(nil)
 	_ vmm.Timing      = (*Machine)(nil)
 	_ vmm.Snapshotter = (*Machine)(nil)
+	_ vmm.Resumer     = (*Machine)(nil)
 )
 
 func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
@@ -104,12 +108,22 @@ func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
 		console: agent.NewConsoleLogger(console, cmdlineValue(cfg.Cmdline, agentproto.CmdlineDebug) == "1"),
 		ctx:     ctx, cancel: cancel,
 		paused:  make(chan struct{}),
+		resumed: make(chan struct{}),
 		stopped: make(chan struct{}),
 		served:  make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	if !g.paused {
+		m.resumeOnce.Do(func() { close(m.resumed) })
+	}
 	go m.run()
 	return m, nil
+}
+
+// Resume lets a machine restored paused run.
+func (m *Machine) Resume(ctx context.Context) error {
+	m.resumeOnce.Do(func() { close(m.resumed) })
+	return nil
 }
 
 // fileConn turns one socket of a pair into a net.Conn.
@@ -138,6 +152,11 @@ func cmdlineValue(cmdline, key string) string {
 // guest idles until the machine is ended.
 func (m *Machine) run() {
 	defer close(m.served)
+	select {
+	case <-m.resumed:
+	case <-m.stopped:
+		return
+	}
 	if m.g.delay > 0 {
 		t := time.NewTimer(m.g.delay)
 		defer t.Stop()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
@@ -260,6 +261,8 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 		t.Errorf("Wait after the restored guest's power-off: %v", errs[0])
 	}
 
+	testPausedRestore(t, ctx, r, g, dir)
+
 	bad := Config(t, g)
 	bad.MemMiB *= 2
 	if m, err := r.Restore(ctx, bad, dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -277,6 +280,46 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 			m.Wait()
 		}
 		t.Errorf("Restore from an empty directory: %v; want ErrNotFound", err)
+	}
+}
+
+// testPausedRestore: a machine restored paused answers nothing until it is
+// resumed, then serves as any restored one; a cold start cannot be paused.
+func testPausedRestore(t *testing.T, ctx context.Context, r vmm.Restorer, g Guest, dir string) {
+	cfg := Config(t, g)
+	cfg.Paused = true
+	s := start(t, cfg, func(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) { return r.Restore(ctx, cfg, dir) })
+	res, ok := s.M.(vmm.Resumer)
+	if !ok {
+		t.Fatalf("%T restored paused but is not a vmm.Resumer", s.M)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if err := s.Client.Call(pctx, &agentproto.Msg{Kind: agentproto.KindPing}, nil); err == nil {
+		t.Errorf("a paused guest answered a ping")
+	}
+	pcancel()
+	if err := res.Resume(ctx); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if err := res.Resume(ctx); err != nil {
+		t.Errorf("a second Resume: %v; want nothing done", err)
+	}
+	h, err := s.Client.Hello(ctx)
+	s.hello(t, h, err)
+	s.Ping(t)
+	s.M.Kill()
+	s.M.Wait()
+
+	cold := Config(t, g)
+	cold.Paused = true
+	if drv, ok := r.(vmm.Driver); ok {
+		if m, err := drv.Start(ctx, cold); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if err == nil {
+				m.Kill()
+				m.Wait()
+			}
+			t.Errorf("Start with Paused: %v; want ErrInvalidArgument", err)
+		}
 	}
 }
 
