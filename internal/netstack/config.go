@@ -52,6 +52,9 @@ type Config struct {
 	//   -netdev stream,id=n0,server=off,addr.type=unix,addr.path=SOCKET
 	// It must not exist yet; Close removes it.
 	Socket string
+	// Listener, when set, is Socket made ahead by Listen (a VMM may be
+	// connected already); the stack serves it and closes it on Close.
+	Listener *net.UnixListener
 
 	// GuestAddr is the guest's address with its prefix; Gateway the stack's
 	// own address in the same subnet (DNS, ICMP echo). Zero: the defaults.

@@ -107,7 +107,28 @@ func HostAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Start builds the stack and listens on cfg.Socket. The guest may connect at
+// Listen makes a stack's socket at path (which must not exist) ahead of
+// the stack: a VMM may connect at once, its connection waiting in the
+// backlog until a Start with Config.Listener serves it. Closing the
+// listener removes the socket.
+func Listen(path string) (*net.UnixListener, error) {
+	if _, err := os.Lstat(path); err == nil {
+		return nil, fmt.Errorf("netstack socket %s already exists (remove it or use a fresh VM directory): %w", path, errdefs.ErrAlreadyExists)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening on netstack socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restricting netstack socket: %w", err)
+	}
+	return ln, nil
+}
+
+// Start builds the stack and listens on cfg.Socket (or serves
+// cfg.Listener). The guest may connect at
 // any time until Close; one connection is served at a time.
 func Start(cfg Config) (*Stack, error) {
 	if err := cfg.Validate(); err != nil {
@@ -128,22 +149,16 @@ func Start(cfg Config) (*Stack, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	if _, err := os.Lstat(cfg.Socket); err == nil {
-		s.cancel()
-		return nil, fmt.Errorf("netstack socket %s already exists (remove it or use a fresh VM directory): %w", cfg.Socket, errdefs.ErrAlreadyExists)
+	if cfg.Listener != nil {
+		s.ln = cfg.Listener
+	} else {
+		ln, err := Listen(cfg.Socket)
+		if err != nil {
+			s.cancel()
+			return nil, err
+		}
+		s.ln = ln
 	}
-	ln, err := net.Listen("unix", cfg.Socket)
-	if err != nil {
-		s.cancel()
-		return nil, fmt.Errorf("listening on netstack socket: %w", err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(true)
-	if err := os.Chmod(cfg.Socket, 0o600); err != nil {
-		ln.Close()
-		s.cancel()
-		return nil, fmt.Errorf("restricting netstack socket: %w", err)
-	}
-	s.ln = ln
 
 	if err := s.build(); err != nil {
 		s.Close()

@@ -37,7 +37,7 @@ func filteredRequest(req Request) bool {
 // Filter as its policy, sniffer and DNS resolver, the flight recorder
 // writing egress.jsonl, and the HTTP and SOCKS5 proxies on the gateway.
 // Rolls back on failure.
-func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.Time) (*runNetwork, error) {
+func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, req Request, start time.Time) (*runNetwork, error) {
 	n := &runNetwork{mode: flightrec.ModeFiltered}
 	ok := false
 	defer func() {
@@ -60,7 +60,9 @@ func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.T
 	if err != nil {
 		return nil, err
 	}
-	if n.sockDir, err = socketDir(id); err != nil {
+	sock, err := takeNIC(id, nic)
+	n.sockDir, n.ln = sock.dir, sock.ln
+	if err != nil {
 		return nil, err
 	}
 	n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, EgressLogName), Start: start,
@@ -69,7 +71,8 @@ func (s *Service) startFilteredNetwork(id, dir string, req Request, start time.T
 		return nil, err
 	}
 	n.stack, err = netstack.Start(netstack.Config{
-		Socket:   filepath.Join(n.sockDir, "net.sock"),
+		Socket:   sock.path(),
+		Listener: sock.ln,
 		Policy:   n.filter,
 		DNS:      netstack.ResolverHandler(n.filter),
 		Recorder: n.rec,

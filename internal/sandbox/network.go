@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -20,6 +21,7 @@ type runNetwork struct {
 	stack   *netstack.Stack
 	rec     *flightrec.Log // net.jsonl, or egress.jsonl for a filtered run
 	sockDir string
+	ln      *net.UnixListener // a parked socket, until the stack serves it
 	mode    string
 
 	// Filtered mode only.
@@ -52,10 +54,70 @@ func socketDir(id string) (string, error) {
 	return dir, nil
 }
 
+// nicSocket is where a VM's NIC connects: a private socket directory and,
+// for a ready VM (ready.go), the listener made before the VM's network,
+// which its VMM is already connected to.
+type nicSocket struct {
+	dir string
+	ln  *net.UnixListener // nil: the stack makes the socket
+}
+
+func (n *nicSocket) path() string { return filepath.Join(n.dir, "net.sock") }
+
+// parkNIC makes the socket a ready VM's NIC connects to before its run,
+// and with it, its network, exists.
+func parkNIC(id string) (*nicSocket, error) {
+	dir, err := socketDir(id)
+	if err != nil {
+		return nil, err
+	}
+	n := &nicSocket{dir: dir}
+	if n.ln, err = netstack.Listen(n.path()); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return n, nil
+}
+
+// close removes a parked socket that no network took. Idempotent.
+func (n *nicSocket) close() {
+	if n.ln != nil {
+		n.ln.Close()
+		n.ln = nil
+	}
+	if n.dir != "" {
+		os.RemoveAll(n.dir)
+		n.dir = ""
+	}
+}
+
+// vmmNet is the NIC of a VM whose network is started later.
+func (n *nicSocket) vmmNet() *vmm.Net {
+	return &vmm.Net{Socket: n.path(), MAC: netstack.DefaultGuestMAC.String()}
+}
+
+// takeNIC is the socket a run's network serves: nic (parked, now the
+// network's to close) or a fresh one.
+func takeNIC(id string, nic *nicSocket) (nicSocket, error) {
+	if nic != nil {
+		t := *nic
+		*nic = nicSocket{}
+		return t, nil
+	}
+	dir, err := socketDir(id)
+	return nicSocket{dir: dir}, err
+}
+
 // startNetwork starts the run's stack. Rolls back on failure.
 func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*runNetwork, error) {
+	return s.startNetworkOn(nil, id, dir, req, start)
+}
+
+// startNetworkOn is startNetwork serving the parked socket nic (nil: a
+// new one).
+func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, req Request, start time.Time) (*runNetwork, error) {
 	if filteredRequest(req) {
-		return s.startFilteredNetwork(id, dir, req, start)
+		return s.startFilteredNetwork(nic, id, dir, req, start)
 	}
 	n := &runNetwork{mode: flightrec.ModeNAT}
 	ok := false
@@ -64,8 +126,9 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*r
 			n.close()
 		}
 	}()
-	var err error
-	if n.sockDir, err = socketDir(id); err != nil {
+	sock, err := takeNIC(id, nic)
+	n.sockDir, n.ln = sock.dir, sock.ln
+	if err != nil {
 		return nil, err
 	}
 	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: start, Logger: s.log}); err != nil {
@@ -77,7 +140,8 @@ func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*r
 	}
 	policy := egress.Policy(&egress.PublicOnly{AllowLAN: req.AllowLANEgress, HostAddrs: hostAddrs})
 	n.stack, err = netstack.Start(netstack.Config{
-		Socket:   filepath.Join(n.sockDir, "net.sock"),
+		Socket:   sock.path(),
+		Listener: sock.ln,
 		Policy:   policy,
 		Recorder: n.rec,
 		Logger:   s.log,
@@ -124,7 +188,10 @@ func (n *runNetwork) close() {
 	if n.stack != nil {
 		n.stack.Close()
 		n.stack = nil
+	} else if n.ln != nil {
+		n.ln.Close()
 	}
+	n.ln = nil
 	if n.rec != nil {
 		n.rec.Close()
 	}
