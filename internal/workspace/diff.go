@@ -150,7 +150,9 @@ func (r *patchRepo) load(ctx context.Context, root int, p *plan, max int64) erro
 		pw.CloseWithError(err)
 		errc <- err
 	}()
-	_, err := r.run(ctx, pr, nil, "fast-import", "--quiet", "--done")
+	// The repository lives for one patch: its objects are stored
+	// uncompressed (the patch's binary hunks are still deflated).
+	_, err := r.run(ctx, pr, nil, "-c", "pack.compression=0", "-c", "core.compression=0", "fast-import", "--quiet", "--done")
 	pr.CloseWithError(errors.New("fast-import ended"))
 	if werr := <-errc; werr != nil && !strings.Contains(werr.Error(), "fast-import ended") {
 		return werr
