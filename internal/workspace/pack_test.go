@@ -5,6 +5,7 @@ package workspace
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -324,5 +325,62 @@ func TestPackNested(t *testing.T) {
 	got = unpack(t, tr.Image)
 	if fi, err := os.Lstat(filepath.Join(got, ".git")); err != nil || !fi.Mode().IsRegular() {
 		t.Errorf("a worktree's .git: got %v, %v; want the file copied as it is", fi, err)
+	}
+}
+
+// TestPackUnreadableRepo checks a repository git refuses to read is an
+// error, not a tree taken whole (which would bring in ignored files).
+func TestPackUnreadableRepo(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the repository to another user")
+	}
+	repo, _ := fixture(t)
+	if err := filepath.WalkDir(repo, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 54321, 54321)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pack(t, repo, Options{})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "dubious ownership") {
+		t.Errorf("got %v; want a failed precondition quoting git", err)
+	}
+}
+
+// TestPackWithoutGit checks what happens on a host without git: a tree in
+// a repository is refused unless taken whole, and then its git configs are
+// removed whole.
+func TestPackWithoutGit(t *testing.T) {
+	repo, _ := fixture(t)
+	plain := t.TempDir()
+	write(t, filepath.Join(plain, "a"), "a\n", 0o644)
+	bin := t.TempDir()
+	for _, tool := range []string{"mksquashfs", "unsquashfs"} {
+		p, _ := exec.LookPath(tool)
+		symlink(t, p, filepath.Join(bin, tool))
+	}
+	t.Setenv("PATH", bin)
+
+	if _, err := pack(t, repo, Options{}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "git is not installed") {
+		t.Errorf("a repository without git: got %v; want a failed precondition", err)
+	}
+	if _, err := pack(t, filepath.Join(repo, "sub/deep"), Options{}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a directory deep in a repository without git: got %v; want a failed precondition", err)
+	}
+	tr := mustPack(t, repo, Options{All: true})
+	if want := []string{"(the whole file: git is not installed to read it)"}; !reflect.DeepEqual(tr.CredentialsRemoved, want) {
+		t.Errorf("CredentialsRemoved = %q; want %q", tr.CredentialsRemoved, want)
+	}
+	got := unpack(t, tr.Image)
+	if _, err := os.Lstat(filepath.Join(got, ".git/config")); err == nil {
+		t.Error(".git/config is in the copy")
+	}
+	checkNoSecrets(t, got)
+	tr = mustPack(t, plain, Options{})
+	if _, err := tr.Patch(t.Context(), []Change{{Path: "a", Kind: Deleted}}, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Patch without git: got %v; want a failed precondition", err)
 	}
 }
