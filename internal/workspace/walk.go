@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"isopod/internal/errdefs"
 )
 
 // sel chooses what to copy of one directory.
@@ -102,7 +104,11 @@ func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
 		}
 	} else {
 		for name := range s.kids {
-			names = append(names, name)
+			// Git never names these; a name is only ever one entry
+			// of this directory.
+			if name != "" && name != "." && name != ".." && !strings.Contains(name, "/") {
+				names = append(names, name)
+			}
 		}
 	}
 	sort.Strings(names)
@@ -110,7 +116,7 @@ func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
 	for _, name := range names {
 		if w.ticks++; w.ticks%256 == 0 {
 			if err := w.ctx.Err(); err != nil {
-				return err
+				return fmt.Errorf("copying the workspace: %w", err)
 			}
 		}
 		k := s.child(name)
@@ -119,7 +125,8 @@ func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
 			err = w.entry(sfd, dst, join(rel, name), name, k)
 		}
 		if errors.Is(err, errChanged) {
-			return fmt.Errorf("%s kept changing while being copied; run again once the tree is quiet", show(join(rel, name)))
+			return fmt.Errorf("%s kept changing while being copied; run again once the tree is quiet: %w",
+				show(join(rel, name)), errdefs.ErrFailedPrecondition)
 		}
 		if err != nil {
 			return err

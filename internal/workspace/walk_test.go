@@ -122,3 +122,31 @@ func TestPackSwapRace(t *testing.T) {
 		tr.Close()
 	}
 }
+
+// TestSelNames checks names that are not one entry of a directory are
+// never acted on, whatever a file list holds.
+func TestSelNames(t *testing.T) {
+	needTools(t, "mksquashfs")
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "tree")
+	write(t, filepath.Join(dir, "a"), "a\n", 0o644)
+	write(t, filepath.Join(parent, "secret"), secretOut, 0o644)
+	s := &sel{}
+	for _, p := range []string{"a", "../secret", "./a", "x//y"} {
+		s.add(p)
+	}
+	s.kids["a/b"] = &sel{leaf: true}
+	src, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	stage := filepath.Join(t.TempDir(), "stage")
+	w := &walker{ctx: t.Context(), maxFiles: 100, maxBytes: 1 << 20, skipped: map[string]int{}}
+	if err := copyRoot(w, src, stage, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(snapshot(t, stage, false)); len(got) != 1 || got[0] != "a" {
+		t.Errorf("copied %q; want only a", got)
+	}
+}
