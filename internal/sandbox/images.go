@@ -136,11 +136,15 @@ func (s *Service) ImageList(ctx context.Context) (*ImageListResult, error) {
 		e := ImageEntry{
 			Flavor: ii.Flavor, Built: ii.Built, Stale: ii.Stale, StaleReason: ii.StaleReason,
 			SizeBytes: ii.Size, ContentSHA256: ii.ContentSHA256, Protocol: ii.ProtocolVersion,
+			Kind: ii.Kind, Source: ii.Source, Digest: ii.Digest,
 		}
 		if ii.Built {
 			e.Path = ii.Path
 		}
-		if !ii.Built || ii.Stale {
+		switch {
+		case ii.Stale && ii.Kind == image.KindImported:
+			e.Hint = "isopod image rm " + ii.Flavor + " && isopod image import " + ii.Source + " --name " + ii.Flavor
+		case !ii.Built || ii.Stale:
 			e.Hint = "isopod image build " + ii.Flavor
 		}
 		res.Images = append(res.Images, e)

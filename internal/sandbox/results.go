@@ -81,6 +81,11 @@ type ImageEntry struct {
 	ContentSHA256 string `json:"sha256,omitempty"`
 	Protocol      int    `json:"protocol_version,omitempty"`
 	Hint          string `json:"hint,omitempty"` // how to build it when not built
+	// Kind is built (base-min, base-debian), imported (from a container
+	// image: Source, Digest) or pulled (a build that came with a stage).
+	Kind   string `json:"kind,omitempty"`
+	Source string `json:"source,omitempty"`
+	Digest string `json:"digest,omitempty"`
 }
 
 type ImageListResult struct {
