@@ -131,7 +131,7 @@ type rawManifest struct {
 	mt types.MediaType
 }
 
-func (r rawManifest) RawManifest() ([]byte, error)         { return r.b, nil }
+func (r rawManifest) RawManifest() ([]byte, error)        { return r.b, nil }
 func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
 
 // fileBlob is a blob in a file, counted into a meter as it is read.
@@ -143,10 +143,10 @@ type fileBlob struct {
 	meter  *oci.Meter
 }
 
-func (f fileBlob) Digest() (v1.Hash, error)            { return f.digest, nil }
-func (f fileBlob) DiffID() (v1.Hash, error)            { return f.digest, nil }
-func (f fileBlob) Size() (int64, error)                { return f.size, nil }
-func (f fileBlob) MediaType() (types.MediaType, error) { return f.mt, nil }
+func (f fileBlob) Digest() (v1.Hash, error)             { return f.digest, nil }
+func (f fileBlob) DiffID() (v1.Hash, error)             { return f.digest, nil }
+func (f fileBlob) Size() (int64, error)                 { return f.size, nil }
+func (f fileBlob) MediaType() (types.MediaType, error)  { return f.mt, nil }
 func (f fileBlob) Uncompressed() (io.ReadCloser, error) { return f.Compressed() }
 func (f fileBlob) Compressed() (io.ReadCloser, error) {
 	fh, err := os.Open(f.path)
