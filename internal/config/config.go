@@ -24,6 +24,10 @@ import (
 // DefaultWarmPoolDiskMiB is the warm pool's disk budget unless set.
 const DefaultWarmPoolDiskMiB = 8192
 
+// DefaultReadyVMs is how many paused VMs a long-lived front end keeps
+// ready per hot shape unless set.
+const DefaultReadyVMs = 1
+
 // Settings are everything isopod's behaviour depends on outside a request.
 type Settings struct {
 	Paths paths.Paths
@@ -46,6 +50,16 @@ type Settings struct {
 	// WarmPoolBytes: ISOPOD_WARM_POOL_DISK_MIB, the snapshots' disk
 	// budget (default DefaultWarmPoolDiskMiB).
 	WarmPoolBytes int64
+	// ReadyVMs: ISOPOD_READY_VMS, the ready VMs per hot shape a
+	// long-lived front end keeps (default DefaultReadyVMs; 0 none).
+	ReadyVMs int
+	// LongLived is set by a front end that serves many runs (isopod-mcp):
+	// it gets ready VMs and builds missing snapshots in the background,
+	// and must close the Service.
+	LongLived bool
+	// HoldVM is the long-lived front end's admission for background VMs
+	// (sandbox.Options.HoldVM).
+	HoldVM func(memMiB int) (release func(), ok bool)
 
 	// raw keeps every knob as read, for front-end policies that interpret
 	// their own (the MCP server's host-I/O switches).
@@ -58,7 +72,7 @@ type Settings struct {
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile} {
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile, knobs.MCPWorkspace} {
 		if v, ok := lookup(k); ok {
 			s.raw[k] = v
 		}
@@ -110,6 +124,14 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	}
 	if s.Jail, err = parseJail(s.raw[knobs.Jail]); err != nil {
 		return s, err
+	}
+	s.ReadyVMs = DefaultReadyVMs
+	if v := strings.TrimSpace(s.raw[knobs.ReadyVMs]); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 16 {
+			return s, fmt.Errorf("%s=%q: want a number of VMs from 0 (none) to 16: %w", knobs.ReadyVMs, v, errdefs.ErrInvalidArgument)
+		}
+		s.ReadyVMs = n
 	}
 	return s, nil
 }
@@ -170,7 +192,7 @@ func (s Settings) Logger(w io.Writer) *slog.Logger {
 
 // NewService builds the core from the settings.
 func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service, error) {
-	return sandbox.New(sandbox.Options{
+	o := sandbox.Options{
 		Paths:         s.Paths,
 		DockerConfig:  s.DockerConfig,
 		Logger:        log,
@@ -183,7 +205,11 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		Jail:          s.Jail,
 		NoWarmPool:    s.NoWarmPool,
 		WarmPoolBytes: s.WarmPoolBytes,
-	})
+	}
+	if s.LongLived {
+		o.ReadyVMs, o.BackgroundSnapshots, o.HoldVM = s.ReadyVMs, true, s.HoldVM
+	}
+	return sandbox.New(o)
 }
 
 // dockerConfigDir is where Docker's config.json is: DOCKER_CONFIG, else

@@ -14,9 +14,11 @@ const (
 	Jail          = "ISOPOD_JAIL"               // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
 	WarmPool      = "ISOPOD_WARM_POOL"          // 0|off: every run boots cold and no snapshot is built
 	WarmPoolDisk  = "ISOPOD_WARM_POOL_DISK_MIB" // the snapshots' disk budget; least recently used go first
+	ReadyVMs      = "ISOPOD_READY_VMS"          // isopod-mcp: paused VMs kept ready per hot shape (default 1; 0 off)
 	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"
+	MCPWorkspace  = "ISOPOD_MCP_WORKSPACE" // 0|off: sandbox_run refuses workspace
 )
 
 // DockerConfig is Docker's configuration directory, whose config.json and

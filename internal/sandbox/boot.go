@@ -16,11 +16,20 @@ import (
 // cold boot.
 func (r *run) boot(ctx context.Context) error {
 	if !r.req.NoNetwork {
-		n, err := r.s.startNetwork(r.dir.rec.ID, r.dir.path, r.req, r.t0)
+		var nic *nicSocket
+		if r.ready != nil {
+			nic = r.ready.nic
+		}
+		n, err := r.s.startNetworkOn(nic, r.dir.rec.ID, r.dir.path, r.req, r.t0)
 		if err != nil {
 			return err
 		}
 		r.vm.net = n
+	}
+	if r.ready != nil {
+		if done, err := r.bootReady(ctx); done || err != nil {
+			return err
+		}
 	}
 	drv, err := r.s.driver(ctx)
 	if err != nil {

@@ -117,17 +117,26 @@ func newColdService(t *testing.T, cfg vmmfake.Config) (*sandbox.Service, *vmmfak
 
 func newFake(t *testing.T, cfg vmmfake.Config, noWarm bool) (*sandbox.Service, *vmmfake.Driver) {
 	t.Helper()
+	return newFakeWith(t, cfg, func(o *sandbox.Options) { o.NoWarmPool = noWarm })
+}
+
+// newFakeWith is newFakeService with the Options adjusted by tweak. The
+// Service is closed when the test ends.
+func newFakeWith(t *testing.T, cfg vmmfake.Config, tweak func(*sandbox.Options)) (*sandbox.Service, *vmmfake.Driver) {
+	t.Helper()
 	p, kernel := newTestRoot(t)
 	d, err := vmmfake.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sandbox.New(sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test", NoWarmPool: noWarm})
+	o := sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test"}
+	tweak(&o)
+	s, err := sandbox.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		s.Wait()
+		s.Close()
 		for _, m := range d.Machines() {
 			select {
 			case <-m.Done():

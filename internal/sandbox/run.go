@@ -50,6 +50,8 @@ type run struct {
 	// its VM came from a snapshot.
 	warm    *warmState
 	resumed bool
+	// ready is the ready VM the run claimed (ready.go).
+	ready *readyVM
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (building a snapshot on first use).
 	uncharged time.Duration
@@ -85,6 +87,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: &vm{log: s.log}}
 	r.warm = s.warmFor(ctx, req, pl)
+	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
+		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
+	}
 	defer func() {
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
@@ -93,6 +98,10 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
 		s.teardown(r.cleanup)
+		// A shape that resumed is hot: keep a VM of it ready.
+		if sp, ok := r.readySpecFor(); ok && r.resumed {
+			s.ready.noteHot(sp)
+		}
 	}()
 	if err := r.prepare(); err != nil {
 		return nil, err
@@ -203,11 +212,17 @@ func (r *run) deadline() time.Time {
 
 // prepare makes the VM directory, its record, logs and scratch disk.
 func (r *run) prepare() error {
-	d, err := r.s.newVMDir(r.req.Argv, r.plan.base.Flavor, r.req.Stage)
-	if err != nil {
-		return err
+	if r.ready != nil {
+		r.adoptReady()
+	} else {
+		d, err := r.s.newVMDir(r.req.Argv, r.plan.base.Flavor, r.req.Stage)
+		if err != nil {
+			return err
+		}
+		r.dir = d
 	}
-	r.dir = d
+	d := r.dir
+	var err error
 	r.rep = &Report{
 		OK: true, VMID: d.rec.ID, Name: d.rec.Name, Argv: r.req.Argv, Path: "cold",
 		VCPUs: r.req.VCPUs, MemMiB: r.req.MemMiB, ScratchMiB: r.plan.scratchMiB,
@@ -401,14 +416,12 @@ func (r *run) cleanup() {
 			c.Close()
 		}
 	}
-	if r.scratch != "" {
-		os.Remove(r.scratch)
-	}
 	r.closeWorkspace()
+	if r.ready != nil && r.ready.nic != nil {
+		r.ready.nic.close() // parked, and not taken by a network
+	}
 	if r.dir != nil {
-		for _, f := range placeholderNames {
-			os.Remove(filepath.Join(r.dir.path, f))
-		}
+		cleanDisks(r.dir.path, r.scratch)
 	}
 	if r.dir != nil {
 		var code *int

@@ -44,6 +44,19 @@ type Options struct {
 	// WarmPoolBytes is the disk budget of the warm pool's snapshots; the
 	// least recently used go first (ISOPOD_WARM_POOL_DISK_MIB). 0: none.
 	WarmPoolBytes int64
+	// ReadyVMs is how many restored, paused VMs to keep for each hot
+	// shape (ready.go); 0: none. For a front end that lives long; it must
+	// call Close.
+	ReadyVMs int
+	// BackgroundSnapshots builds a missing warm-pool snapshot after the
+	// run that needed it, which boots cold, instead of inside it. For a
+	// front end that lives long; it must call Close.
+	BackgroundSnapshots bool
+	// HoldVM, when set, takes a place for a VM of memMiB of guest memory
+	// that the front end's admission does not see otherwise (a ready VM,
+	// a background snapshot build), at once or not at all; release gives
+	// it back. Without a place the VM is not made.
+	HoldVM func(memMiB int) (release func(), ok bool)
 }
 
 // JailMode is whether a VMM runs confined by isopod's jail.
@@ -77,6 +90,10 @@ type Service struct {
 
 	td   teardownState
 	warm *warmpool.Catalog
+	// ready holds ready VMs (nil: none); bg runs background snapshot
+	// builds.
+	ready *readyPool
+	bg    *bgWork
 
 	driverOnce sync.Once
 	drv        vmm.Driver
@@ -127,5 +144,26 @@ func New(opts Options) (*Service, error) {
 	if opts.Paths.Home == "" {
 		return nil, fmt.Errorf("sandbox: no state root: %w", errdefs.ErrInvalidArgument)
 	}
-	return &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log)}, nil
+	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: newBGWork()}
+	if opts.ReadyVMs > 0 && !opts.NoWarmPool {
+		s.ready = newReadyPool(s, opts.ReadyVMs)
+	}
+	return s, nil
+}
+
+// holdVM takes a place for a background VM (see Options.HoldVM).
+func (s *Service) holdVM(memMiB int) (release func(), ok bool) {
+	if s.opts.HoldVM == nil {
+		return func() {}, true
+	}
+	return s.opts.HoldVM(memMiB)
+}
+
+// Close ends the Service's background work: ready VMs are discarded and
+// snapshot builds under way cancelled, and it waits for both (and for
+// background teardowns, as Wait). Runs must be over. Idempotent.
+func (s *Service) Close() {
+	s.ready.close()
+	s.bg.close()
+	s.Wait()
 }

@@ -139,6 +139,9 @@ type Report struct {
 	SnapshotBuildMS *int64 `json:"snapshot_build_ms,omitempty"`
 	TotalMS         int64  `json:"total_ms"`
 	Path            string `json:"path"` // "cold" or "warm"
+	// ReadyVM: the run was served by a VM restored before the call
+	// (a long-lived front end's ready VMs); Path is "warm".
+	ReadyVM bool `json:"ready_vm,omitempty"`
 
 	Accel        vmm.Accel `json:"accel"`
 	VCPUs        int       `json:"vcpus"`

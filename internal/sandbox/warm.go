@@ -148,6 +148,10 @@ func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net, d
 // "someone else is building").
 func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err error) {
 	key := r.warm.in.key.ID()
+	if r.warm.meta == nil {
+		// Built since the run was planned (in the background, say)?
+		r.warm.meta, _ = r.s.warm.Read(key)
+	}
 	if meta := r.warm.meta; meta != nil {
 		err := r.resume(ctx, drv, meta)
 		if err == nil {
@@ -163,6 +167,10 @@ func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err erro
 				"the warm-pool snapshot %s could not be resumed (%v); it was removed and rebuilt for this run", key, errors.Unwrap(err)))
 			r.s.log.Warn("warm pool: unusable snapshot retired", "key", key, "err", err)
 		}
+	}
+	if r.s.opts.BackgroundSnapshots {
+		r.s.buildInBackground(drv, r.warm.in)
+		return false, nil
 	}
 	return r.buildAndResume(ctx, drv)
 }
@@ -251,6 +259,14 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
+	r.s.log.Debug("warm pool: restored", "restore_ms", tRestore.Milliseconds())
+	return r.greetResumed(ctx, rctx, meta.Key, t)
+}
+
+// greetResumed says hello to a guest resumed from key's snapshot (since t)
+// and has it assemble the run's root. A failure the snapshot may cause is
+// wrapped in errWarmUnusable, with the VMM already gone.
+func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) error {
 	h, err := r.vm.hello(rctx, (*agentclient.Client).Hello)
 	if err == nil && h.BootError != "" {
 		err = fmt.Errorf("the snapshot's guest reports a boot error: %s", h.BootError)
@@ -268,9 +284,8 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if err := r.mountRoot(ctx, true); err != nil {
 		return err
 	}
-	r.s.warm.Used(meta.Key)
+	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()
-	r.s.log.Debug("warm pool: resumed", "restore_ms", tRestore.Milliseconds(), "total_ms", ms)
 	r.rep.ResumeMS = &ms
 	r.rep.Path = "warm"
 	r.resumed = true

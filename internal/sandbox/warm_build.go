@@ -192,35 +192,48 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 		return nil, fmt.Errorf("warmpool build: %w", err)
 	}
 	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
+	meta, built, err := s.buildShape(ctx, drv, in)
+	if err != nil {
+		return nil, fmt.Errorf("warmpool build: %w", err)
+	}
+	res.Key, res.Built, res.Accel, res.Path = meta.Key, built, meta.Accel, s.warm.Dir(meta.Key)
+	if built {
+		res.BuildMS = meta.BuildMS
+	}
+	return res, nil
+}
+
+// buildShape makes sure in's snapshot exists, building it (waiting for
+// another builder of the same key rather than racing it); built says this
+// call built it.
+func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs) (_ *warmpool.Meta, built bool, _ error) {
 	unlock, err := s.warm.Build(ctx, in.key.ID())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer unlock()
 	if m, err := s.warm.Read(in.key.ID()); err == nil {
-		res.Key, res.Accel, res.Path = m.Key, m.Accel, s.warm.Dir(m.Key)
-		return res, nil
+		return m, false, nil
 	}
 	// The snapshot VM gets a VM directory like a run, so that `isopod vm
 	// gc` finds its VMM should this process die.
-	d, err := s.newVMDir([]string{"isopod", "warmpool", "build"}, pl.base.Flavor, BaseStage)
+	d, err := s.newVMDir([]string{"isopod", "warmpool", "build"}, in.base.Flavor, BaseStage)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer d.finish(nil)
 	v := &vm{log: s.log}
 	defer v.close()
-	if !req.NoNetwork {
-		if v.net, err = s.startNetwork(d.rec.ID, d.path, req, time.Now()); err != nil {
-			return nil, err
+	if in.key.NIC {
+		if v.net, err = s.startNetwork(d.rec.ID, d.path, Request{}, time.Now()); err != nil {
+			return nil, false, err
 		}
 	}
 	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotBuildTimeout)})
 	if err != nil {
-		return nil, fmt.Errorf("warmpool build: %w (console: %s)", err, d.consolePath())
+		return nil, false, fmt.Errorf("%w (console: %s)", err, d.consolePath())
 	}
-	res.Key, res.Built, res.BuildMS, res.Accel, res.Path = meta.Key, true, meta.BuildMS, meta.Accel, s.warm.Dir(meta.Key)
-	return res, nil
+	return meta, true, nil
 }
 
 // discardAt is an io.WriterAt that keeps nothing.

@@ -1,0 +1,293 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"isopod/internal/vmm"
+)
+
+// Ready VMs, for a front end that lives long (the MCP server). A warm run
+// still starts its VMM and loads the snapshot's device state inside the
+// call; a ready VM has done both before the call: it is restored from its
+// shape's snapshot, paused (no guest code runs), with its disks already
+// backed: the base, a stage chain's layers and a fresh scratch disk. A
+// claim resumes it and does only what makes it the run's own, as after any
+// resume: fresh entropy, clock, hostname, network, then the root and the
+// command. Everything per-clone still happens after the resume.
+//
+// A shape is hot once a run of it resumed from a snapshot; the pool keeps
+// Options.ReadyVMs ready VMs for each of the most recently used shapes and
+// refills after each claim, in the background. A ready VM older than
+// readyMaxAge, or made from a snapshot that has since been replaced, is
+// discarded, not used. Runs with a workspace never use one (their disks
+// are only known at the call).
+
+const (
+	// readyMaxAge is how long a ready VM waits for a claim.
+	readyMaxAge = 10 * time.Minute
+	// readyMaxShapes caps the hot shapes kept ready.
+	readyMaxShapes = 4
+	// readyFillTimeout bounds making one ready VM.
+	readyFillTimeout = 2 * time.Minute
+)
+
+// readyShape is what a ready VM is made for.
+type readyShape struct {
+	key        string // the warm key: base build, sizes, NIC, kernel, VMM
+	layers     string // the chain's layer files, root first
+	scratchMiB int
+}
+
+// readySpec is what making a ready VM of a shape needs.
+type readySpec struct {
+	shape  readyShape
+	in     warmInputs
+	layers []string
+	base   string // flavor, for the record
+}
+
+// readyVM is one restored, paused VM waiting for a claim.
+type readyVM struct {
+	shape   readyShape
+	buildID string // the snapshot's build
+	made    time.Time
+	dir     *vmDir
+	vm      *vm
+	nic     *nicSocket // nil without a NIC
+	scratch string
+	vmmInfo vmm.Info
+	// release gives back the place the VM holds until a run claims it.
+	release func()
+	once    sync.Once
+}
+
+// releasePlace gives back the ready VM's place. Idempotent.
+func (rv *readyVM) releasePlace() {
+	rv.once.Do(func() {
+		if rv.release != nil {
+			rv.release()
+		}
+	})
+}
+
+// readyPool holds the ready VMs of a Service.
+type readyPool struct {
+	s   *Service
+	per int
+
+	ctx    context.Context // cancelled by close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // fills
+
+	mu      sync.Mutex // guards following
+	vms     map[readyShape][]*readyVM
+	hot     []readySpec // most recent first
+	filling map[readyShape]int
+	closed  bool
+}
+
+func newReadyPool(s *Service, per int) *readyPool {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &readyPool{s: s, per: per, ctx: ctx, cancel: cancel,
+		vms: map[readyShape][]*readyVM{}, filling: map[readyShape]int{}}
+}
+
+// readySpecFor is the shape a run would claim, ok false when it cannot
+// use a ready VM.
+func (r *run) readySpecFor() (readySpec, bool) {
+	if r.warm == nil || r.req.Workspace != nil {
+		return readySpec{}, false
+	}
+	sh := readyShape{key: r.warm.in.key.ID(), layers: strings.Join(r.plan.layers, "\x00"), scratchMiB: r.plan.scratchMiB}
+	return readySpec{shape: sh, in: r.warm.in, layers: r.plan.layers, base: r.plan.base.Flavor}, true
+}
+
+// claim takes a ready VM of sp's shape made from the snapshot build
+// buildID, marking the shape hot; nil when there is none. Stale and old
+// ones met on the way are discarded.
+func (p *readyPool) claim(sp readySpec, buildID string) *readyVM {
+	if p == nil || p.per <= 0 {
+		return nil
+	}
+	p.mu.Lock()
+	p.markHot(sp)
+	var got *readyVM
+	var stale []*readyVM
+	list := p.vms[sp.shape]
+	for len(list) > 0 && got == nil {
+		rv := list[0]
+		list = list[1:]
+		if rv.buildID != buildID || time.Since(rv.made) > readyMaxAge || rv.exited() {
+			stale = append(stale, rv)
+			continue
+		}
+		got = rv
+	}
+	p.vms[sp.shape] = list
+	p.mu.Unlock()
+	for _, rv := range stale {
+		rv.discard()
+	}
+	return got
+}
+
+// markHot puts sp first among the hot shapes, dropping the least recent
+// beyond readyMaxShapes (their ready VMs are discarded by refill).
+//
+// Preconditions: p.mu is held.
+func (p *readyPool) markHot(sp readySpec) {
+	out := []readySpec{sp}
+	for _, h := range p.hot {
+		if h.shape != sp.shape && len(out) < readyMaxShapes {
+			out = append(out, h)
+		}
+	}
+	p.hot = out
+}
+
+// noteHot marks sp's shape hot and refills.
+func (p *readyPool) noteHot(sp readySpec) {
+	if p == nil || p.per <= 0 {
+		return
+	}
+	p.mu.Lock()
+	p.markHot(sp)
+	p.mu.Unlock()
+	p.refill()
+}
+
+// refill starts making ready VMs, in the background, for every hot shape
+// short of its count, and discards those of shapes no longer hot.
+func (p *readyPool) refill() {
+	if p == nil || p.per <= 0 {
+		return
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	hot := map[readyShape]bool{}
+	for _, sp := range p.hot {
+		hot[sp.shape] = true
+		for n := len(p.vms[sp.shape]) + p.filling[sp.shape]; n < p.per; n++ {
+			p.filling[sp.shape]++
+			p.wg.Add(1)
+			go p.fill(sp)
+		}
+	}
+	var cold []*readyVM
+	for sh, list := range p.vms {
+		if !hot[sh] {
+			cold = append(cold, list...)
+			delete(p.vms, sh)
+		}
+	}
+	p.mu.Unlock()
+	for _, rv := range cold {
+		rv.discard()
+	}
+}
+
+// fill makes one ready VM of sp and adds it to the pool.
+func (p *readyPool) fill(sp readySpec) {
+	defer p.wg.Done()
+	ctx, cancel := context.WithTimeout(p.ctx, readyFillTimeout)
+	defer cancel()
+	rv, err := p.s.makeReady(ctx, sp)
+	p.mu.Lock()
+	p.filling[sp.shape]--
+	keep := err == nil && !p.closed
+	if keep {
+		p.vms[sp.shape] = append(p.vms[sp.shape], rv)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		if p.ctx.Err() == nil && !errors.Is(err, errNoRoom) {
+			p.s.log.Warn("ready VM: not made", "shape", sp.shape.key, "err", err)
+		}
+		return
+	}
+	if !keep {
+		rv.discard()
+	}
+}
+
+// count is how many ready VMs there are and are being made.
+func (p *readyPool) count() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for sh, list := range p.vms {
+		n += len(list) + p.filling[sh]
+	}
+	return n
+}
+
+// memMiB is the guest memory the ready VMs hold (or will, once resumed).
+func (p *readyPool) memMiB() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, sp := range p.hot {
+		n += (len(p.vms[sp.shape]) + p.filling[sp.shape]) * sp.in.key.MemMiB
+	}
+	return n
+}
+
+// close discards every ready VM and waits for fills under way. Idempotent.
+func (p *readyPool) close() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.closed = true
+	var all []*readyVM
+	for _, list := range p.vms {
+		all = append(all, list...)
+	}
+	p.vms = map[readyShape][]*readyVM{}
+	p.mu.Unlock()
+	p.cancel()
+	for _, rv := range all {
+		rv.discard()
+	}
+	p.wg.Wait()
+}
+
+// exited reports whether the ready VM's VMM is gone.
+func (rv *readyVM) exited() bool {
+	m, _ := rv.vm.current()
+	if m == nil {
+		return true
+	}
+	select {
+	case <-m.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// discard ends a ready VM that no run took: its VMM, its socket, its
+// scratch disk and placeholders; its record is finished.
+func (rv *readyVM) discard() {
+	rv.vm.close()
+	if rv.nic != nil {
+		rv.nic.close()
+	}
+	cleanDisks(rv.dir.path, rv.scratch)
+	rv.dir.finish(nil)
+	rv.releasePlace()
+}
+

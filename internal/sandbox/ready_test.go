@@ -1,0 +1,127 @@
+package sandbox_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"isopod/internal/sandbox"
+	"isopod/internal/vmm/vmmfake"
+)
+
+// A long-lived front end's Service: the first run of a shape boots cold
+// and the snapshot is built after it; a run that resumes makes its shape
+// hot, and the next runs of it are served by ready VMs, each its own
+// machine; Close leaves nothing running.
+func TestReadyVMs(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
+		o.ReadyVMs, o.BackgroundSnapshots = 1, true
+		o.HoldVM = func(memMiB int) (func(), bool) {
+			held.Add(1)
+			return func() { held.Add(-1) }, true
+		}
+	})
+	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
+	if first.Path != "cold" || first.SnapshotBuilt || first.ReadyVM {
+		t.Fatalf("first run: path %q built %v ready %v; want a cold boot, the snapshot built after it", first.Path, first.SnapshotBuilt, first.ReadyVM)
+	}
+	waitFor(t, "the background snapshot", func() bool {
+		l, err := s.WarmList(context.Background())
+		return err == nil && len(l.Snapshots) == 1
+	})
+	second := run(t, s, sandbox.Request{Argv: []string{"echo", "two"}})
+	if second.Path != "warm" || second.ReadyVM || second.SnapshotBuilt {
+		t.Fatalf("second run: path %q ready %v built %v; want a plain resume", second.Path, second.ReadyVM, second.SnapshotBuilt)
+	}
+	var names []string
+	for i := 0; i < 2; i++ {
+		waitFor(t, "a ready VM", func() bool { return pausedMachines(d) == 1 })
+		rep := run(t, s, sandbox.Request{Argv: []string{"echo", "ready"}})
+		if rep.Path != "warm" || !rep.ReadyVM || rep.Stdout != "ready\n" || rep.ResumeMS == nil {
+			t.Fatalf("run %d: path %q ready %v stdout %q; want one served by a ready VM", i, rep.Path, rep.ReadyVM, rep.Stdout)
+		}
+		if rep.Net == nil || rep.GuestIP == "" {
+			t.Errorf("run %d: net %+v ip %q; want the run's network on the ready VM's NIC", i, rep.Net, rep.GuestIP)
+		}
+		names = append(names, rep.Name)
+		m := machineOf(t, d, rep.VMID)
+		st := m.State()
+		if st.Hostname != rep.Name || st.EntropyBytes < 64 || st.Clock.IsZero() || st.Mount == nil || !st.Mount.Flush {
+			t.Errorf("run %d: guest state %+v; want the run's hostname, fresh entropy, a clock and a flushed mount", i, st)
+		}
+	}
+	if names[0] == names[1] {
+		t.Errorf("two ready runs share the name %q", names[0])
+	}
+	waitFor(t, "the refill", func() bool { return pausedMachines(d) == 1 })
+	if held.Load() != 1 {
+		t.Errorf("%d places held with one ready VM waiting; want 1", held.Load())
+	}
+	s.Close()
+	if held.Load() != 0 {
+		t.Errorf("%d places still held after Close", held.Load())
+	}
+}
+
+// Without a place under the front end's limits no ready VM is made, and
+// runs resume as usual.
+func TestReadyVMsNeedRoom(t *testing.T) {
+	t.Parallel()
+	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
+		o.ReadyVMs = 1
+		o.HoldVM = func(int) (func(), bool) { return nil, false }
+	})
+	for i := 0; i < 3; i++ {
+		rep := run(t, s, sandbox.Request{Argv: []string{"true"}})
+		if rep.ReadyVM || rep.Path != "warm" {
+			t.Errorf("run %d: path %q ready %v; want a plain warm run", i, rep.Path, rep.ReadyVM)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := pausedMachines(d); n != 0 {
+		t.Errorf("%d ready VMs made without room", n)
+	}
+}
+
+// pausedMachines counts the restored machines that never ran a command
+// and still wait.
+func pausedMachines(d *vmmfake.Driver) int {
+	n := 0
+	for _, m := range d.Machines() {
+		select {
+		case <-m.Done():
+			continue
+		default:
+		}
+		if m.Restored() && m.State().Mount == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// machineOf is the machine of the run vmID.
+func machineOf(t *testing.T, d *vmmfake.Driver, vmID string) *vmmfake.Machine {
+	t.Helper()
+	for _, m := range d.Machines() {
+		if m.Config().ID == vmID {
+			return m
+		}
+	}
+	t.Fatalf("no machine for %s", vmID)
+	return nil
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}

@@ -1,0 +1,143 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// makeReady restores a VM of sp's shape from its snapshot, paused, with
+// its disks backed and its NIC's socket parked. It gets a VM directory and
+// record like a run, so that `isopod vm gc` finds its VMM should this
+// process die.
+func (s *Service) makeReady(ctx context.Context, sp readySpec) (_ *readyVM, retErr error) {
+	r, err := s.restorer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := s.warm.Read(sp.shape.key)
+	if err != nil {
+		return nil, err
+	}
+	release, ok := s.holdVM(sp.in.key.MemMiB)
+	if !ok {
+		return nil, errNoRoom
+	}
+	d, err := s.newVMDir([]string{"isopod", "ready"}, sp.base, "")
+	if err != nil {
+		release()
+		return nil, err
+	}
+	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: &vm{log: s.log}, vmmInfo: meta.VMM, release: release}
+	defer func() {
+		if retErr != nil {
+			rv.discard()
+		}
+	}()
+	rv.scratch = filepath.Join(d.path, "scratch.ext4")
+	if err := s.prepareScratch(rv.scratch, sp.shape.scratchMiB); err != nil {
+		return nil, err
+	}
+	ph, err := placeholders(d.path)
+	if err != nil {
+		return nil, err
+	}
+	var net *vmm.Net
+	if sp.in.key.NIC {
+		if rv.nic, err = parkNIC(d.rec.ID); err != nil {
+			return nil, err
+		}
+		net = rv.nic.vmmNet()
+	}
+	disks := runDisks{base: sp.in.base.Path, layers: sp.layers, scratch: rv.scratch}.slots(ph)
+	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
+	cfg.Logger, cfg.Paused = s.log, true
+	unuse, err := s.warm.Use(meta.Key)
+	if err != nil {
+		return nil, err
+	}
+	m, err := r.Restore(ctx, cfg, s.warm.Dir(meta.Key))
+	unuse()
+	if err != nil {
+		return nil, fmt.Errorf("restoring a ready VM: %w", err)
+	}
+	rv.vm.attach(m)
+	d.started(m)
+	rv.made = time.Now()
+	return rv, nil
+}
+
+// adoptReady makes the claimed ready VM the run's: its directory, record,
+// scratch disk and VMM.
+func (r *run) adoptReady() {
+	rv := r.ready
+	d := rv.dir
+	d.rec.Argv, d.rec.Stage = r.req.Argv, r.req.Stage
+	writeRecord(d.path, d.rec)
+	r.dir, r.scratch, r.vm = d, rv.scratch, rv.vm
+	// The run holds its own place (the front end admitted it).
+	rv.releasePlace()
+}
+
+// resumeReady lets the claimed ready VM run and makes it the run's root.
+// A failure the ready VM may cause is wrapped in errWarmUnusable, with its
+// VMM gone: the run then resumes or boots another.
+func (r *run) resumeReady(ctx context.Context) error {
+	rv := r.ready
+	m, _ := r.vm.current()
+	res, ok := m.(vmm.Resumer)
+	if !ok {
+		r.vm.drop()
+		return fmt.Errorf("%w: the VMM cannot resume a paused machine: %w", errWarmUnusable, errdefs.ErrNotSupported)
+	}
+	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
+	rctx, cancel := context.WithDeadline(ctx, r.deadline())
+	defer cancel()
+	t := time.Now()
+	if err := res.Resume(rctx); err != nil {
+		r.vm.drop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+	}
+	if err := r.greetResumed(ctx, rctx, rv.shape.key, t); err != nil {
+		return err
+	}
+	r.rep.ReadyVM = true
+	return nil
+}
+
+// bootReady is boot's path for a run that claimed a ready VM; done is
+// false when the run must resume or boot another VM instead.
+func (r *run) bootReady(ctx context.Context) (done bool, err error) {
+	err = r.resumeReady(ctx)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, errWarmUnusable) {
+		return false, err
+	}
+	r.s.log.Warn("ready VM unusable; resuming another", "vm", r.dir.rec.ID, "err", err)
+	r.ready = nil
+	return false, nil
+}
+
+// errNoRoom: the front end's admission has no place for a background VM.
+var errNoRoom = errors.New("no room for a background VM under the host's limits")
+
+// cleanDisks removes a VM's scratch disk and slot placeholders.
+func cleanDisks(dir, scratch string) {
+	if scratch != "" {
+		os.Remove(scratch)
+	}
+	for _, f := range placeholderNames {
+		os.Remove(filepath.Join(dir, f))
+	}
+}
