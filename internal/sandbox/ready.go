@@ -290,4 +290,3 @@ func (rv *readyVM) discard() {
 	rv.dir.finish(nil)
 	rv.releasePlace()
 }
-
