@@ -61,10 +61,13 @@ type WorkspaceReport struct {
 	CredentialsRemoved []string `json:"credentials_removed,omitempty"`
 	// Changed and PatchBytes describe the patch written to Out; LeftOut
 	// counts changes under .git, which no patch carries.
-	Changed    *WorkspaceChanged `json:"changed,omitempty"`
-	LeftOut    int               `json:"left_out,omitempty"`
-	PatchBytes *int64            `json:"patch_bytes,omitempty"`
-	Out        string            `json:"out,omitempty"`
+	Changed *WorkspaceChanged `json:"changed,omitempty"`
+	LeftOut int               `json:"left_out,omitempty"`
+	// Ignored counts new files the repository ignores, which the patch
+	// leaves out (so that it applies over a tree that has them).
+	Ignored    int    `json:"ignored,omitempty"`
+	PatchBytes *int64 `json:"patch_bytes,omitempty"`
+	Out        string `json:"out,omitempty"`
 	// PatchError says why no patch was written; the rest of the report
 	// stands.
 	PatchError string `json:"patch_error,omitempty"`
@@ -102,6 +105,15 @@ func checkWorkspace(w *Workspace) error {
 	}
 	if err := w.Options.Validate(); err != nil {
 		return err
+	}
+	// A host directory that is missing, or not a directory, is refused
+	// here, before a VM directory is made; the copy opens it again.
+	if w.Dir == nil {
+		d, err := openWorkspace(w)
+		if err != nil {
+			return err
+		}
+		d.Close()
 	}
 	if w.Out != "" && w.OutDir == nil {
 		if err := checkDestinationFor("workspace_out", w.Out); err != nil {

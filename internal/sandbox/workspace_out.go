@@ -44,7 +44,7 @@ func (r *run) workspaceOut(ctx context.Context) {
 		return
 	}
 	wr.Changed = &WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
-	wr.LeftOut = stats.LeftOut
+	wr.LeftOut, wr.Ignored = stats.LeftOut, stats.Ignored
 	wr.PatchBytes = &stats.Bytes
 }
 
