@@ -2,7 +2,8 @@
 // cloud kernel and the modules the guest needs (fetched with apt, verified
 // against a pinned digest), the initramfs holding the static agent at /init,
 // the read-only base root images (base-min from a pinned busybox, base-debian
-// from debootstrap), and the sparse ext4 scratch template.
+// from debootstrap, others imported from container images), and the sparse
+// ext4 scratch template.
 //
 // Debian's formats are read with pault.ag/go/debian: .deb archives and
 // their control files (xz, gzip and zstd members, all decoded in Go), the
@@ -18,6 +19,7 @@
 //	images/initramfs.cpio (+ .json)    for the fetched kernel
 //	images/initramfs-builtin.cpio      for a kernel with every driver built in
 //	images/base-<flavor>.sqfs (+ .json)
+//	images/bases/<content id>/base.sqfs (+ base.json)  imported and pulled bases (bases.go)
 //	images/scratch-<MiB>.ext4          scratch template
 //
 // Every artifact is built in a temporary name next to its destination and
