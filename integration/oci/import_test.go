@@ -134,7 +134,8 @@ func TestImportFromAnOCILayoutAndADockerArchive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := image(t, "amd64", []string{"SRC=layout"}, "", layer(t, shellLayer(t, "layout")...))
+	// zstd layers, as an OCI layout may hold.
+	img := image(t, "amd64", []string{"SRC=layout"}, "", zstdLayer(t, shellLayer(t, "layout")...))
 	if err := lp.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "v1"})); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -25,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"isopod/integration/e2e"
 )
@@ -169,6 +171,17 @@ func symEntry(name, target string) entry {
 // layer makes a gzip layer of entries.
 func layer(t testing.TB, ents ...entry) v1.Layer {
 	t.Helper()
+	return layerWith(t, ents)
+}
+
+// zstdLayer makes a zstd layer of entries.
+func zstdLayer(t testing.TB, ents ...entry) v1.Layer {
+	t.Helper()
+	return layerWith(t, ents, tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+}
+
+func layerWith(t testing.TB, ents []entry, opts ...tarball.LayerOption) v1.Layer {
+	t.Helper()
 	var b bytes.Buffer
 	w := tar.NewWriter(&b)
 	for _, e := range ents {
@@ -184,7 +197,7 @@ func layer(t testing.TB, ents ...entry) v1.Layer {
 	}
 	w.Close()
 	raw := b.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil })
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
