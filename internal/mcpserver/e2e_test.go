@@ -37,7 +37,7 @@ func serveForTest() int {
 			c.ProgressInterval = time.Duration(ms) * time.Millisecond
 		}
 	}
-	return mainWith(ctx, os.Stdin, os.Stdout, os.Stderr, os.LookupEnv, "test", tweak)
+	return mainWith(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.LookupEnv, "test", tweak)
 }
 
 // lockedBuffer collects a subprocess's stderr.

@@ -65,12 +65,19 @@ type RunResult struct {
 	Net     *sandbox.NetReport `json:"net,omitempty"`
 	Egress  any                `json:"egress,omitempty"`
 
-	Copied   []sandbox.Copied `json:"copied,omitempty"`
-	Warnings []string         `json:"warnings,omitempty"`
+	Copied    []sandbox.Copied         `json:"copied,omitempty"`
+	Workspace *sandbox.WorkspaceReport `json:"workspace,omitempty"`
+	ReadyVM   bool                     `json:"ready_vm,omitempty"`
+	Warnings  []string                 `json:"warnings,omitempty"`
 
 	SerialLogPath string `json:"serial_log_path"`
 	StdoutLogPath string `json:"stdout_log_path"`
 	StderrLogPath string `json:"stderr_log_path"`
+
+	// The server's own: what read_files read back, and what the call
+	// moved through the stage registry.
+	Files    []FileResult    `json:"files,omitempty"`
+	Registry *RegistryResult `json:"registry,omitempty"`
 }
 
 // runResult projects a core report. Warnings are said in the MCP
@@ -90,7 +97,7 @@ func runResult(r *sandbox.Report) *RunResult {
 		RootfsFlavor: r.RootfsFlavor, BaseSHA256: r.BaseSHA256, VMM: r.VMM,
 		StageID: r.StageID, StageName: r.StageName, CommitError: mcpWords.Replace(r.CommitError), ForkedFrom: r.ForkedFrom,
 		GuestIP: r.GuestIP, Net: r.Net, Egress: r.Egress,
-		Copied:        r.Copied,
+		Copied: r.Copied, Workspace: r.Workspace, ReadyVM: r.ReadyVM,
 		SerialLogPath: r.SerialLogPath, StdoutLogPath: r.StdoutLogPath, StderrLogPath: r.StderrLogPath,
 	}
 	if out.Argv == nil {

@@ -36,8 +36,8 @@ func jsonNames(t reflect.Type) []string {
 
 // TestRunResultCoversTheReport: the MCP result carries every field of the
 // core's report under the same name, except the three the MCP contract
-// names differently. A field the core adds fails this until it is
-// projected.
+// names differently, plus the two the server adds. A field the core adds
+// fails this until it is projected.
 func TestRunResultCoversTheReport(t *testing.T) {
 	renamed := map[string]string{"name": "vm_name", "exec_ms": "duration_ms", "ok": ""}
 	var want []string
@@ -50,6 +50,8 @@ func TestRunResultCoversTheReport(t *testing.T) {
 		}
 		want = append(want, n)
 	}
+	// The server's own: read_files and the stage registry.
+	want = append(want, "files", "registry")
 	slices.Sort(want)
 	if got := jsonNames(reflect.TypeFor[RunResult]()); !slices.Equal(got, want) {
 		t.Errorf("RunResult fields\n got %v\nwant %v", got, want)

@@ -38,6 +38,7 @@ type RunArgs struct {
 	Stdin     string            `json:"stdin,omitempty" jsonschema:"text fed to cmd's standard input"`
 	StdinFile string            `json:"stdin_file,omitempty" jsonschema:"a HOST file fed to cmd's standard input instead of stdin: a regular file of at most 4 MiB under the server's host-I/O root (relative paths are taken from that root)"`
 	CopyOut   []CopyOutArg      `json:"copy_out,omitempty" jsonschema:"files to copy from the VM to the HOST after cmd (skipped if it timed out); each host path must lie under the server's host-I/O root and is replaced atomically"`
+	ReadFiles []string          `json:"read_files,omitempty" jsonschema:"absolute paths of files inside the VM whose contents come back in the result's files (after cmd, skipped if it timed out): text as it is, anything else base64; at most 16 files and 4 MiB in all (a file past that is cut, truncated true). The way to get results back without a host path"`
 }
 
 // CopyOutArg names one guest file and its host destination.
@@ -52,33 +53,82 @@ Nothing persists except a stage saved with commit_as (only on exit 0) and files 
 
 Network: on by default (NAT). network=false for untrusted code; allow_hosts (even []) switches to default-deny filtering and the report's egress lists what was allowed and denied.`
 
-// sandboxRun is the sandbox_run handler.
+// sandboxRun is the sandbox_run handler: refusals first, then a VM place
+// (waiting in line if the host is full), the stage pulled if this host
+// lacks it, the run, a commit pushed, read_files read back.
 func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in RunArgs) (*RunResult, error) {
 	s.countRun()
 	ctx, done := s.track(ctx)
 	defer done()
-
-	r, err := s.buildRequest(in)
-	release := func() {}
-	if err == nil {
-		release, err = s.openCopyOut(&r, in.CopyOut)
+	if c := httpCallFrom(ctx); c != nil {
+		// The call's HTTP request ending (or a cancellation naming it)
+		// ends the run.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer context.AfterFunc(c.ctx, cancel)()
 	}
+	r, release, rf, err := s.prepareRun(in)
 	defer release()
+	defer rf.release()
 	if err != nil {
 		// Nothing has started: whatever its class, this is a refusal.
 		s.log.Info("tool refused", "tool", ToolSandboxRun, "err", err)
 		return nil, errors.New(refusalText(ToolSandboxRun, err))
 	}
-	stop := s.keepalive(ctx, req)
-	rep, err := s.cfg.Core.Run(ctx, r)
+	ticket, err := s.reserve(ctx, r.MemMiB)
+	if err != nil {
+		s.log.Info("tool refused", "tool", ToolSandboxRun, "err", err)
+		return nil, errors.New(busyText(err))
+	}
+	if ticket != nil {
+		defer ticket.Release()
+	}
+	st := newRunStatus()
+	stop := s.keepalive(ctx, req, st)
+	defer stop()
+	rep, reg, err := s.runAdmitted(ctx, &r, ticket, st)
+	if err != nil {
+		return nil, s.toolError(ctx, failure{tool: ToolSandboxRun, stage: r.Stage, base: r.Base}, rf.reword(err))
+	}
+	reg = s.pushCommit(ctx, rep, in.CommitAs, reg, st)
 	stop()
+	files, warns := rf.collect(rep)
+	out := runResult(rep)
+	out.Files, out.Registry = files, reg
+	out.Warnings = append(out.Warnings, warns...)
+	return out, nil
+}
+
+// prepareRun builds the core request, confining host paths and adding
+// read_files' copies. release and rf.release undo what it opened.
+func (s *Server) prepareRun(in RunArgs) (sandbox.Request, func(), *readFiles, error) {
+	r, err := s.buildRequest(in)
+	if err != nil {
+		return r, func() {}, nil, err
+	}
+	release, err := s.openCopyOut(&r, in.CopyOut)
+	if err != nil {
+		return r, release, nil, err
+	}
+	rf, err := prepareReadFiles(&r, in.ReadFiles)
+	return r, release, rf, err
+}
+
+// runAdmitted pulls the stage when this host lacks it, waits for the
+// call's VM place, and runs.
+func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *sandbox.Ticket, st *runStatus) (*sandbox.Report, *RegistryResult, error) {
+	reg, err := s.ensureStage(ctx, r, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := waitAdmitted(ctx, t, st); err != nil {
+		return nil, reg, err
+	}
+	rep, err := s.cfg.Core.Run(ctx, *r)
 	if err == nil && rep == nil {
 		err = fmt.Errorf("the core returned no report")
 	}
-	if err != nil {
-		return nil, s.toolError(ctx, failure{tool: ToolSandboxRun, stage: r.Stage, base: r.Base}, err)
-	}
-	return runResult(rep), nil
+	return rep, reg, err
 }
 
 // inspectorArgs accepts what form-based clients (MCP Inspector) send for
@@ -98,7 +148,7 @@ func inspectorArgs(args map[string]any) {
 			args["network"] = false
 		}
 	}
-	for _, name := range []string{"allow_hosts", "allow_cidrs", "copy_out"} {
+	for _, name := range []string{"allow_hosts", "allow_cidrs", "copy_out", "read_files"} {
 		v, ok := args[name].(string)
 		if !ok {
 			continue
@@ -182,6 +232,9 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		}
 		r.Stdin = bytes.NewReader(data)
 	} else if in.Stdin != "" {
+		if len(in.Stdin) > MaxStdinFileBytes {
+			return sandbox.Request{}, bad("stdin", "is %d bytes; at most %d (4 MiB): copy larger inputs in through a stage or the network", len(in.Stdin), MaxStdinFileBytes)
+		}
 		r.Stdin = strings.NewReader(in.Stdin)
 	}
 

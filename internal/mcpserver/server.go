@@ -60,6 +60,20 @@ type Config struct {
 	GCKeepLast       int           // 0: DefaultGCKeepLast
 	// NoStartupGC skips the VM GC a server runs when it starts.
 	NoStartupGC bool
+
+	// Admission, when set, bounds the VMs sandbox_run starts: a call waits
+	// in its queue or is refused as busy (nil: no bound).
+	Admission *sandbox.Admission
+	// Remote: the server answers on a network listener, where every call
+	// carries a bearer token and the token's roles decide which tools it
+	// may call (tokens.go).
+	Remote bool
+	// StageRegistry, REGISTRY/REPOSITORY, is where a stage a call names but
+	// this host lacks is pulled from (stages.go); empty: nowhere.
+	StageRegistry string
+	// PushCommits pushes every stage a sandbox_run commits to
+	// StageRegistry, by id and by label.
+	PushCommits bool
 }
 
 // Validate checks what a Server cannot do without.
@@ -69,6 +83,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ProgressInterval < 0 || c.GCKeepLast < 0 {
 		return errors.New("mcpserver: negative ProgressInterval or GCKeepLast")
+	}
+	if c.PushCommits && c.StageRegistry == "" {
+		return errors.New("mcpserver: PushCommits without a StageRegistry")
 	}
 	return nil
 }
@@ -87,6 +104,8 @@ type Server struct {
 	mu     sync.Mutex // guards closed and wg.Add against Close
 	closed bool
 	wg     sync.WaitGroup
+
+	pulls flights // stage pulls in progress, one per stage
 }
 
 // New builds a Server with every tool registered.
@@ -202,46 +221,6 @@ func (s *Server) countRun() {
 	n := s.runs.Add(1)
 	if s.cfg.GCEvery > 0 && n%int64(s.cfg.GCEvery) == 0 {
 		s.gcAsync(fmt.Sprintf("after %d runs", n))
-	}
-}
-
-// keepalive sends a progress notification at once and then every
-// ProgressInterval until the returned stop is called, when the client sent
-// a progress token. Send errors are ignored: it is a keepalive only.
-func (s *Server) keepalive(ctx context.Context, req *mcp.CallToolRequest) (stop func()) {
-	if req == nil || req.Params == nil || req.Session == nil {
-		return func() {}
-	}
-	token := req.Params.GetProgressToken()
-	if token == nil {
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(done)
-		t := time.NewTicker(s.cfg.ProgressInterval)
-		defer t.Stop()
-		for n := 1; ; n++ {
-			err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-				ProgressToken: token,
-				Progress:      float64(n),
-				Message:       fmt.Sprintf("sandbox_run in progress (%ds)", int(time.Since(start).Seconds())),
-			})
-			if err != nil && ctx.Err() == nil {
-				s.log.Debug("progress notification failed", "err", err)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
 	}
 }
 

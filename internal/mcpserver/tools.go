@@ -52,6 +52,10 @@ func addTool[In, Out any](s *Server, t *mcp.Tool, in *jsonschema.Schema, coerce 
 	t.InputSchema = in
 	t.OutputSchema = outputSchema[Out]()
 	s.mcp.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if err := s.authorize(t.Name, req); err != nil {
+			s.log.Info("tool refused", "tool", t.Name, "err", err)
+			return errorResult(err.Error()), nil
+		}
 		args, err := checkArgs(in, req.Params.Arguments, coerce)
 		if err != nil {
 			return errorResult(t.Name + " refused: " + err.Error()), nil
@@ -217,6 +221,7 @@ func runInputSchema() *jsonschema.Schema {
 	set("allow_hosts", "array", nil, nil, nil)
 	set("allow_cidrs", "array", nil, nil, nil)
 	set("copy_out", "array", []CopyOutArg{}, nil, nil)
+	set("read_files", "array", nil, nil, nil)
 	set("env", "object", nil, nil, nil)
 	set("timeout_s", "", sandbox.DefaultTimeoutS, f(1), f(sandbox.MaxTimeoutS))
 	set("vcpus", "", sandbox.DefaultVCPUs, f(1), f(sandbox.MaxVCPUs))

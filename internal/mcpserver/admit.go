@@ -1,0 +1,82 @@
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+)
+
+// Admission: every sandbox_run takes a place from the server's
+// [sandbox.Admission] before its VM starts, waits in its queue when the
+// host is full, and is refused at once as busy when the queue is full
+// too. Over HTTP the place is taken by the gate (gate.go) before the SDK
+// sees the call, so that a busy host answers 503; the handler then finds
+// the ticket in its context. On stdio the handler takes it itself.
+
+// httpCall is what the HTTP gate knows of one tools/call: the request's
+// lifetime (which ends when the client goes away, or when a
+// notifications/cancelled names the call) and the place it reserved.
+type httpCall struct {
+	ctx    context.Context
+	ticket *sandbox.Ticket
+}
+
+type httpCallKey struct{}
+
+// httpCallFrom returns the gate's record of the call ctx belongs to: the
+// SDK's stateless sessions keep the HTTP request's context values in
+// their handlers' contexts.
+func httpCallFrom(ctx context.Context) *httpCall {
+	c, _ := ctx.Value(httpCallKey{}).(*httpCall)
+	return c
+}
+
+// reserve takes the call's place: the one the gate reserved, or a new one.
+// nil without an Admission.
+func (s *Server) reserve(ctx context.Context, memMiB int) (*sandbox.Ticket, error) {
+	if c := httpCallFrom(ctx); c != nil && c.ticket != nil {
+		return c.ticket, nil
+	}
+	if s.cfg.Admission == nil {
+		return nil, nil
+	}
+	return s.cfg.Admission.Reserve(runMemMiB(memMiB))
+}
+
+// runMemMiB is the guest memory a run asks for, its default applied.
+func runMemMiB(m int) int {
+	if m <= 0 {
+		return sandbox.DefaultMemMiB
+	}
+	return m
+}
+
+// busyText words a refused place for a tool error.
+func busyText(err error) string {
+	msg := plain(err)
+	if errors.Is(err, sandbox.ErrBusy) {
+		return fmt.Sprintf("%s busy (unavailable): %s. Fix: this host is full; retry in a few seconds or send the call to another host.", ToolSandboxRun, msg)
+	}
+	return fmt.Sprintf("%s failed (unavailable): %s. Fix: ask for less mem_mib, or send the call to a host with a larger budget.", ToolSandboxRun, msg)
+}
+
+// waitAdmitted waits for t (nil: no admission) while the status says the
+// call is queued.
+func waitAdmitted(ctx context.Context, t *sandbox.Ticket, st *runStatus) error {
+	if t == nil {
+		return nil
+	}
+	st.setTicket(t)
+	if err := t.Wait(ctx); err != nil {
+		return fmt.Errorf("waiting for a VM place: %w", err)
+	}
+	return nil
+}
+
+// isBusy reports whether err is an admission refusal.
+func isBusy(err error) bool {
+	return errors.Is(err, sandbox.ErrBusy) || errors.Is(err, errdefs.ErrUnavailable)
+}

@@ -1,0 +1,420 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"isopod/internal/knobs"
+	"isopod/internal/sandbox"
+)
+
+func TestHTTPTokensAndRoles(t *testing.T) {
+	core := &scriptedCore{}
+	h := startHTTP(t, Config{Core: core}, nil)
+	for _, tok := range []string{"", "wrong-token-0123456789"} {
+		if _, err := connectHTTP(t, h.url, tok, nil); err == nil {
+			t.Errorf("token %q: connected", tok)
+		}
+		req, _ := http.NewRequest("POST", h.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := httpClient(tok, nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("token %q: HTTP %d, want 401", tok, resp.StatusCode)
+		}
+	}
+	ctx := context.Background()
+	run := mustConnectHTTP(t, h.url, runToken)
+	if res := run.call(t, ctx, ToolSandboxRun, map[string]any{"cmd": "true"}, nil); res.IsError {
+		t.Errorf("sandbox_run with a run token: %s", resultText(res))
+	}
+	if res := run.call(t, ctx, ToolStageList, map[string]any{}, nil); res.IsError {
+		t.Errorf("stage_list with a run token: %s", resultText(res))
+	}
+	for _, tool := range []string{ToolStageRm, ToolVMGC} {
+		args := map[string]any{"reference": "x"}
+		if tool == ToolVMGC {
+			args = map[string]any{"keep_last": 1}
+		}
+		res := run.call(t, ctx, tool, args, nil)
+		if !res.IsError || !strings.Contains(resultText(res), "admin role") {
+			t.Errorf("%s with a run token: %s", tool, resultText(res))
+		}
+		admin := mustConnectHTTP(t, h.url, adminToken)
+		if res := admin.call(t, ctx, tool, args, nil); res.IsError {
+			t.Errorf("%s with an admin token: %s", tool, resultText(res))
+		}
+	}
+}
+
+func TestParseTokens(t *testing.T) {
+	for _, bad := range []string{"", "# only a comment\n", "run\n", "root " + runToken + "\n", "run short\n",
+		"run " + runToken + "\nadmin " + runToken + "\n", "run a b c\n"} {
+		if _, err := ParseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseTokens(%q) accepted", bad)
+		} else if strings.Contains(err.Error(), runToken) {
+			t.Errorf("an error shows the token: %v", err)
+		}
+	}
+	tk := testTokens(t)
+	ti, err := tk.Verify(context.Background(), adminToken, nil)
+	if err != nil || len(ti.Scopes) != 2 {
+		t.Errorf("admin token: %+v, %v", ti, err)
+	}
+	if _, err := tk.Verify(context.Background(), adminToken+"x", nil); err == nil {
+		t.Error("a longer token was accepted")
+	}
+}
+
+func TestListenRules(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string // "" means accepted
+	}{
+		{[]string{"--listen", "127.0.0.1:0", "--token-file", "t"}, ""},
+		{[]string{"--listen", "[::1]:0", "--token-file", "t"}, ""},
+		{[]string{"--listen", "localhost:0", "--token-file", "t"}, ""},
+		{[]string{"--listen", "unix:/tmp/x.sock", "--token-file", "t"}, ""},
+		{[]string{"--listen", "0.0.0.0:8080", "--token-file", "t", "--tls-cert", "c", "--tls-key", "k"}, ""},
+		{[]string{"--listen", "0.0.0.0:8080", "--token-file", "t"}, "--tls-cert"},
+		{[]string{"--listen", ":8080", "--token-file", "t"}, "--tls-cert"},
+		{[]string{"--listen", "192.0.2.7:8080", "--token-file", "t"}, "reachable beyond this machine"},
+		{[]string{"--listen", "127.0.0.1:0"}, "--token-file"},
+		{[]string{"--token-file", "t"}, "only with --listen"},
+		{[]string{"--listen", "127.0.0.1:0", "--token-file", "t", "--tls-cert", "c"}, "go together"},
+		{[]string{"--push-commits"}, "--stage-registry"},
+	}
+	for _, tc := range tests {
+		f, err := parseFlags(tc.args, io.Discard)
+		if err == nil {
+			err = f.check()
+		}
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: %v, want a refusal naming %q", tc.args, err, tc.want)
+		}
+	}
+	// The server refuses to start, saying why, before it listens.
+	var stderr bytes.Buffer
+	code := mainWith(context.Background(), []string{"--listen", "0.0.0.0:0", "--token-file", "t"},
+		strings.NewReader(""), io.Discard, &stderr, func(string) (string, bool) { return "", false }, "test", nil)
+	if code == 0 || !strings.Contains(stderr.String(), "plain HTTP there would expose the bearer tokens") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestHTTPWithTLS(t *testing.T) {
+	certFile, keyFile, rt := testCert(t, t.TempDir())
+	tlsCfg, err := LoadTLS(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHTTP(t, Config{Core: &scriptedCore{}}, tlsCfg)
+	if !strings.HasPrefix(h.url, "https://") {
+		t.Fatal(h.url)
+	}
+	s, err := connectHTTP(t, h.url, runToken, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true"}, nil); res.IsError {
+		t.Fatal(resultText(res))
+	}
+	// A client that does not trust the certificate gets nowhere.
+	if _, err := connectHTTP(t, h.url, runToken, nil); err == nil {
+		t.Error("connected without trusting the certificate")
+	}
+}
+
+func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
+	tree := newHostTree(t)
+	none := func(string) (string, bool) { return "", false }
+	hostIO, _ := RemoteHostIO(none, "", tree.home)
+	core := &scriptedCore{}
+	h := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
+	s := mustConnectHTTP(t, h.url, runToken)
+	for _, args := range []map[string]any{
+		{"cmd": "cat", "stdin_file": filepath.Join(tree.root, "ok.txt")},
+		{"cmd": "true", "copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(tree.root, "x")}}},
+	} {
+		res := s.call(t, context.Background(), ToolSandboxRun, args, nil)
+		if !res.IsError || !strings.Contains(resultText(res), "--host-io-root") || !strings.Contains(resultText(res), "off on this network listener") {
+			t.Errorf("%v: %s", args, resultText(res))
+		}
+	}
+	if n := len(core.requests()); n != 0 {
+		t.Errorf("%d refused calls reached the core", n)
+	}
+	// An operator's root turns them on, confined as on stdio.
+	hostIO, _ = RemoteHostIO(none, tree.root, tree.home)
+	h2 := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
+	s2 := mustConnectHTTP(t, h2.url, runToken)
+	if res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": "ok.txt"}, nil); res.IsError {
+		t.Errorf("stdin_file under --host-io-root: %s", resultText(res))
+	}
+	res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": tree.secret}, nil)
+	if !res.IsError || !strings.Contains(resultText(res), knobs.MCPHostIORoot) && !strings.Contains(resultText(res), "--host-io-root") {
+		t.Errorf("stdin_file outside --host-io-root: %s", resultText(res))
+	}
+}
+
+func TestHTTPReadFilesBinary(t *testing.T) {
+	core, drv := newFakeCore(t)
+	h := startHTTP(t, Config{Core: core}, nil)
+	s := mustConnectHTTP(t, h.url, runToken)
+	dir := t.TempDir()
+	bin := make([]byte, 300<<10)
+	rand.Read(bin)
+	bin[0] = 0 // certainly not text
+	binPath, textPath := filepath.Join(dir, "out.bin"), filepath.Join(dir, "out.txt")
+	if err := os.WriteFile(binPath, bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(textPath, []byte("héllo\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{
+		"cmd": "true", "base": "base-min", "network": false, "cwd": "/", "read_files": []string{binPath, textPath},
+	}, nil)
+	if res.IsError {
+		t.Fatal(resultText(res))
+	}
+	out := reportOf(t, res)
+	if len(out.Files) != 2 {
+		t.Fatalf("files %+v", out.Files)
+	}
+	got, err := base64.StdEncoding.DecodeString(out.Files[0].Content)
+	if err != nil || out.Files[0].Encoding != "base64" || !bytes.Equal(got, bin) || out.Files[0].Bytes != int64(len(bin)) || out.Files[0].Truncated {
+		t.Errorf("binary file: encoding %s, %d bytes back of %d, truncated %v, err %v", out.Files[0].Encoding, len(got), len(bin), out.Files[0].Truncated, err)
+	}
+	if f := out.Files[1]; f.Encoding != "utf-8" || f.Content != "héllo\n" {
+		t.Errorf("text file: %+v", f)
+	}
+	if len(out.Copied) != 0 {
+		t.Errorf("read_files show in copied: %+v", out.Copied)
+	}
+	// A missing guest file fails the call in read_files' words, naming no
+	// server path.
+	res = s.call(t, context.Background(), ToolSandboxRun, map[string]any{
+		"cmd": "true", "base": "base-min", "network": false, "cwd": "/", "read_files": []string{filepath.Join(dir, "nope")},
+	}, nil)
+	if text := resultText(res); !res.IsError || !strings.Contains(text, "read_files[0]") || strings.Contains(text, "isopod-mcp-read-") {
+		t.Errorf("missing file: %s", text)
+	}
+	if n := liveMachines(drv); n != 0 {
+		t.Errorf("%d machines still run", n)
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if cond() {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cond()
+}
+
+// TestHTTPAdmission: 20 calls at once against a host that runs 2 VMs and
+// queues 4: 6 succeed (the 4 queued after progress said so), 14 are
+// refused as busy at once, and nothing is left running.
+func TestHTTPAdmission(t *testing.T) {
+	core, drv := newFakeCore(t)
+	adm := mustAdmission(t, 2, 4)
+	h := startHTTP(t, Config{Core: core, Admission: adm, ProgressInterval: time.Hour}, nil)
+	s := mustConnectHTTP(t, h.url, runToken)
+	type outcome struct {
+		res     *mcp.CallToolResult
+		err     error
+		elapsed time.Duration
+	}
+	results := make([]outcome, 20)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := &mcp.CallToolParams{Name: ToolSandboxRun, Arguments: map[string]any{
+				"cmd": "sleep 1", "base": "base-min", "network": false, "cwd": "/"}}
+			p.SetProgressToken(fmt.Sprintf("call-%d", i))
+			t0 := time.Now()
+			res, err := s.cs.CallTool(context.Background(), p)
+			results[i] = outcome{res, err, time.Since(t0)}
+		}()
+	}
+	wg.Wait()
+	queuedSaid := map[string]bool{}
+	for len(s.progress) > 0 {
+		p := <-s.progress
+		if strings.Contains(p.Message, "queued") {
+			queuedSaid[p.ProgressToken.(string)] = true
+		}
+	}
+	var ok, busy, okQueued int
+	for i, o := range results {
+		switch {
+		case o.err == nil && !o.res.IsError:
+			ok++
+			if queuedSaid[fmt.Sprintf("call-%d", i)] {
+				okQueued++
+			}
+		case o.err != nil && strings.Contains(o.err.Error(), "Service Unavailable"):
+			busy++
+			if o.elapsed > 3*time.Second {
+				t.Errorf("call %d was refused only after %v", i, o.elapsed)
+			}
+		default:
+			t.Errorf("call %d: %v %v", i, o.err, o.res)
+		}
+	}
+	if ok != 6 || busy != 14 || okQueued != 4 {
+		t.Errorf("%d succeeded (%d after a queued notice), %d busy; want 6 (4), 14", ok, okQueued, busy)
+	}
+	if st := adm.Stats(); st.Running != 0 || st.Queued != 0 {
+		t.Errorf("admission after the calls: %+v", st)
+	}
+	if n := liveMachines(drv); n != 0 {
+		t.Errorf("%d machines still run", n)
+	}
+}
+
+func mustAdmission(t testing.TB, vms, queue int) *sandbox.Admission {
+	t.Helper()
+	a, err := sandbox.NewAdmission(sandbox.AdmissionConfig{MaxVMs: vms, Queue: queue, MemoryBudgetMiB: 1 << 20, OverheadMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestHTTPBusyIs503: a refused call is HTTP 503 with Retry-After and a
+// JSON-RPC error that says busy and unavailable; on stdio it is a tool
+// error in the same words.
+func TestHTTPBusyIs503(t *testing.T) {
+	release := make(chan struct{})
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		code := 0
+		return &sandbox.Report{ExitCode: &code}, nil
+	}}
+	adm := mustAdmission(t, 1, 0)
+	h := startHTTP(t, Config{Core: core, Admission: adm}, nil)
+	s := mustConnectHTTP(t, h.url, runToken)
+	go s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: ToolSandboxRun, Arguments: map[string]any{"cmd": "sleep 9"}})
+	if !waitFor(10*time.Second, func() bool { return adm.Stats().Running == 1 }) {
+		t.Fatal("the first call never ran")
+	}
+	req, _ := http.NewRequest("POST", h.url, strings.NewReader(`{"jsonrpc":"2.0","id":"b-1","method":"tools/call","params":{"name":"sandbox_run","arguments":{"cmd":"true"}}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	resp, err := httpClient(runToken, nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(string(body), "busy (unavailable)") || !strings.Contains(string(body), `"id":"b-1"`) {
+		t.Errorf("HTTP %d, Retry-After %q, body %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	// stdio: the same refusal, as a tool error.
+	st := connect(t, Config{Core: core, Admission: adm, NoStartupGC: true})
+	res := st.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true"}, nil)
+	if !res.IsError || !strings.Contains(resultText(res), "sandbox_run busy (unavailable)") {
+		t.Errorf("stdio: %s", resultText(res))
+	}
+	close(release)
+}
+
+// TestHTTPCancelTearsTheVMDown: a client that gives up a call over HTTP
+// (the Go client closes the request; a client of an older protocol
+// version sends notifications/cancelled in another POST) ends the run,
+// and its VM is torn down.
+func TestHTTPCancelTearsTheVMDown(t *testing.T) {
+	core, drv := newFakeCore(t)
+	adm := mustAdmission(t, 2, 2)
+	h := startHTTP(t, Config{Core: core, Admission: adm}, nil)
+	args := map[string]any{"cmd": "sleep 60", "base": "base-min", "network": false, "cwd": "/"}
+
+	s := mustConnectHTTP(t, h.url, runToken)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: ToolSandboxRun, Arguments: args})
+		done <- err
+	}()
+	if !waitFor(20*time.Second, func() bool { return liveMachines(drv) == 1 }) {
+		t.Fatal("the VM never started")
+	}
+	cancel()
+	<-done
+	if !waitFor(10*time.Second, func() bool { return liveMachines(drv) == 0 && adm.Stats().Running == 0 }) {
+		t.Fatalf("after the client cancelled: %d machines, admission %+v", liveMachines(drv), adm.Stats())
+	}
+
+	// An older protocol version's client: the call, then a cancellation.
+	post := func(body string) *http.Response {
+		req, _ := http.NewRequest("POST", h.url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		resp, err := httpClient(runToken, nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	call, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 41, "method": "tools/call",
+		"params": map[string]any{"name": ToolSandboxRun, "arguments": args}})
+	streamed := make(chan string, 1)
+	go func() {
+		resp := post(string(call))
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		streamed <- string(b)
+	}()
+	if !waitFor(20*time.Second, func() bool { return liveMachines(drv) == 1 }) {
+		t.Fatal("the second VM never started")
+	}
+	if resp := post(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":41,"reason":"test"}}`); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("cancellation: HTTP %d", resp.StatusCode)
+	}
+	if !waitFor(10*time.Second, func() bool { return liveMachines(drv) == 0 && adm.Stats().Running == 0 }) {
+		t.Fatalf("after notifications/cancelled: %d machines, admission %+v", liveMachines(drv), adm.Stats())
+	}
+	select {
+	case body := <-streamed:
+		if strings.Contains(body, `"exit_code"`) {
+			t.Errorf("a cancelled call got a run report: %.300s", body)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the cancelled call's response never ended")
+	}
+}
