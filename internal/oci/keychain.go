@@ -8,10 +8,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 )
 
-// dockerHubKey is the key Docker's configuration files use for the default
-// registry, kept for historical reasons.
-const dockerHubKey = "https://index.docker.io/v1/"
-
 // Keychain resolves credentials the way the docker CLI does, from the
 // config.json in one directory: its auths entries, its credsStore and its
 // credHelpers (which run docker-credential-NAME programs). Nothing is
@@ -34,7 +30,7 @@ func (k Keychain) Resolve(target authn.Resource) (authn.Authenticator, error) {
 	}
 	for _, key := range []string{target.String(), target.RegistryStr()} {
 		if key == name.DefaultRegistry {
-			key = dockerHubKey
+			key = authn.DefaultAuthKey // the default registry's historical key
 		}
 		ac, err := cf.GetAuthConfig(key)
 		if err != nil {
