@@ -21,21 +21,31 @@ const tcgCost = "every VM runs under TCG, QEMU's software emulation: a cold boot
 	"and guest code runs roughly 10-100x slower than on the host (measured with the same busybox: a shell loop 15-27x, " +
 	"sha256sum of 256 MiB 60-90x); KVM runs it at close to host speed"
 
-func checkQEMU(ctx context.Context, cfg Config, h Host) Check {
-	c := Check{Name: "qemu", Required: true}
+// findQEMU finds the QEMU a run would start: ISOPOD_QEMU, else
+// DefaultQEMU on PATH. It returns where it looked, for messages.
+func findQEMU(cfg Config, h Host) (path, from string, err error) {
 	bin, from := cfg.QEMU, "ISOPOD_QEMU="+cfg.QEMU
 	if bin == "" {
 		bin, from = DefaultQEMU, DefaultQEMU+" on PATH"
 	}
+	if h.LookPath == nil {
+		return "", from, errors.New("cannot look for programs on this host")
+	}
+	path, err = h.LookPath(bin)
+	return path, from, err
+}
+
+func checkQEMU(ctx context.Context, cfg Config, h Host) Check {
+	c := Check{Name: "qemu", Required: true}
 	install := fmt.Sprintf("install QEMU %d.%d or newer (Debian, Ubuntu: `apt-get install qemu-system-x86`; Fedora: `dnf install qemu-system-x86-core`), or set ISOPOD_QEMU to a qemu-system-x86_64",
 		MinQEMU[0], MinQEMU[1])
-	if h.LookPath == nil || h.QEMUVersion == nil {
-		c.Why, c.Fix = "cannot look for QEMU on this host", install
-		return c
-	}
-	path, err := h.LookPath(bin)
+	path, from, err := findQEMU(cfg, h)
 	if err != nil {
 		c.Why, c.Fix = fmt.Sprintf("QEMU not found (%s): %v", from, err), install
+		return c
+	}
+	if h.QEMUVersion == nil {
+		c.Why, c.Fix = "cannot run QEMU on this host", install
 		return c
 	}
 	c.Detail = map[string]any{"path": path}
@@ -118,9 +128,10 @@ func checkKVM(cfg Config, h Host) Check {
 	return c
 }
 
-// checkJail sets the jail up as a run would. Required, unless
-// ISOPOD_JAIL=off (then runs warn that they are unconfined).
-func checkJail(cfg Config, h Host) Check {
+// checkJail sets the jail up as a run would and starts QEMU in it.
+// Required, unless ISOPOD_JAIL=off (then runs warn that they are
+// unconfined).
+func checkJail(ctx context.Context, cfg Config, h Host) Check {
 	c := Check{Name: "jail", Required: true}
 	if cfg.JailOff {
 		c.OK = true
@@ -132,17 +143,24 @@ func checkJail(cfg Config, h Host) Check {
 		c.Why = "cannot check the jail on this host"
 		return c
 	}
-	info, err := h.Jail()
+	qemu, _, _ := findQEMU(cfg, h)
+	info, err := h.Jail(ctx, qemu)
 	if err != nil {
 		c.Why = err.Error()
+		c.Fix = "see why, or set ISOPOD_JAIL=off to run VMMs unconfined (for debugging only)"
 		if se, ok := errors.AsType[*jail.SetupError](err); ok {
 			c.Why, c.Fix = "the VMM jail cannot be set up: "+se.What, se.Fix
 		}
 		return c
 	}
 	c.OK = true
-	c.Why = fmt.Sprintf("user namespaces and the VMM's uid %d are available: every VMM runs jailed", info.UID)
-	c.Detail = map[string]any{"uid": info.UID, "gid": info.GID}
+	c.Why = fmt.Sprintf("user namespaces, cgroups or their fallback, and the VMM's uid %d are available", info.UID)
+	if info.Tried {
+		c.Why += "; QEMU starts in the jail"
+	} else {
+		c.Why += "; QEMU was not tried in it (not found)"
+	}
+	c.Detail = map[string]any{"uid": info.UID, "gid": info.GID, "qemu_tried": info.Tried}
 	if len(info.Warnings) > 0 {
 		c.Why += ", with a weaker fallback: " + strings.Join(info.Warnings, "; ")
 		c.Detail["warnings"] = info.Warnings

@@ -99,7 +99,7 @@ func Run(ctx context.Context, cfg Config, h Host) *Report {
 	if kvm.OK {
 		r.Accel = "kvm"
 	}
-	r.Checks = append(r.Checks, checkQEMU(ctx, cfg, h), kvm, checkJail(cfg, h))
+	r.Checks = append(r.Checks, checkQEMU(ctx, cfg, h), kvm, checkJail(ctx, cfg, h))
 	r.Checks = append(r.Checks, checkImages(cfg, h)...)
 	r.Checks = append(r.Checks, checkDisk(cfg, h), checkWarmPool(ctx, h))
 	failed := r.Failed()

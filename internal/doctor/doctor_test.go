@@ -24,7 +24,7 @@ func healthy() Host {
 		},
 		OpenKVM:  func() error { return nil },
 		KVMProbe: func() (KVMProbe, bool) { return KVMProbe{KVM: true, At: time.Unix(1e9, 0)}, true },
-		Jail:     func() (JailInfo, error) { return JailInfo{UID: 998, GID: 998}, nil },
+		Jail:     func(context.Context, string) (JailInfo, error) { return JailInfo{UID: 998, GID: 998, Tried: true}, nil },
 		Kernel: func() (image.BootKernel, error) {
 			return image.BootKernel{Path: "/h/kernels/6.1/vmlinuz", Info: image.KernelInfo{Package: "linux-image-cloud", Version: "6.1", Pinned: true}}, nil
 		},
@@ -114,10 +114,15 @@ func TestFailures(t *testing.T) {
 		}, check: "kvm", why: []string{"could not run a guest", "failed to set MSR 0x10a", "TCG"}, accel: "tcg"},
 		{name: "tcg forced", cfg: func(c *Config) { c.Accel = "tcg" }, check: "kvm", why: []string{"ISOPOD_ACCEL=tcg", "slower"}, fix: []string{"unset ISOPOD_ACCEL"}, accel: "tcg"},
 		{name: "no jail", host: func(h *Host) {
-			h.Jail = func() (JailInfo, error) {
+			h.Jail = func(context.Context, string) (JailInfo, error) {
 				return JailInfo{}, fmt.Errorf("wrapped: %w", &jail.SetupError{What: "user namespaces are disabled", Fix: "sysctl -w user.max_user_namespaces=15000"})
 			}
 		}, check: "jail", required: true, why: []string{"user namespaces are disabled"}, fix: []string{"max_user_namespaces"}},
+		{name: "qemu does not start in the jail", host: func(h *Host) {
+			h.Jail = func(context.Context, string) (JailInfo, error) {
+				return JailInfo{}, errors.New("starting qemu in the jail: mounting the jail's /proc: operation not permitted")
+			}
+		}, check: "jail", required: true, why: []string{"mounting the jail's /proc"}, fix: []string{"ISOPOD_JAIL=off"}},
 		{name: "no kernel", host: func(h *Host) {
 			h.Kernel = func() (image.BootKernel, error) {
 				return image.BootKernel{}, fmt.Errorf("no guest kernel: %w", errdefs.ErrFailedPrecondition)
@@ -241,7 +246,7 @@ func TestNothingReadable(t *testing.T) {
 
 func TestJailOff(t *testing.T) {
 	h := healthy()
-	h.Jail = func() (JailInfo, error) { return JailInfo{}, errors.New("must not be called") }
+	h.Jail = func(context.Context, string) (JailInfo, error) { return JailInfo{}, errors.New("must not be called") }
 	r := Run(t.Context(), Config{Home: "/h", JailOff: true}, h)
 	c := check(t, r, "jail")
 	if !r.OK || !c.OK || !strings.Contains(c.Why, "unconfined") {
@@ -272,6 +277,37 @@ func TestJSONShape(t *testing.T) {
 	for _, k := range []string{"name", "ok", "required", "why"} {
 		if _, ok := c[k]; !ok {
 			t.Errorf("a check lacks %q: %v", k, c)
+		}
+	}
+}
+
+// TestJailTriesTheRunsQEMU: the jail check starts the QEMU the qemu check
+// found, and none when there is none.
+func TestJailTriesTheRunsQEMU(t *testing.T) {
+	for _, tt := range []struct {
+		cfg   Config
+		found bool
+		want  string
+	}{
+		{Config{Home: "/h"}, true, "/usr/bin/qemu-system-x86_64"},
+		{Config{Home: "/h", QEMU: "/opt/qemu/bin/qemu-system-x86_64"}, true, "/usr/bin//opt/qemu/bin/qemu-system-x86_64"},
+		{Config{Home: "/h"}, false, ""},
+	} {
+		h := healthy()
+		if !tt.found {
+			h.LookPath = func(string) (string, error) { return "", errors.New("not found") }
+		}
+		got := "unset"
+		h.Jail = func(_ context.Context, qemu string) (JailInfo, error) {
+			got = qemu
+			return JailInfo{UID: 1, Tried: qemu != ""}, nil
+		}
+		r := Run(t.Context(), tt.cfg, h)
+		if got != tt.want {
+			t.Errorf("QEMU %q, found %v: the jail tried %q; want %q", tt.cfg.QEMU, tt.found, got, tt.want)
+		}
+		if c := check(t, r, "jail"); c.OK != true || strings.Contains(c.Why, "QEMU starts in the jail") != tt.found {
+			t.Errorf("jail check %+v; want ok, saying whether QEMU started in it", c)
 		}
 	}
 }

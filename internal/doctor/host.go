@@ -19,8 +19,9 @@ type Host struct {
 	// KVMProbe returns the last KVM probe recorded under the state root
 	// (ok false: none yet).
 	KVMProbe func() (p KVMProbe, ok bool)
-	// Jail sets the VMM jail up as a run does (jail.New).
-	Jail func() (JailInfo, error)
+	// Jail sets the VMM jail up as a run does (jail.New) and, given the
+	// QEMU a run would start ("" for none), starts `qemu -version` in it.
+	Jail func(ctx context.Context, qemu string) (JailInfo, error)
 	// Kernel resolves the guest kernel (image.ResolveKernel).
 	Kernel func() (image.BootKernel, error)
 	// Images lists the initramfs and every base (image.ListImages).
@@ -47,6 +48,8 @@ type JailInfo struct {
 	// Warnings are fallbacks that weaken it (rlimits for cgroups, the
 	// user's own uid).
 	Warnings []string
+	// Tried: QEMU started and exited in the jail.
+	Tried bool
 }
 
 // WarmPool is the warm pool's state.
