@@ -115,16 +115,22 @@ func checkKVM(cfg Config, h Host) Check {
 		}
 		return c
 	}
+	var probe KVMProbe
+	probed := false
 	if h.KVMProbe != nil {
-		if p, ok := h.KVMProbe(); ok && !p.KVM && cfg.Accel != "kvm" {
-			c.Why = fmt.Sprintf("/dev/kvm opens, but QEMU could not run a guest with it (last probe, %s: %s), so %s",
-				p.At.UTC().Format("2006-01-02 15:04 MST"), firstLine(p.Reason), tcgCost)
-			c.Fix = "use a host whose KVM runs guests (on a VM, one with working nested virtualization); the probe is retried hourly"
-			c.Detail = map[string]any{"probe_reason": p.Reason}
-			return c
-		}
+		probe, probed = h.KVMProbe()
+	}
+	if probed && !probe.KVM && cfg.Accel != "kvm" {
+		c.Why = fmt.Sprintf("/dev/kvm opens, but QEMU could not run a guest with it (last probe, %s: %s), so %s",
+			probe.At.UTC().Format("2006-01-02 15:04 MST"), firstLine(probe.Reason), tcgCost)
+		c.Fix = "use a host whose KVM runs guests (on a VM, one with working nested virtualization); the probe is retried hourly"
+		c.Detail = map[string]any{"probe_reason": probe.Reason}
+		return c
 	}
 	c.OK, c.Why = true, "/dev/kvm is usable: VMs run under KVM"
+	if !probed && cfg.Accel != "kvm" {
+		c.Why = "/dev/kvm is usable; the first run probes whether QEMU can run a guest with it, and falls back to TCG if not"
+	}
 	return c
 }
 

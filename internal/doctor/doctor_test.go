@@ -112,6 +112,9 @@ func TestFailures(t *testing.T) {
 				return KVMProbe{KVM: false, Reason: "failed to set MSR 0x10a\nassertion", At: time.Unix(1e9, 0)}, true
 			}
 		}, check: "kvm", why: []string{"could not run a guest", "failed to set MSR 0x10a", "TCG"}, accel: "tcg"},
+		{name: "kvm opens and was never probed", host: func(h *Host) {
+			h.KVMProbe = func() (KVMProbe, bool) { return KVMProbe{}, false }
+		}, check: "kvm", why: []string{"the first run probes"}, accel: "kvm"},
 		{name: "tcg forced", cfg: func(c *Config) { c.Accel = "tcg" }, check: "kvm", why: []string{"ISOPOD_ACCEL=tcg", "slower"}, fix: []string{"unset ISOPOD_ACCEL"}, accel: "tcg"},
 		{name: "no jail", host: func(h *Host) {
 			h.Jail = func(context.Context, string) (JailInfo, error) {
