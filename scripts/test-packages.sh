@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Test isopod's release end to end, as CI does (.ci/run runs this):
 #
+#   0. vet and test tools/release, the packaging program;
 #   1. build the release of HEAD into dist/ with scripts/release.sh, then
 #      again into a temporary directory with an empty Go build cache;
 #   2. meanwhile, make a fresh Debian 12 tree with debootstrap (minbase);
@@ -44,6 +45,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/isopod-pkgtest.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
 phase() { say "$1 took $((SECONDS - $2)) s"; }
+
+say "the packaging program's own tests (tools/release is a module of its own, outside go test ./...)"
+(cd tools/release && go vet . && go test -count=1 .)
 
 say "debootstrap of a minbase bookworm tree, in the background"
 t=$SECONDS
