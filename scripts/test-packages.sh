@@ -41,6 +41,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 export ISOPOD_DEBIAN_MIRROR=${ISOPOD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+# One commit for both builds, even if HEAD moves meanwhile.
+commit=$(git rev-parse --verify HEAD)
+
 work=$(mktemp -d "${TMPDIR:-/tmp}/isopod-pkgtest.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
@@ -55,10 +58,10 @@ t=$SECONDS
 debootstrap_pid=$!
 
 t=$SECONDS
-scripts/release.sh
+scripts/release.sh "$commit"
 phase "the release build" "$t"
 t=$SECONDS
-GOCACHE="$work/gocache" ISOPOD_DIST="$work/dist-again" scripts/release.sh
+GOCACHE="$work/gocache" ISOPOD_DIST="$work/dist-again" scripts/release.sh "$commit"
 phase "the second release build, with an empty Go build cache" "$t"
 
 if ! wait "$debootstrap_pid"; then
