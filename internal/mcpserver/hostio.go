@@ -33,6 +33,9 @@ type HostIO struct {
 	// StdinFile and CopyOut switch each argument on.
 	StdinFile bool
 	CopyOut   bool
+	// Workspace switches sandbox_run's workspace (and workspace_out,
+	// which also needs CopyOut) on.
+	Workspace bool
 	// Remote marks the policy of a network listener, where host paths are
 	// off unless the operator named a root (--host-io-root).
 	Remote bool
@@ -58,6 +61,7 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 
 	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
 	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
+	h.Workspace, warns = readSwitch(lookup, knobs.MCPWorkspace, warns)
 
 	root, set := lookup(knobs.MCPHostIORoot)
 	if set && strings.TrimSpace(root) == "" {
@@ -85,6 +89,7 @@ func RemoteHostIO(lookup func(string) (string, bool), root, home string) (HostIO
 	var warns []string
 	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
 	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
+	h.Workspace, warns = readSwitch(lookup, knobs.MCPWorkspace, warns)
 	h.setRoot(root, "--host-io-root")
 	if h.rootErr != nil {
 		warns = append(warns, h.rootErr.Error())
@@ -143,8 +148,8 @@ func (h HostIO) String() string {
 	case h.Root == "/":
 		where = "UNCONFINED (" + knobs.MCPHostIORoot + "=/)"
 	}
-	return fmt.Sprintf("host file I/O: %s; stdin_file=%s, copy_out=%s; always refused under %s",
-		where, onOff(h.StdinFile), onOff(h.CopyOut), h.Home)
+	return fmt.Sprintf("host file I/O: %s; stdin_file=%s, copy_out=%s, workspace=%s; always refused under %s",
+		where, onOff(h.StdinFile), onOff(h.CopyOut), onOff(h.Workspace), h.Home)
 }
 
 func onOff(b bool) string {
@@ -161,8 +166,11 @@ func (h HostIO) disabled(what, instead string) error {
 			what, instead, errdefs.ErrInvalidArgument)
 	}
 	knob := knobs.MCPStdinFile
-	if what == "copy_out" {
+	switch what {
+	case "copy_out", "workspace_out":
 		knob = knobs.MCPCopyOut
+	case "workspace":
+		knob = knobs.MCPWorkspace
 	}
 	return fmt.Errorf("%s is disabled on this server (%s=off); %s: %w", what, knob, instead, errdefs.ErrInvalidArgument)
 }

@@ -39,6 +39,10 @@ type RunArgs struct {
 	StdinFile string            `json:"stdin_file,omitempty" jsonschema:"a HOST file fed to cmd's standard input instead of stdin: a regular file of at most 4 MiB under the server's host-I/O root (relative paths are taken from that root)"`
 	CopyOut   []CopyOutArg      `json:"copy_out,omitempty" jsonschema:"files to copy from the VM to the HOST after cmd (skipped if it timed out); each host path must lie under the server's host-I/O root and is replaced atomically"`
 	ReadFiles []string          `json:"read_files,omitempty" jsonschema:"absolute paths of files inside the VM whose contents come back in the result's files (after cmd, skipped if it timed out): text as it is, anything else base64; at most 16 files and 4 MiB in all (a file past that is cut, truncated true). The way to get results back without a host path"`
+
+	Workspace    string `json:"workspace,omitempty" jsonschema:"a HOST directory under the server's host-I/O root (relative paths are taken from that root) copied into the VM at /workspace, which becomes the default cwd: in a git work tree what git would see (tracked and untracked, not ignored, files) and .git, credentials removed; the copy is writable and nothing reaches the host tree. At most 512 MiB and 100000 entries"`
+	WorkspaceAll bool   `json:"workspace_all,omitempty" jsonschema:"copy everything under workspace, not only what git would see"`
+	WorkspaceOut string `json:"workspace_out,omitempty" jsonschema:"a HOST file under the host-I/O root that receives, after cmd (skipped if it timed out), what cmd changed in the workspace as a git patch (git apply it to take the changes; at most 16 MiB); the report's workspace says what changed"`
 }
 
 // CopyOutArg names one guest file and its host destination.
@@ -49,7 +53,7 @@ type CopyOutArg struct {
 
 const runDescription = `Run one shell command in a fresh, isolated microVM and destroy the VM afterwards. Returns one JSON report: exit_code (null if killed by a signal or timed out), signal, timed_out, stdout and stderr (first 64 KiB each, with *_truncated, exact *_bytes, and complete logs at *_log_path), timings in ms (total_ms, duration_ms for the command itself, boot_ms...), vm_id and vm_name, and stage_id/stage_name when commit_as committed (commit_error when the commit failed; the run still succeeded). A non-zero exit_code is a normal result, not a tool error.
 
-Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. Fork a saved stage with stage. timeout_s covers boot and command together.
+Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. workspace brings a host directory in (at /workspace, the default cwd) and workspace_out its changes back as a patch; the host tree is never modified. Fork a saved stage with stage. timeout_s covers boot and command together.
 
 Network: on by default (NAT). network=false for untrusted code; allow_hosts (even []) switches to default-deny filtering and the report's egress lists what was allowed and denied.`
 
@@ -110,6 +114,13 @@ func (s *Server) prepareRun(in RunArgs) (sandbox.Request, func(), *readFiles, er
 	if err != nil {
 		return r, release, nil, err
 	}
+	wsRelease, err := s.openWorkspace(&r, in)
+	if err != nil {
+		release()
+		return r, func() {}, nil, err
+	}
+	copyRelease := release
+	release = func() { copyRelease(); wsRelease() }
 	rf, err := prepareReadFiles(&r, in.ReadFiles)
 	return r, release, rf, err
 }
