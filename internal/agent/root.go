@@ -194,4 +194,3 @@ func (mt *mounted) unmountWorkspace() error {
 	mt.workspace = ""
 	return nil
 }
-
