@@ -300,8 +300,10 @@ func shortDigest(ds ...string) string {
 	return ""
 }
 
-// applyLayer streams layer i into u, checking the blob against its digest
-// (when the source has one) and the tar against its diff id.
+// applyLayer streams layer i into u, checking the blob against its
+// digest, which fixes the tar it unpacks to, or, for a docker-save
+// archive's layers, which have no digest of their own, the tar against
+// its diff id.
 func (im *importer) applyLayer(u *unpacker, i int, l v1.Layer, meter *oci.Meter) error {
 	what := fmt.Sprintf("%s: layer %d/%d", im.src, i+1, len(im.layers))
 	diffID, err := v1.NewHash(im.layers[i].DiffID)
@@ -335,15 +337,23 @@ func (im *importer) applyLayer(u *unpacker, i int, l v1.Layer, meter *oci.Meter)
 		defer rc.Close()
 		tarStream = meter.Reader(rc)
 	}
-	diff, err := oci.NewVerifier(tarStream, diffID, -1, what+" uncompressed ("+diffID.String()+")")
-	if err != nil {
-		return err
+	var diff *oci.Verifier
+	if blob == nil {
+		if diff, err = oci.NewVerifier(tarStream, diffID, -1, what+" uncompressed ("+diffID.String()+")"); err != nil {
+			return err
+		}
+		tarStream = diff
 	}
-	if err := u.apply(i, diff); err != nil {
+	if err := u.apply(i, tarStream); err != nil {
 		return layerError(blob, what, err)
 	}
-	if err := diff.Drain(); err != nil {
+	if _, err := io.Copy(io.Discard, tarStream); err != nil { // what follows the tar's end
 		return layerError(blob, what, err)
+	}
+	if diff != nil {
+		if err := diff.Drain(); err != nil {
+			return layerError(blob, what, err)
+		}
 	}
 	if blob != nil {
 		if err := blob.Drain(); err != nil {
