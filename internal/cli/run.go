@@ -76,7 +76,7 @@ the command exits 0.`,
 	}
 	f := c.Flags()
 	f.StringVar(&req.Stage, "stage", sandbox.BaseStage, "stage to fork: id, name, label or unique label prefix; base is the empty stage")
-	f.StringVar(&req.Base, "base", "", "base image: base-min (default) or base-debian; a fork keeps its chain's base")
+	f.StringVar(&req.Base, "base", "", "base image: base-min (default), base-debian or an imported one (isopod image ls); a fork keeps its chain's base")
 	f.BoolVar(&req.NoNetwork, "no-network", false, "attach no network interface at all")
 	f.BoolVar(&req.AllowLANEgress, "allow-lan-egress", false, "let the guest reach private (RFC1918, CGNAT, ULA) addresses; insecure")
 	f.StringArrayVar(&req.AllowHosts, "allow-host", nil, "filtered egress: allow this host name (exact, or *.one-label wildcard); repeatable")
