@@ -166,8 +166,8 @@ func checkNothingLeft(t *testing.T, dir string, ids []string) {
 			t.Errorf("socket directory of %s left", id)
 		}
 		for _, cg := range []string{"memory", "pids", "cpu", "unified", ""} {
-			found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cg, "*", "*", "isopod", "isopod-"+id))
-			more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cg, "isopod", "isopod-"+id))
+			found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cg, "*", "*", "isopod", "isopod-*"+id))
+			more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cg, "isopod", "isopod-*"+id))
 			if len(found)+len(more) > 0 {
 				t.Errorf("cgroup of %s left: %v %v", id, found, more)
 			}

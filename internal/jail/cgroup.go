@@ -243,9 +243,18 @@ func (c *vmCgroup) remove() {
 	c.dirs = nil
 }
 
-// CgroupName is the cgroup name of the VMM of VM id: drivers name their
-// Spec with it, and housekeeping finds a dead VMM's cgroup by it.
-func CgroupName(vmID string) string { return "isopod-" + vmID }
+// CgroupName is the cgroup name of the VMM of VM vmID: drivers name their
+// Spec with it, and housekeeping finds a dead VMM's cgroup by it. It
+// carries the Jailer's scope.
+func (j *Jailer) CgroupName(vmID string) string { return j.cgroupPrefix() + vmID }
+
+// cgroupPrefix starts the names of this scope's cgroups.
+func (j *Jailer) cgroupPrefix() string {
+	if j.scope == "" {
+		return "isopod-"
+	}
+	return "isopod-" + j.scope + "-"
+}
 
 // RemoveCgroup removes the cgroup named name once it is empty (its VMM
 // gone), e.g. one a killed isopod process could not remove; a VMM that is
@@ -261,9 +270,10 @@ func (j *Jailer) RemoveCgroup(name string) {
 	c.remove()
 }
 
-// SweepCgroups removes the VMM cgroups under this process's parents whose
-// VM keep does not claim: processes still in one (a VMM whose run and
-// record are gone) are killed first. It returns the names removed.
+// SweepCgroups removes the VMM cgroups of this scope under this process's
+// parents whose VM keep does not claim: processes still in one (a VMM
+// whose run and record are gone) are killed first. Other scopes' cgroups
+// are never touched. It returns the names removed.
 func (j *Jailer) SweepCgroups(keep func(vmID string) bool) []string {
 	seen := map[string]bool{}
 	var removed []string
@@ -274,8 +284,8 @@ func (j *Jailer) SweepCgroups(keep func(vmID string) bool) []string {
 		}
 		for _, e := range entries {
 			name := e.Name()
-			id, ok := strings.CutPrefix(name, "isopod-")
-			if !e.IsDir() || !ok || seen[name] || keep(id) {
+			id, ok := strings.CutPrefix(name, j.cgroupPrefix())
+			if !e.IsDir() || !ok || strings.Contains(id, "-") && !strings.HasPrefix(id, "vm-") || seen[name] || keep(id) {
 				continue
 			}
 			seen[name] = true

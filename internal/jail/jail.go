@@ -57,6 +57,10 @@ type Config struct {
 	// CgroupRoot is where cgroup hierarchies are mounted; default
 	// /sys/fs/cgroup.
 	CgroupRoot string
+	// Scope tags the cgroups of one state root, so that housekeeping of
+	// one never touches another's (several roots share the cgroup parent);
+	// letters and digits, empty for none.
+	Scope string
 }
 
 // Jailer confines VMM processes on this host. It is safe for concurrent
@@ -65,6 +69,7 @@ type Jailer struct {
 	log      *slog.Logger
 	ids      idPlan
 	cgroups  cgroupPlan
+	scope    string
 	warnings []string
 }
 
@@ -81,7 +86,12 @@ func New(cfg Config) (*Jailer, error) {
 	if cfg.CgroupRoot == "" {
 		cfg.CgroupRoot = "/sys/fs/cgroup"
 	}
-	j := &Jailer{log: cfg.Logger}
+	for _, r := range cfg.Scope {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
+			return nil, fmt.Errorf("jail: scope %q: letters and digits only: %w", cfg.Scope, errdefs.ErrInvalidArgument)
+		}
+	}
+	j := &Jailer{log: cfg.Logger, scope: cfg.Scope}
 	if err := checkUserNamespaces(cfg.ProcSys, os.Geteuid()); err != nil {
 		return nil, err
 	}

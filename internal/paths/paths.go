@@ -4,6 +4,8 @@
 package paths
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -41,6 +43,14 @@ func (p Paths) VM(id string) string { return filepath.Join(p.Home, "vms", id) }
 func (p Paths) Stages() string      { return filepath.Join(p.Home, "stages") }
 func (p Paths) Snapshots() string   { return filepath.Join(p.Home, "snapshots") }
 func (p Paths) Locks() string       { return filepath.Join(p.Home, "locks") }
+
+// Scope is a short tag of the state root (8 hex digits of a hash of its
+// path), for names that several roots share a namespace for, such as the
+// VMMs' cgroups.
+func (p Paths) Scope() string {
+	sum := sha256.Sum256([]byte(p.Home))
+	return hex.EncodeToString(sum[:4])
+}
 
 // Ensure creates the state directories (mode 0700).
 func (p Paths) Ensure() error {

@@ -116,7 +116,7 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 			ProbeCache: s.probeCache(),
 		}
 		if s.opts.Jail != JailOff {
-			j, err := jail.New(jail.Config{Logger: s.log})
+			j, err := jail.New(jail.Config{Logger: s.log, Scope: s.opts.Paths.Scope()})
 			if err != nil {
 				s.drvErr = err
 				return

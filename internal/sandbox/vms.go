@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"isopod/internal/image"
-	"isopod/internal/jail"
 	"isopod/internal/paths"
 )
 
@@ -196,7 +195,7 @@ func (s *Service) cleanLeftovers(r *vmRecord) {
 		}
 	}
 	if s.jailer != nil {
-		s.jailer.RemoveCgroup(jail.CgroupName(r.ID))
+		s.jailer.RemoveCgroup(s.jailer.CgroupName(r.ID))
 	}
 }
 

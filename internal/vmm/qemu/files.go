@@ -322,7 +322,7 @@ func jailFiles(bin string) ([]string, error) {
 // jailSpec is the confinement of one machine.
 func (d *Driver) jailSpec(cfg *vmm.Config, accel vmm.Accel, stdout io.Writer) jail.Spec {
 	s := jail.Spec{
-		Name:     jail.CgroupName(cfg.ID),
+		Name:     d.jail.CgroupName(cfg.ID),
 		ReadOnly: d.jailFiles,
 		Stdout:   stdout,
 		Limits: jail.Limits{
