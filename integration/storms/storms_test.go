@@ -61,7 +61,9 @@ type shape struct {
 }
 
 var killShapes = []shape{
-	{"cold", func(string, int) []string { return []string{"run", "--no-network", "--", "sh", "-c", "sleep 2; echo x"} }},
+	{"cold", func(string, int) []string {
+		return []string{"run", "--no-network", "--", "sh", "-c", "sleep 2; echo x"}
+	}},
 	{"warm", func(string, int) []string { return []string{"run", "--", "sh", "-c", "sleep 1; echo x"} }},
 	{"commit", func(_ string, i int) []string {
 		return []string{"run", "--no-network", "--commit-as", fmt.Sprintf("killed-%d-%d", os.Getpid(), i), "--",
