@@ -39,7 +39,7 @@ gomod=$(git show "$commit:go.mod")
 toolchain=$(awk '/^toolchain /{print $2; exit}' <<<"$gomod")
 [ -n "$toolchain" ] || toolchain=go$(awk '/^go /{print $2; exit}' <<<"$gomod")
 export GOTOOLCHAIN=$toolchain
-export SOURCE_DATE_EPOCH=$epoch CGO_ENABLED=0 GOOS=linux GOARCH=amd64 GOFLAGS=-mod=readonly
+export SOURCE_DATE_EPOCH=$epoch GOFLAGS=-mod=readonly
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/isopod-release.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -47,7 +47,7 @@ mkdir -p "$work/src" "$work/bin" "$work/dist"
 git archive --format=tar "$commit" | tar -x -C "$work/src"
 
 say "building isopod $version from $commit ($toolchain, SOURCE_DATE_EPOCH=$epoch)"
-(cd "$work/src" && go build -trimpath -buildvcs=false \
+(cd "$work/src" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -buildvcs=false \
   -ldflags "-s -w -buildid= -X isopod/internal/version.suffix=$suffix" \
   -o "$work/bin/" ./cmd/isopod ./cmd/isopod-mcp ./cmd/isopod-agent)
 
