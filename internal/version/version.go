@@ -4,7 +4,8 @@
 // same number (a test checks that they agree).
 //
 // A build of a commit that is not the release may append a suffix at link
-// time, which scripts/install.sh does:
+// time, which scripts/install.sh and scripts/release.sh do (the release's
+// packages carry the same version in their metadata):
 //
 //	go build -ldflags "-X isopod/internal/version.suffix=+g1a2b3c4d" ./cmd/isopod
 package version
