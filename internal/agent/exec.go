@@ -277,50 +277,98 @@ func (c *conn) execDone(id uint64, start time.Time, ws *unix.WaitStatus, code in
 // runExec runs one process to completion and sends its output and ExecDone.
 func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 	start := time.Now()
-	if req == nil || len(req.Argv) == 0 || req.Argv[0] == "" {
-		c.replyErr(st.id, fmt.Errorf("exec: argv is empty; name a program to run: %w", errdefs.ErrInvalidArgument))
-		return
-	}
-	env, err := mergeEnv(baseEnv, c.srv.execEnv(), req.Env)
+	env, err := c.checkExecRequest(req)
 	if err != nil {
-		c.replyErr(st.id, fmt.Errorf("exec: %w: %w", err, errdefs.ErrInvalidArgument))
+		c.replyErr(st.id, err)
 		return
 	}
-	if req.TimeoutMS < 0 {
-		c.replyErr(st.id, fmt.Errorf("exec: timeout_ms %d is negative: %w", req.TimeoutMS, errdefs.ErrInvalidArgument))
-		return
-	}
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = DefaultCwd
-	} else if !filepath.IsAbs(cwd) {
-		cwd = filepath.Join(DefaultCwd, cwd)
-	}
-	notStarted := func(msg string) {
-		c.output(st.id, "stderr", msg)
-		c.execDone(st.id, start, nil, notStartedCode, false)
-	}
-	if fi, err := os.Stat(cwd); err != nil {
-		notStarted(fmt.Sprintf("isopod: cwd %s: no such directory\n", cwd))
-		return
-	} else if !fi.IsDir() {
-		notStarted(fmt.Sprintf("isopod: cwd %s: not a directory\n", cwd))
-		return
-	}
-	prog, msg := resolveProgram(req.Argv[0], envLookup(env, "PATH"), cwd)
+	cwd := execCwd(req.Cwd)
+	prog, msg := resolveStart(req.Argv[0], env, cwd)
 	if msg != "" {
-		notStarted(string(msg))
+		c.notStarted(st.id, start, string(msg))
 		return
 	}
 
 	p, err := newExecPipes(req.Stdin)
 	if err != nil {
-		notStarted(fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
+		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
 		return
 	}
 	defer p.closeAll()
 	cg := c.srv.opts.Cgroups.forExec(st.id)
 	defer cg.remove()
+	pid, wait, err := c.forkExec(prog, req.Argv, cwd, env, p, cg)
+	if err != nil {
+		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
+		return
+	}
+	if err := st.started(pid); err != nil {
+		c.log.Warn("delivering an early signal failed", "id", st.id, "err", err)
+	}
+	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0])
+
+	streams := c.startStreams(st, p)
+	ws, timedOut := c.waitExec(st, pid, wait, cg, req.TimeoutMS)
+	// The direct child is gone: end whatever it left in its group and its
+	// cgroup, which would otherwise hold the pipes open.
+	killGroup(pid)
+	cg.killAll()
+	st.exited()
+	streams.finish(c, st, p)
+	c.execDone(st.id, start, &ws, 0, timedOut)
+}
+
+// checkExecRequest rejects a malformed exec request and returns the
+// environment the process gets: the base, the server's, then the request's.
+// Its errors are for replyErr.
+func (c *conn) checkExecRequest(req *agentproto.Exec) ([]string, error) {
+	if req == nil || len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, fmt.Errorf("exec: argv is empty; name a program to run: %w", errdefs.ErrInvalidArgument)
+	}
+	env, err := mergeEnv(baseEnv, c.srv.execEnv(), req.Env)
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if req.TimeoutMS < 0 {
+		return nil, fmt.Errorf("exec: timeout_ms %d is negative: %w", req.TimeoutMS, errdefs.ErrInvalidArgument)
+	}
+	return env, nil
+}
+
+// execCwd is the directory a process starts in: DefaultCwd when the request
+// names none, and relative to DefaultCwd when it is relative.
+func execCwd(cwd string) string {
+	if cwd == "" {
+		return DefaultCwd
+	}
+	if !filepath.IsAbs(cwd) {
+		return filepath.Join(DefaultCwd, cwd)
+	}
+	return cwd
+}
+
+// resolveStart checks that cwd is a directory and finds argv0 through the
+// PATH of env; the startErr says why the program cannot start.
+func resolveStart(argv0 string, env []string, cwd string) (string, startErr) {
+	if fi, err := os.Stat(cwd); err != nil {
+		return "", startErr(fmt.Sprintf("isopod: cwd %s: no such directory\n", cwd))
+	} else if !fi.IsDir() {
+		return "", startErr(fmt.Sprintf("isopod: cwd %s: not a directory\n", cwd))
+	}
+	return resolveProgram(argv0, envLookup(env, "PATH"), cwd)
+}
+
+// notStarted reports a program that could not start: msg on stderr and
+// ExecDone with exit code 127.
+func (c *conn) notStarted(id uint64, start time.Time, msg string) {
+	c.output(id, "stderr", msg)
+	c.execDone(id, start, nil, notStartedCode, false)
+}
+
+// forkExec starts prog in its own process group, in cg when there is one,
+// with the child's ends of p as its standard streams; it closes those ends
+// in the agent whether or not the start succeeded.
+func (c *conn) forkExec(prog string, argv []string, cwd string, env []string, p *execPipes, cg *execCgroup) (int, <-chan unix.WaitStatus, error) {
 	sys := &syscall.SysProcAttr{Setpgid: true}
 	if cg != nil {
 		sys.UseCgroupFD, sys.CgroupFD = true, cg.fd
@@ -332,44 +380,49 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		Sys:   sys,
 	}
 	pid, wait, err := c.reap.start(func() (int, error) {
-		return syscall.ForkExec(prog, req.Argv, attr)
+		return syscall.ForkExec(prog, argv, attr)
 	})
 	p.closeChildEnds()
-	if err != nil {
-		notStarted(fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
-		return
-	}
-	if err := st.started(pid); err != nil {
-		c.log.Warn("delivering an early signal failed", "id", st.id, "err", err)
-	}
-	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0])
+	return pid, wait, err
+}
 
-	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go c.pump(st.id, "stdout", p.out, &pumps)
-	go c.pump(st.id, "stderr", p.errR, &pumps)
-	stopStdin := make(chan struct{})
-	stdinDone := make(chan struct{})
+// execStreams tracks the goroutines that copy a running exec's streams.
+type execStreams struct {
+	pumps     sync.WaitGroup // the stdout and stderr pumps
+	stopStdin chan struct{}  // closed to stop feeding stdin
+	stdinDone chan struct{}  // closed once stdin feeding has stopped
+}
+
+// startStreams starts pumping stdout and stderr to the host and, when the
+// exec has a stdin pipe, feeding it from the exec's queue.
+func (c *conn) startStreams(st *execState, p *execPipes) *execStreams {
+	s := &execStreams{stopStdin: make(chan struct{}), stdinDone: make(chan struct{})}
+	s.pumps.Add(2)
+	go c.pump(st.id, "stdout", p.out, &s.pumps)
+	go c.pump(st.id, "stderr", p.errR, &s.pumps)
 	if p.in != nil {
-		go c.feedStdin(st, p.in, stopStdin, stdinDone)
+		go c.feedStdin(st, p.in, s.stopStdin, s.stdinDone)
 	} else {
-		close(stdinDone)
+		close(s.stdinDone)
 	}
+	return s
+}
 
-	var timedOut bool
+// waitExec waits for the process pid to exit. It kills the process group
+// and cgroup when the timeout (if any) passes, reporting timedOut, or when
+// the connection ends.
+func (c *conn) waitExec(st *execState, pid int, wait <-chan unix.WaitStatus, cg *execCgroup, timeoutMS int64) (ws unix.WaitStatus, timedOut bool) {
 	var timeout <-chan time.Time
-	if req.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+	if timeoutMS > 0 {
+		t := time.NewTimer(time.Duration(timeoutMS) * time.Millisecond)
 		defer t.Stop()
 		timeout = t.C
 	}
-	var ws unix.WaitStatus
 	ctxDone := c.ctx.Done()
-wait:
 	for {
 		select {
 		case ws = <-wait:
-			break wait
+			return ws, timedOut
 		case <-timeout:
 			timedOut = true
 			timeout = nil
@@ -382,14 +435,13 @@ wait:
 			cg.killAll()
 		}
 	}
-	// The direct child is gone: end whatever it left in its group and its
-	// cgroup, which would otherwise hold the pipes open.
-	killGroup(pid)
-	cg.killAll()
-	st.exited()
+}
 
+// finish waits for the output pumps to reach EOF, closing the pipes under
+// them after pipeDrainGrace, then stops feeding stdin.
+func (s *execStreams) finish(c *conn, st *execState, p *execPipes) {
 	drained := make(chan struct{})
-	go func() { pumps.Wait(); close(drained) }()
+	go func() { s.pumps.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(pipeDrainGrace):
@@ -398,10 +450,9 @@ wait:
 		p.errR.Close()
 		<-drained
 	}
-	close(stopStdin)
+	close(s.stopStdin)
 	if p.in != nil {
 		p.in.Close()
 	}
-	<-stdinDone
-	c.execDone(st.id, start, &ws, 0, timedOut)
+	<-s.stdinDone
 }
