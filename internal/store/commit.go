@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -202,34 +203,16 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 		return done(Meta{}, err)
 	}
 
-	tmp, err := os.MkdirTemp(s.dir, tmpPrefix+id+"-")
-	if err != nil {
-		return done(Meta{}, fmt.Errorf("creating commit directory: %w", err))
-	}
-	published := false
-	tmpLock := flock.New(filepath.Join(tmp, ".lock"), flock.SetPermissions(0o600))
-	defer func() {
-		if !published {
-			if err := os.RemoveAll(tmp); err != nil {
-				s.log.Warn("removing commit directory", "dir", tmp, "err", err)
-			}
-		}
-		_ = tmpLock.Close()
-	}()
-	if ok, err := tmpLock.TryLock(); err != nil {
-		return done(Meta{}, fmt.Errorf("locking commit directory: %w", err))
-	} else if !ok {
-		return done(Meta{}, fmt.Errorf("commit directory %s is locked by another process", tmp))
-	}
-
-	t1 := time.Now()
-	layer := filepath.Join(tmp, layerFile)
-	allocated, err := copySparse(ctx, req.Scratch, layer)
+	dir, err := s.openCommitDir(id)
 	if err != nil {
 		return done(Meta{}, err)
 	}
-	if err := os.Chmod(layer, 0o444); err != nil {
-		return done(Meta{}, fmt.Errorf("making layer read-only: %w", err))
+	defer dir.close(s.log)
+
+	t1 := time.Now()
+	allocated, err := copyLayer(ctx, req.Scratch, dir.path)
+	if err != nil {
+		return done(Meta{}, err)
 	}
 	tm.CopyMS = time.Since(t1).Milliseconds()
 	if afterCopyHook != nil {
@@ -252,11 +235,80 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 	if existing != nil {
 		return done(*existing, nil)
 	}
+	m, err := s.stageMeta(all, req, id, digest, size, allocated)
+	if err != nil {
+		return done(Meta{}, err)
+	}
+	if err := s.publishStage(dir, m); err != nil {
+		return done(Meta{}, err)
+	}
+	s.log.Debug("committed stage", "id", id, "name", m.Name, "label", m.Label,
+		"hash_ms", tm.HashMS, "copy_ms", tm.CopyMS)
+	return done(m, nil)
+}
+
+// commitDir is a commit's temporary directory inside the store. Its lock
+// file tells GC that a commit is still writing it.
+type commitDir struct {
+	path      string
+	lock      *flock.Flock
+	published bool // renamed into place; close leaves it alone
+}
+
+// openCommitDir creates and locks the temporary directory of a commit of
+// stage id.
+func (s *Store) openCommitDir(id string) (*commitDir, error) {
+	tmp, err := os.MkdirTemp(s.dir, tmpPrefix+id+"-")
+	if err != nil {
+		return nil, fmt.Errorf("creating commit directory: %w", err)
+	}
+	d := &commitDir{
+		path: tmp,
+		lock: flock.New(filepath.Join(tmp, ".lock"), flock.SetPermissions(0o600)),
+	}
+	if ok, err := d.lock.TryLock(); err != nil {
+		d.close(s.log)
+		return nil, fmt.Errorf("locking commit directory: %w", err)
+	} else if !ok {
+		d.close(s.log)
+		return nil, fmt.Errorf("commit directory %s is locked by another process", tmp)
+	}
+	return d, nil
+}
+
+// close removes the directory unless it was published, and releases its
+// lock.
+func (d *commitDir) close(log *slog.Logger) {
+	if !d.published {
+		if err := os.RemoveAll(d.path); err != nil {
+			log.Warn("removing commit directory", "dir", d.path, "err", err)
+		}
+	}
+	_ = d.lock.Close()
+}
+
+// copyLayer copies the scratch layer sparsely into dir as its read-only
+// layer file and returns the bytes it allocates.
+func copyLayer(ctx context.Context, scratch, dir string) (allocated int64, err error) {
+	layer := filepath.Join(dir, layerFile)
+	allocated, err = copySparse(ctx, scratch, layer)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.Chmod(layer, 0o444); err != nil {
+		return 0, fmt.Errorf("making layer read-only: %w", err)
+	}
+	return allocated, nil
+}
+
+// stageMeta builds the meta of the new stage id, naming it apart from the
+// names and labels of all. It runs under the store lock.
+func (s *Store) stageMeta(all []Meta, req CommitRequest, id, digest string, size, allocated int64) (Meta, error) {
 	chain := []string{id}
 	if req.Parent != "" {
 		parent, err := s.Get(req.Parent)
 		if err != nil {
-			return done(Meta{}, fmt.Errorf("commit parent vanished: %w", err))
+			return Meta{}, fmt.Errorf("commit parent vanished: %w", err)
 		}
 		chain = append(append([]string(nil), parent.Chain...), id)
 	}
@@ -267,7 +319,7 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 	}
 	taken[req.Label] = true
 	now := time.Now().UTC()
-	m := Meta{
+	return Meta{
 		ID:             id,
 		Name:           pickName(id, taken),
 		Label:          req.Label,
@@ -282,28 +334,28 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 		CreatedUnix:    now.Unix(),
 		Argv:           append([]string{}, req.Argv...),
 		IsopodVersion:  s.version,
-	}
-	if err := writeMeta(filepath.Join(tmp, metaFile), m); err != nil {
-		return done(Meta{}, err)
+	}, nil
+}
+
+// publishStage writes m into d and renames d into place as stage m.ID,
+// fsyncing both directories. It runs under the store lock.
+func (s *Store) publishStage(d *commitDir, m Meta) error {
+	if err := writeMeta(filepath.Join(d.path, metaFile), m); err != nil {
+		return err
 	}
 	// The lock file goes before the rename; GC cannot interleave because
 	// it also runs under the store lock.
-	if err := os.Remove(filepath.Join(tmp, ".lock")); err != nil {
-		return done(Meta{}, fmt.Errorf("removing commit lock: %w", err))
+	if err := os.Remove(filepath.Join(d.path, ".lock")); err != nil {
+		return fmt.Errorf("removing commit lock: %w", err)
 	}
-	if err := syncDir(tmp); err != nil {
-		return done(Meta{}, err)
+	if err := syncDir(d.path); err != nil {
+		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, id)); err != nil {
-		return done(Meta{}, fmt.Errorf("publishing stage %s: %w", id, err))
+	if err := os.Rename(d.path, filepath.Join(s.dir, m.ID)); err != nil {
+		return fmt.Errorf("publishing stage %s: %w", m.ID, err)
 	}
-	published = true
-	if err := syncDir(s.dir); err != nil {
-		return done(Meta{}, err)
-	}
-	s.log.Debug("committed stage", "id", id, "name", m.Name, "label", m.Label,
-		"hash_ms", tm.HashMS, "copy_ms", tm.CopyMS)
-	return done(m, nil)
+	d.published = true
+	return syncDir(s.dir)
 }
 
 // decideLocked runs decide under the store lock.
