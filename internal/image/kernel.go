@@ -1,8 +1,6 @@
 package image
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -207,122 +204,6 @@ func verifyDigest(path, want string) error {
 			filepath.Base(path), got, want, errdefs.ErrFailedPrecondition)
 	}
 	return nil
-}
-
-var vmlinuzRE = regexp.MustCompile(`^boot/vmlinuz-(.+)$`)
-var moduleRE = regexp.MustCompile(`^(?:usr/)?lib/modules/([^/]+)/(.+)$`)
-
-// installKernel extracts the kernel and the closure of mods from deb and
-// publishes them atomically as dir. It fills ki.KernelRelease and ki.Modules.
-func installKernel(deb, dir string, mods []string, ki *KernelInfo, log *slog.Logger) error {
-	parent := filepath.Dir(dir)
-	stage, err := os.MkdirTemp(parent, ".tmp-"+filepath.Base(dir)+"-")
-	if err != nil {
-		return fmt.Errorf("creating staging directory: %w", err)
-	}
-	defer os.RemoveAll(stage)
-	os.Chmod(stage, 0o755)
-	all := filepath.Join(stage, "all")
-
-	var builtinList, depFile []byte
-	var kos []string
-	start := time.Now()
-	err = walkDebData(deb, func(name string, h *tar.Header, r io.Reader) error {
-		if h.Typeflag != tar.TypeReg {
-			return nil
-		}
-		if m := vmlinuzRE.FindStringSubmatch(name); m != nil {
-			if ki.KernelRelease != "" && ki.KernelRelease != m[1] {
-				return fmt.Errorf("package holds two kernels (%s, %s)", ki.KernelRelease, m[1])
-			}
-			ki.KernelRelease = m[1]
-			return copyTo(filepath.Join(stage, "vmlinuz"), r, 0o644)
-		}
-		m := moduleRE.FindStringSubmatch(name)
-		if m == nil {
-			return nil
-		}
-		rel := m[2]
-		switch {
-		case rel == "modules.builtin":
-			builtinList, err = io.ReadAll(r)
-			return err
-		case rel == "modules.dep":
-			depFile, err = io.ReadAll(r)
-			return err
-		case strings.HasSuffix(rel, ".ko"):
-			kos = append(kos, rel)
-			return copyTo(filepath.Join(all, rel), r, 0o644)
-		case strings.HasSuffix(rel, ".ko.xz"):
-			rel = strings.TrimSuffix(rel, ".xz")
-			xr, err := decompressXZ(r)
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			defer xr.Close()
-			kos = append(kos, rel)
-			return copyTo(filepath.Join(all, rel), xr, 0o644)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("extracting kernel package: %w", err)
-	}
-	if ki.KernelRelease == "" {
-		return fmt.Errorf("%s: no boot/vmlinuz-* in the package: is it a linux-image package? %w", deb, errdefs.ErrInvalidArgument)
-	}
-	log.Debug("kernel package extracted", "modules", len(kos), "elapsed", time.Since(start).Round(time.Millisecond))
-
-	var index map[string]modInfo
-	if depFile != nil {
-		if index, err = parseModulesDep(bytes.NewReader(depFile)); err != nil {
-			return fmt.Errorf("reading modules.dep: %w", err)
-		}
-		for n, mi := range index {
-			mi.Path = strings.TrimSuffix(mi.Path, ".xz")
-			index[n] = mi
-		}
-	} else {
-		index = map[string]modInfo{}
-		for _, rel := range kos {
-			mi, err := readModInfoFile(filepath.Join(all, rel), rel)
-			if err != nil {
-				return err
-			}
-			index[mi.Name] = mi
-		}
-	}
-	builtin, _ := parseBuiltin(bytes.NewReader(builtinList))
-	order, err := closure(mods, index, builtin)
-	if err != nil {
-		return fmt.Errorf("kernel %s: %w", ki.KernelRelease, err)
-	}
-	ki.Modules = ki.Modules[:0]
-	var orderFile strings.Builder
-	for _, mi := range order {
-		dst := filepath.Join(stage, "modules", mi.Path)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
-		}
-		if err := os.Rename(filepath.Join(all, mi.Path), dst); err != nil {
-			return fmt.Errorf("module %s listed but not extracted: %w", mi.Path, err)
-		}
-		ki.Modules = append(ki.Modules, mi.Path)
-		orderFile.WriteString(mi.Path + "\n")
-	}
-	if err := os.RemoveAll(all); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(stage, "modules.order"), []byte(orderFile.String()), 0o644); err != nil {
-		return err
-	}
-	if err := writeJSONAtomic(filepath.Join(stage, "kernel.json"), ki); err != nil {
-		return err
-	}
-	if err := syncTree(stage); err != nil {
-		return err
-	}
-	return replaceDir(stage, dir)
 }
 
 // replaceDir renames the finished directory stage to dir, moving any old
