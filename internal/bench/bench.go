@@ -84,41 +84,77 @@ func invalid(format string, args ...any) error {
 }
 
 func (b *bench) run(ctx context.Context, o Options) (*Result, error) {
-	s := b.s
+	want, err := selectSeries(o)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
+	total := b.totalMS(ctx, res)
+	if want.has("cold") || want.has("floor") {
+		if err := b.coldAndFloor(ctx, o.N, res, total); err != nil {
+			return nil, err
+		}
+	}
+	if want.has("network") {
+		st, err := b.sampleSeries(ctx, "network", o.N, total(sandbox.Request{Argv: []string{"true"}, ScratchMiB: sandbox.DefaultScratchMiB}))
+		if err != nil {
+			return nil, err
+		}
+		res.Series["network"] = st
+	}
+	if c, ok := res.Series["cold"]; ok {
+		if n, ok := res.Series["network"]; ok {
+			res.Ratios["network_p50_over_no_network_p50"] = ratio(n.P50, c.P50)
+		}
+	}
+	if want.has("warm") {
+		if err := b.warmSeries(ctx, o.N, res); err != nil {
+			return nil, err
+		}
+	}
+	if want.has("fork") {
+		if err := b.fork(ctx, o.N, res, total); err != nil {
+			return nil, err
+		}
+	}
+	if want.has("commit") {
+		if err := b.commit(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// seriesSet is the series a bench measures; empty means all of them.
+type seriesSet map[string]bool
+
+// has reports whether the series name is to be measured.
+func (w seriesSet) has(name string) bool {
+	return len(w) == 0 || w[name]
+}
+
+// selectSeries checks o and returns the series it asks for.
+func selectSeries(o Options) (seriesSet, error) {
 	if o.N < 1 {
 		return nil, invalid("bench -n %d: want at least 1 sample per series", o.N)
 	}
-	want := map[string]bool{}
+	want := seriesSet{}
 	for _, x := range o.Series {
 		if !slices.Contains(benchSeries, x) {
 			return nil, invalid("bench --series %q: unknown (known: %s)", x, strings.Join(benchSeries, ", "))
 		}
 		want[x] = true
 	}
-	all := len(want) == 0
-	res := &Result{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
-	series := func(name string, fn func() (float64, error)) error {
-		if !all && !want[name] {
-			return nil
-		}
-		var xs []float64
-		for i := 0; i < o.N; i++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			x, err := fn()
-			if err != nil {
-				return fmt.Errorf("bench %s: %w", name, err)
-			}
-			xs = append(xs, x)
-			b.log.Info("bench sample", "series", name, "i", i, "ms", x)
-		}
-		res.Series[name] = stats(xs)
-		return nil
-	}
-	total := func(req sandbox.Request) func() (float64, error) {
+	return want, nil
+}
+
+// totalMS returns a sampler factory: each sampler runs req once and gives
+// its total milliseconds, failing when the command does not exit 0. It
+// records the run's accelerator in res.
+func (b *bench) totalMS(ctx context.Context, res *Result) func(sandbox.Request) func() (float64, error) {
+	return func(req sandbox.Request) func() (float64, error) {
 		return func() (float64, error) {
-			rep, err := s.Run(ctx, req)
+			rep, err := b.s.Run(ctx, req)
 			if err != nil {
 				return 0, err
 			}
@@ -129,66 +165,74 @@ func (b *bench) run(ctx context.Context, o Options) (*Result, error) {
 			return float64(rep.TotalMS), nil
 		}
 	}
-	// Alternate cold and floor so that load drift hits both alike.
-	if all || want["cold"] || want["floor"] {
-		var cold, floor []float64
-		for i := 0; i < o.N; i++ {
-			c, err := total(sandbox.Request{Argv: []string{"true"}, NoNetwork: true})()
-			if err != nil {
-				return nil, fmt.Errorf("bench cold: %w", err)
-			}
-			f, err := b.floor(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("bench floor: %w", err)
-			}
-			b.log.Info("bench sample", "i", i, "cold_ms", c, "floor_ms", f)
-			cold, floor = append(cold, c), append(floor, f)
+}
+
+// sampleSeries takes n samples of fn, stopping when ctx ends, and
+// summarises them.
+func (b *bench) sampleSeries(ctx context.Context, name string, n int, fn func() (float64, error)) (Stats, error) {
+	var xs []float64
+	for i := 0; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return Stats{}, err
 		}
-		res.Series["cold"], res.Series["floor"] = stats(cold), stats(floor)
-		res.Ratios["cold_p50_over_floor_p50"] = ratio(res.Series["cold"].P50, res.Series["floor"].P50)
-	}
-	if err := series("network", total(sandbox.Request{Argv: []string{"true"}, ScratchMiB: sandbox.DefaultScratchMiB})); err != nil {
-		return nil, err
-	}
-	if c, ok := res.Series["cold"]; ok {
-		if n, ok := res.Series["network"]; ok {
-			res.Ratios["network_p50_over_no_network_p50"] = ratio(n.P50, c.P50)
-		}
-	}
-	if all || want["warm"] {
-		w, err := b.warm(ctx, o.N)
+		x, err := fn()
 		if err != nil {
-			return nil, fmt.Errorf("bench warm: %w", err)
+			return Stats{}, fmt.Errorf("bench %s: %w", name, err)
 		}
-		f64 := func(xs []int64) []float64 {
-			out := make([]float64, len(xs))
-			for i, x := range xs {
-				out[i] = float64(x)
-			}
-			return out
-		}
-		res.Series["warm_cold_total"] = stats(f64(w.ColdTotalMS))
-		res.Series["warm_total"] = stats(f64(w.WarmTotalMS))
-		res.Series["warm_resume"] = stats(f64(w.ResumeMS))
-		res.Series["warm_qemu_floor"] = stats(f64(w.QEMUFloorMS))
-		res.Ratios["warm_total_p50_over_cold_total_p50"] = ratio(w.WarmOverCold, 1)
-		res.Ratios["resume_p50_over_qemu_floor_p50"] = ratio(w.ResumeOverFloor, 1)
-		res.Extra["warm_vms_per_minute"] = w.WarmVMsPerMinute
-		if res.Accel == "" {
-			res.Accel = string(w.Accel)
-		}
+		xs = append(xs, x)
+		b.log.Info("bench sample", "series", name, "i", i, "ms", x)
 	}
-	if all || want["fork"] {
-		if err := b.fork(ctx, o.N, res, total); err != nil {
-			return nil, err
+	return stats(xs), nil
+}
+
+// coldAndFloor measures the cold and floor series, alternating them so
+// that load drift hits both alike, and their ratio.
+func (b *bench) coldAndFloor(ctx context.Context, n int, res *Result, total func(sandbox.Request) func() (float64, error)) error {
+	var cold, floor []float64
+	for i := 0; i < n; i++ {
+		c, err := total(sandbox.Request{Argv: []string{"true"}, NoNetwork: true})()
+		if err != nil {
+			return fmt.Errorf("bench cold: %w", err)
 		}
-	}
-	if all || want["commit"] {
-		if err := b.commit(ctx, res); err != nil {
-			return nil, err
+		f, err := b.floor(ctx)
+		if err != nil {
+			return fmt.Errorf("bench floor: %w", err)
 		}
+		b.log.Info("bench sample", "i", i, "cold_ms", c, "floor_ms", f)
+		cold, floor = append(cold, c), append(floor, f)
 	}
-	return res, nil
+	res.Series["cold"], res.Series["floor"] = stats(cold), stats(floor)
+	res.Ratios["cold_p50_over_floor_p50"] = ratio(res.Series["cold"].P50, res.Series["floor"].P50)
+	return nil
+}
+
+// warmSeries measures warm starts against cold ones and the QEMU restore
+// floor, and records their series, ratios and throughput in res.
+func (b *bench) warmSeries(ctx context.Context, n int, res *Result) error {
+	w, err := b.warm(ctx, n)
+	if err != nil {
+		return fmt.Errorf("bench warm: %w", err)
+	}
+	res.Series["warm_cold_total"] = stats(msFloats(w.ColdTotalMS))
+	res.Series["warm_total"] = stats(msFloats(w.WarmTotalMS))
+	res.Series["warm_resume"] = stats(msFloats(w.ResumeMS))
+	res.Series["warm_qemu_floor"] = stats(msFloats(w.QEMUFloorMS))
+	res.Ratios["warm_total_p50_over_cold_total_p50"] = ratio(w.WarmOverCold, 1)
+	res.Ratios["resume_p50_over_qemu_floor_p50"] = ratio(w.ResumeOverFloor, 1)
+	res.Extra["warm_vms_per_minute"] = w.WarmVMsPerMinute
+	if res.Accel == "" {
+		res.Accel = string(w.Accel)
+	}
+	return nil
+}
+
+// msFloats converts whole milliseconds to the float samples stats takes.
+func msFloats(xs []int64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = float64(x)
+	}
+	return out
 }
 
 func ratio(a, b float64) float64 {
