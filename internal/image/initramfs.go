@@ -87,14 +87,59 @@ func BuildInitramfs(ctx context.Context, paths paths.Paths, opts BuildOptions) (
 	if err != nil {
 		return InitramfsInfo{}, err
 	}
-	agentPath, err := LocateAgent(opts.AgentBin)
+	agent, err := readAgent(opts.AgentBin)
 	if err != nil {
 		return InitramfsInfo{}, err
 	}
+	info := newInitramfsInfo(paths, bk, agent)
+	if err := os.MkdirAll(paths.Images(), 0o755); err != nil {
+		return InitramfsInfo{}, fmt.Errorf("creating images directory: %w", err)
+	}
+	unlock, err := lock(paths, FlavorInitramfs)
+	if err != nil {
+		return InitramfsInfo{}, err
+	}
+	defer unlock()
+	if !opts.Force {
+		if old, ok := currentInitramfs(info, bk); ok {
+			log.Info("initramfs is current", "path", old.Path)
+			return old, nil
+		}
+	}
+
+	out, err := buildInitramfsArchive(bk, agent, &info)
+	if err != nil {
+		return InitramfsInfo{}, err
+	}
+	info.ContentSHA256 = sha256Bytes(out)
+	info.Size = int64(len(out))
+	info.BuiltUnix = time.Now().Unix()
+	if err := writeFileAtomic(info.Path, out, 0o644); err != nil {
+		return InitramfsInfo{}, err
+	}
+	if err := writeJSONAtomic(sidecarPath(info.Path), info); err != nil {
+		return InitramfsInfo{}, err
+	}
+	log.Info("initramfs built", "path", info.Path, "size", info.Size, "modules", len(info.Modules), "builtin_kernel", info.BuiltInKernel)
+	return info, nil
+}
+
+// readAgent reads the agent binary that becomes /init (see LocateAgent).
+func readAgent(agentBin string) ([]byte, error) {
+	agentPath, err := LocateAgent(agentBin)
+	if err != nil {
+		return nil, err
+	}
 	agent, err := os.ReadFile(agentPath)
 	if err != nil {
-		return InitramfsInfo{}, fmt.Errorf("reading agent: %w", err)
+		return nil, fmt.Errorf("reading agent: %w", err)
 	}
+	return agent, nil
+}
+
+// newInitramfsInfo describes the initramfs of agent and kernel bk, before
+// it is built: no modules, content digest, size or build time yet.
+func newInitramfsInfo(paths paths.Paths, bk BootKernel, agent []byte) InitramfsInfo {
 	info := InitramfsInfo{
 		BuiltInKernel:   bk.BuiltIn,
 		AgentSHA256:     sha256Bytes(agent),
@@ -107,27 +152,29 @@ func BuildInitramfs(ctx context.Context, paths paths.Paths, opts BuildOptions) (
 		info.KernelRelease = bk.Info.KernelRelease
 		info.KernelSHA256 = bk.Info.SHA256
 	}
-	if err := os.MkdirAll(paths.Images(), 0o755); err != nil {
-		return InitramfsInfo{}, fmt.Errorf("creating images directory: %w", err)
-	}
-	unlock, err := lock(paths, FlavorInitramfs)
-	if err != nil {
-		return InitramfsInfo{}, err
-	}
-	defer unlock()
-	if !opts.Force {
-		var old InitramfsInfo
-		if err := readJSON(sidecarPath(info.Path), &old); err == nil && old.AgentSHA256 == info.AgentSHA256 &&
-			old.ProtocolVersion == info.ProtocolVersion && old.KernelSHA256 == info.KernelSHA256 &&
-			sameModules(old.Modules, bk.Info.Modules) {
-			if sum, err := sha256File(info.Path); err == nil && sum == old.ContentSHA256 {
-				old.Path, old.Cached = info.Path, true
-				log.Info("initramfs is current", "path", old.Path)
-				return old, nil
-			}
+	return info
+}
+
+// currentInitramfs returns the existing initramfs at info.Path when it was
+// built from the same agent, protocol, kernel and modules and its content
+// is intact.
+func currentInitramfs(info InitramfsInfo, bk BootKernel) (InitramfsInfo, bool) {
+	var old InitramfsInfo
+	if err := readJSON(sidecarPath(info.Path), &old); err == nil && old.AgentSHA256 == info.AgentSHA256 &&
+		old.ProtocolVersion == info.ProtocolVersion && old.KernelSHA256 == info.KernelSHA256 &&
+		sameModules(old.Modules, bk.Info.Modules) {
+		if sum, err := sha256File(info.Path); err == nil && sum == old.ContentSHA256 {
+			old.Path, old.Cached = info.Path, true
+			return old, true
 		}
 	}
+	return InitramfsInfo{}, false
+}
 
+// buildInitramfsArchive makes the cpio archive: the base directories,
+// /dev/console, the agent as /init and bk's modules with their list. It
+// appends the modules' in-initramfs paths to info.Modules.
+func buildInitramfsArchive(bk BootKernel, agent []byte, info *InitramfsInfo) ([]byte, error) {
 	b := cpio.NewBuilder()
 	for _, d := range []string{"dev", "proc", "sys", "run", "tmp", "etc", "etc/isopod"} {
 		perm := os.FileMode(0o755)
@@ -135,47 +182,43 @@ func BuildInitramfs(ctx context.Context, paths paths.Paths, opts BuildOptions) (
 			perm = 0o1777
 		}
 		if err := b.AddDir(d, perm); err != nil {
-			return InitramfsInfo{}, err
+			return nil, err
 		}
 	}
 	// The kernel opens /dev/console for init's stdio before devtmpfs exists.
 	if err := b.AddCharDev("dev/console", 0o600, 5, 1); err != nil {
-		return InitramfsInfo{}, err
+		return nil, err
 	}
 	if err := b.AddFile("init", 0o755, agent); err != nil {
-		return InitramfsInfo{}, err
+		return nil, err
 	}
+	if err := addModules(b, bk, info); err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if _, err := b.WriteTo(&out); err != nil {
+		return nil, fmt.Errorf("writing initramfs: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+// addModules adds bk's modules under /lib/modules/<release> and their load
+// order at ModulesListPath, appending their paths to info.Modules.
+func addModules(b *cpio.Builder, bk BootKernel, info *InitramfsInfo) error {
 	var list bytes.Buffer
 	for i, hostPath := range bk.Modules {
 		data, err := os.ReadFile(hostPath)
 		if err != nil {
-			return InitramfsInfo{}, fmt.Errorf("reading module (re-run `isopod image fetch-kernel --force`): %w", err)
+			return fmt.Errorf("reading module (re-run `isopod image fetch-kernel --force`): %w", err)
 		}
 		inPath := path.Join("/lib/modules", bk.Info.KernelRelease, bk.Info.Modules[i])
 		if err := b.AddFile(inPath, 0o644, data); err != nil {
-			return InitramfsInfo{}, err
+			return err
 		}
 		info.Modules = append(info.Modules, inPath)
 		list.WriteString(inPath + "\n")
 	}
-	if err := b.AddFile(ModulesListPath, 0o644, list.Bytes()); err != nil {
-		return InitramfsInfo{}, err
-	}
-	var out bytes.Buffer
-	if _, err := b.WriteTo(&out); err != nil {
-		return InitramfsInfo{}, fmt.Errorf("writing initramfs: %w", err)
-	}
-	info.ContentSHA256 = sha256Bytes(out.Bytes())
-	info.Size = int64(out.Len())
-	info.BuiltUnix = time.Now().Unix()
-	if err := writeFileAtomic(info.Path, out.Bytes(), 0o644); err != nil {
-		return InitramfsInfo{}, err
-	}
-	if err := writeJSONAtomic(sidecarPath(info.Path), info); err != nil {
-		return InitramfsInfo{}, err
-	}
-	log.Info("initramfs built", "path", info.Path, "size", info.Size, "modules", len(info.Modules), "builtin_kernel", info.BuiltInKernel)
-	return info, nil
+	return b.AddFile(ModulesListPath, 0o644, list.Bytes())
 }
 
 // Boot is what a guest boots from.
