@@ -13,13 +13,7 @@ import (
 )
 
 func newRunCmd(e *env) *cobra.Command {
-	var (
-		req       sandbox.Request
-		stdinFile string
-		copyOut   []string
-		ws        sandbox.Workspace
-		wsSpec    string
-	)
+	var o runOptions
 	c := &cobra.Command{
 		Use:   "run [flags] -- ARGV...",
 		Short: "Boot a fresh microVM, run one command, report, destroy the VM",
@@ -34,39 +28,14 @@ the command exits 0.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req.Argv = args
-			// Zero means "default" to the core; on the command line it is
-			// a value, and out of range: refuse it naming the limits.
-			for _, name := range []string{"vcpus", "mem-mib", "scratch-mib", "timeout-s"} {
-				if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
-					return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
-				}
-			}
-			if fl := cmd.Flags().Lookup("copy-out-max-bytes"); fl.Changed && !positive(fl.Value.String()) {
-				return fmt.Errorf("--copy-out-max-bytes %s: must be a positive number of bytes: %w", fl.Value, errdefs.ErrInvalidArgument)
-			}
-			for _, m := range copyOut {
-				g, h, ok := strings.Cut(m, ":")
-				if !ok || g == "" || h == "" {
-					return fmt.Errorf("--copy-out %q: want GUEST:HOST: %w", m, errdefs.ErrInvalidArgument)
-				}
-				req.CopyOut = append(req.CopyOut, sandbox.CopyOut{Guest: g, Host: h})
-			}
-			switch stdinFile {
-			case "":
-			case "-":
-				req.Stdin = os.Stdin
-			default:
-				req.StdinFile = stdinFile
-			}
-			if err := workspaceFlags(cmd, &req, ws, wsSpec); err != nil {
+			if err := o.complete(cmd, args); err != nil {
 				return err
 			}
 			svc, err := e.service()
 			if err != nil {
 				return err
 			}
-			rep, err := svc.Run(cmd.Context(), req)
+			rep, err := svc.Run(cmd.Context(), o.req)
 			if err != nil {
 				return raiseHint(err)
 			}
@@ -74,6 +43,54 @@ the command exits 0.`,
 			return nil
 		},
 	}
+	runFlags(c, &o)
+	return c
+}
+
+// runOptions is what the flags of `isopod run` set: most bind straight to
+// the request; complete parses the rest into it.
+type runOptions struct {
+	req       sandbox.Request
+	stdinFile string
+	copyOut   []string
+	ws        sandbox.Workspace
+	wsSpec    string
+}
+
+// complete checks the flags and finishes o.req with the command args, the
+// copy-outs, stdin and the workspace.
+func (o *runOptions) complete(cmd *cobra.Command, args []string) error {
+	o.req.Argv = args
+	// Zero means "default" to the core; on the command line it is
+	// a value, and out of range: refuse it naming the limits.
+	for _, name := range []string{"vcpus", "mem-mib", "scratch-mib", "timeout-s"} {
+		if fl := cmd.Flags().Lookup(name); fl.Changed && fl.Value.String() == "0" {
+			return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
+		}
+	}
+	if fl := cmd.Flags().Lookup("copy-out-max-bytes"); fl.Changed && !positive(fl.Value.String()) {
+		return fmt.Errorf("--copy-out-max-bytes %s: must be a positive number of bytes: %w", fl.Value, errdefs.ErrInvalidArgument)
+	}
+	for _, m := range o.copyOut {
+		g, h, ok := strings.Cut(m, ":")
+		if !ok || g == "" || h == "" {
+			return fmt.Errorf("--copy-out %q: want GUEST:HOST: %w", m, errdefs.ErrInvalidArgument)
+		}
+		o.req.CopyOut = append(o.req.CopyOut, sandbox.CopyOut{Guest: g, Host: h})
+	}
+	switch o.stdinFile {
+	case "":
+	case "-":
+		o.req.Stdin = os.Stdin
+	default:
+		o.req.StdinFile = o.stdinFile
+	}
+	return workspaceFlags(cmd, &o.req, o.ws, o.wsSpec)
+}
+
+// runFlags registers the flags of `isopod run` on c, bound to o.
+func runFlags(c *cobra.Command, o *runOptions) {
+	req, ws := &o.req, &o.ws
 	f := c.Flags()
 	f.StringVar(&req.Stage, "stage", sandbox.BaseStage, "stage to fork: id, name, label or unique label prefix; base is the empty stage")
 	f.StringVar(&req.Base, "base", "", "base image: base-min (default), base-debian or an imported one (isopod image ls); a fork keeps its chain's base")
@@ -88,15 +105,14 @@ the command exits 0.`,
 	f.IntVar(&req.TimeoutS, "timeout-s", sandbox.DefaultTimeoutS, "seconds for boot and command together: 1 to 3600")
 	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE for the command; repeatable")
 	f.StringVar(&req.Cwd, "cwd", "", "working directory in the guest (default /root)")
-	f.StringVar(&stdinFile, "stdin-file", "", "feed the command's stdin from this host file; - for isopod's own stdin")
-	f.StringArrayVar(&copyOut, "copy-out", nil, "GUEST:HOST: after the command, copy a guest file to the host; repeatable")
+	f.StringVar(&o.stdinFile, "stdin-file", "", "feed the command's stdin from this host file; - for isopod's own stdin")
+	f.StringArrayVar(&o.copyOut, "copy-out", nil, "GUEST:HOST: after the command, copy a guest file to the host; repeatable")
 	f.Int64Var(&req.CopyOutMaxData, "copy-out-max-bytes", sandbox.DefaultCopyOutMaxData, "cap on the data all copy-outs write to the host (holes are free)")
 	f.StringVar(&req.CommitAs, "commit-as", "", "when the command exits 0, keep the run's changes as a stage with this label (never the workspace)")
-	f.StringVar(&wsSpec, "workspace", "", "HOSTDIR[:GUESTDIR]: a writable copy of a host directory in the guest (default "+sandbox.DefaultWorkspaceDir+", then the default --cwd); in git, what git sees and .git")
+	f.StringVar(&o.wsSpec, "workspace", "", "HOSTDIR[:GUESTDIR]: a writable copy of a host directory in the guest (default "+sandbox.DefaultWorkspaceDir+", then the default --cwd); in git, what git sees and .git")
 	f.BoolVar(&ws.All, "workspace-all", false, "copy everything under the workspace directory, not only what git sees")
 	f.StringVar(&ws.Out, "workspace-out", "", "after the command, write what it changed in the workspace to this host file as a patch for git apply")
 	f.Int64Var(&ws.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxBytes, "cap on the bytes of the workspace's files, .git included")
 	f.IntVar(&ws.MaxFiles, "workspace-max-files", workspace.DefaultMaxFiles, "cap on the workspace's entries (files, directories, links)")
 	f.Int64Var(&ws.MaxPatchBytes, "workspace-max-patch-bytes", workspace.DefaultMaxPatchBytes, "cap on the workspace patch and the changed content it carries")
-	return c
 }
