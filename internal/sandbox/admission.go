@@ -26,10 +26,11 @@ import (
 type Admission struct {
 	cfg AdmissionConfig
 
-	mu      sync.Mutex // guards following
-	running int        // VMs holding a place
-	usedMiB int        // their cost
-	queue   []*Ticket  // waiting, oldest first
+	mu         sync.Mutex // guards following
+	running    int        // VMs holding a place
+	background int        // of those, background VMs (TryHold)
+	usedMiB    int        // their cost
+	queue      []*Ticket  // waiting, oldest first
 }
 
 // AdmissionConfig configures an Admission.
@@ -131,10 +132,11 @@ const (
 
 // Ticket is one VM's place: admitted, or waiting in the queue.
 type Ticket struct {
-	a       *Admission
-	cost    int
-	state   TicketState   // guarded by a.mu
-	changed chan struct{} // closed and replaced when state or position changes; guarded by a.mu
+	a          *Admission
+	cost       int
+	background bool
+	state      TicketState   // guarded by a.mu
+	changed    chan struct{} // closed and replaced when state or position changes; guarded by a.mu
 }
 
 // Reserve takes a place for a VM of memMiB of guest memory: admitted at
@@ -163,15 +165,21 @@ func (a *Admission) Reserve(memMiB int) (*Ticket, error) {
 }
 
 // TryHold takes a place for a background VM (a ready VM, a snapshot
-// build) at once or not at all: ok is false when calls wait, or when the
-// place would leave no room for one more default-sized run, so that
-// background VMs never keep a run from starting.
+// build) at once or not at all: ok is false when calls wait, when no place
+// is free, or when background VMs already hold half the places (one on a
+// host of one or two). On a host of more than one place it must also leave
+// memory for a default-sized run. So background VMs never hold every
+// place while runs could use one.
 func (a *Admission) TryHold(memMiB int) (t *Ticket, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t = &Ticket{a: a, cost: memMiB + a.cfg.OverheadMiB, changed: make(chan struct{})}
-	spare := DefaultMemMiB + a.cfg.OverheadMiB
-	if len(a.queue) > 0 || a.running+1 >= a.cfg.MaxVMs || a.usedMiB+t.cost+spare > a.cfg.MemoryBudgetMiB {
+	t = &Ticket{a: a, cost: memMiB + a.cfg.OverheadMiB, background: true, changed: make(chan struct{})}
+	spare := 0
+	if a.cfg.MaxVMs > 1 {
+		spare = DefaultMemMiB + a.cfg.OverheadMiB
+	}
+	if len(a.queue) > 0 || a.running >= a.cfg.MaxVMs || a.background >= max(1, a.cfg.MaxVMs/2) ||
+		a.usedMiB+t.cost+spare > a.cfg.MemoryBudgetMiB {
 		return nil, false
 	}
 	a.admitLocked(t)
@@ -196,6 +204,9 @@ func (a *Admission) fitsLocked(cost int) bool {
 func (a *Admission) admitLocked(t *Ticket) {
 	a.running++
 	a.usedMiB += t.cost
+	if t.background {
+		a.background++
+	}
 	t.setLocked(TicketAdmitted)
 }
 
@@ -269,6 +280,9 @@ func (t *Ticket) Release() {
 	case TicketAdmitted:
 		a.running--
 		a.usedMiB -= t.cost
+		if t.background {
+			a.background--
+		}
 	case TicketQueued:
 		for i, q := range a.queue {
 			if q == t {
@@ -287,6 +301,7 @@ func (t *Ticket) Release() {
 // AdmissionStats is a moment's view of an Admission.
 type AdmissionStats struct {
 	Running         int `json:"running"`
+	Background      int `json:"background"`
 	Queued          int `json:"queued"`
 	UsedMiB         int `json:"used_mib"`
 	MaxVMs          int `json:"max_vms"`
@@ -298,6 +313,6 @@ type AdmissionStats struct {
 func (a *Admission) Stats() AdmissionStats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return AdmissionStats{Running: a.running, Queued: len(a.queue), UsedMiB: a.usedMiB,
+	return AdmissionStats{Running: a.running, Background: a.background, Queued: len(a.queue), UsedMiB: a.usedMiB,
 		MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB}
 }

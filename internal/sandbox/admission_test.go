@@ -125,27 +125,61 @@ func TestDefaultAdmission(t *testing.T) {
 }
 
 func TestAdmissionBackgroundVMsLeaveRoomForARun(t *testing.T) {
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 3, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 4, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
 	first, ok := a.TryHold(512)
 	second, ok2 := a.TryHold(512)
 	if !ok || !ok2 {
-		t.Fatal("no place for two ready VMs on an idle host of three")
+		t.Fatal("no place for two background VMs on an idle host of four")
 	}
 	if _, ok := a.TryHold(512); ok {
-		t.Fatal("ready VMs took the last place")
+		t.Fatal("background VMs took more than half the places")
 	}
-	run, err := a.Reserve(512)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s, _ := state(run); s != sandbox.TicketAdmitted {
-		t.Fatal("a run waits behind background VMs")
+	var runs []*sandbox.Ticket
+	for range 2 {
+		run, err := a.Reserve(512)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := state(run); s != sandbox.TicketAdmitted {
+			t.Fatal("a run waits behind background VMs while places are free")
+		}
+		runs = append(runs, run)
 	}
 	first.Release()
+	third, ok := a.TryHold(512) // runs keep their half of the places
+	if !ok {
+		t.Fatal("no background place under the cap")
+	}
+	queued, _ := a.Reserve(512)
+	if _, ok := a.TryHold(512); ok {
+		t.Fatal("a background VM went ahead of a waiting run")
+	}
 	second.Release()
+	if s, _ := state(queued); s != sandbox.TicketAdmitted {
+		t.Fatal("a released background place did not go to the waiting run")
+	}
+	for _, r := range append(runs, queued, third) {
+		r.Release()
+	}
+	if st := a.Stats(); st.Running != 0 || st.Background != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	// A host of two: one background VM beside a run (a snapshot build
+	// while runs go on); a host of one: only when it is idle.
+	two := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 2, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	run, _ := two.Reserve(512)
+	if _, ok := two.TryHold(512); !ok {
+		t.Error("no background VM beside one run on a host of two")
+	}
 	run.Release()
+	one := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 1, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	if bg, ok := one.TryHold(512); !ok {
+		t.Error("no background VM on an idle host of one")
+	} else {
+		bg.Release()
+	}
 	small := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 2, MemoryBudgetMiB: 1500, OverheadMiB: 256})
 	if _, ok := small.TryHold(512); ok {
-		t.Fatal("a ready VM took the memory a run needs")
+		t.Fatal("a background VM took the memory a run needs")
 	}
 }
