@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 
 	"isopod/internal/errdefs"
@@ -96,6 +97,8 @@ func (f Flags) check() error {
 		}
 	}
 	switch {
+	case f.HostIORoot != "" && !filepath.IsAbs(f.HostIORoot):
+		return bad("--host-io-root %s: give an absolute path", f.HostIORoot)
 	case f.MaxVMs < 0 || f.Queue < -1 || f.MemoryBudgetMiB < 0:
 		return bad("--max-vms, --queue and --memory-budget-mib take counts (got %d, %d, %d)", f.MaxVMs, f.Queue, f.MemoryBudgetMiB)
 	case f.PushCommits && f.StageRegistry == "":

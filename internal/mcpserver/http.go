@@ -85,6 +85,11 @@ func Listen(addr string) (net.Listener, error) {
 		return ln, nil
 	}
 	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
+		// A socket nobody answers on is left over from a server that died.
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--listen %s: another server answers there: %w", addr, errdefs.ErrAlreadyExists)
+		}
 		os.Remove(path)
 	}
 	ln, err := net.Listen("unix", path)

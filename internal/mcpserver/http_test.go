@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -140,9 +142,15 @@ func TestHTTPWithTLS(t *testing.T) {
 	if res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true"}, nil); res.IsError {
 		t.Fatal(resultText(res))
 	}
-	// A client that does not trust the certificate gets nowhere.
+	// A client that does not trust the certificate gets nowhere, and
+	// neither does one that offers only TLS 1.1.
 	if _, err := connectHTTP(t, h.url, runToken, nil); err == nil {
 		t.Error("connected without trusting the certificate")
+	}
+	old := rt.(*http.Transport).Clone()
+	old.TLSClientConfig.MaxVersion = tls.VersionTLS11
+	if _, err := connectHTTP(t, h.url, runToken, old); err == nil {
+		t.Error("connected over TLS 1.1")
 	}
 }
 
@@ -416,5 +424,52 @@ func TestHTTPCancelTearsTheVMDown(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Error("the cancelled call's response never ended")
+	}
+}
+
+func TestListenOnAUnixSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mcp.sock")
+	ln, err := Listen("unix:" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("socket mode %v, %v", fi.Mode(), err)
+	}
+	if _, err := Listen("unix:" + path); err == nil {
+		t.Error("a second listener took a socket that answers")
+	}
+	ln.Close()
+	// Closing a unix listener removes its socket; a leftover one is
+	// replaced.
+	l2, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.(*net.UnixListener).SetUnlinkOnClose(false)
+	l2.Close()
+	ln, err = Listen("unix:" + path)
+	if err != nil {
+		t.Fatalf("a dead socket was not replaced: %v", err)
+	}
+	ln.Close()
+}
+
+func TestRegistryTags(t *testing.T) {
+	for ref, want := range map[string]string{
+		"st-0123456789abcdef": "st-0123456789abcdef",
+		"st-0123":             "",
+	} {
+		got, ok := registryTag(ref)
+		if got != want || ok != (want != "") {
+			t.Errorf("registryTag(%q) = %q, %v", ref, got, ok)
+		}
+	}
+	a, b := labelTag("proj/deps"), labelTag("proj-deps")
+	if a == b || !strings.HasPrefix(a, "label-proj-deps-") || len(labelTag(strings.Repeat("é", 200))) > 128 {
+		t.Errorf("label tags %q %q", a, b)
+	}
+	if tag, ok := registryTag("proj/deps"); !ok || tag != a {
+		t.Errorf("a label's tag %q", tag)
 	}
 }

@@ -233,7 +233,7 @@ Nothing persists unless you ask: commit_as="<project>/<purpose>" saves the files
 
 Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["pypi.org","*.pythonhosted.org"] allows only those hosts; allow_hosts=[] denies everything and records what was attempted.
 
-stdin_file and copy_out name files on the host and are confined to the server's host-I/O root.
+stdin_file, copy_out and workspace name files on the server's host and are confined to its host-I/O root (off on a network listener unless its operator allowed them); stdin (text in) and read_files (guest files back in the result) need no host path.
 
 Other tools: stage_list, stage_info, stage_rm, vm_list, vm_gc, image_list (which bases are built).
 

@@ -51,18 +51,17 @@ type RegistryResult struct {
 var stageIDPattern = regexp.MustCompile(`^st-[0-9a-f]{16}$`)
 
 // registryTag is the tag a stage reference is found under: a full stage
-// id as it is, a label as labelTag. Other references (names, id prefixes)
-// are not looked for.
+// id as it is; anything else but an id prefix is taken for a label
+// (labelTag). A name is not in the registry: looked for as a label, it is
+// not found.
 func registryTag(ref string) (string, bool) {
 	switch {
 	case stageIDPattern.MatchString(ref):
 		return ref, true
 	case strings.HasPrefix(ref, "st-"):
 		return "", false
-	case strings.Contains(ref, "/"):
-		return labelTag(ref), true
 	}
-	return "", false
+	return labelTag(ref), true
 }
 
 // labelTag is the OCI tag of a label: "label-", the label with every

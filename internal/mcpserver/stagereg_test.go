@@ -1,0 +1,130 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
+	"isopod/internal/transfer"
+)
+
+// transferCore is a core whose stages live in a map and that pulls and
+// pushes through a fake registry (a map of tags), counting pulls.
+type transferCore struct {
+	scriptedCore
+	repo string
+
+	mu       sync.Mutex        // guards following
+	stages   map[string]string // label or id -> id, on this host
+	registry map[string]string // tag -> id
+	pushed   []string
+
+	pulls    atomic.Int32
+	pushFail error
+}
+
+func newTransferCore(repo string) *transferCore {
+	return &transferCore{repo: repo, stages: map[string]string{}, registry: map[string]string{}}
+}
+
+func (c *transferCore) StageInfo(_ context.Context, ref string) (*sandbox.StageInfoResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.stages[ref]
+	if !ok {
+		return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
+	}
+	return &sandbox.StageInfoResult{OK: true, Stage: sandbox.StageEntry{ID: id}}, nil
+}
+
+func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.StagePullResult, error) {
+	c.pulls.Add(1)
+	time.Sleep(100 * time.Millisecond) // long enough for calls to meet
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.registry[ref]
+	if repo != c.repo || !ok {
+		return nil, fmt.Errorf("%s:%s: manifest unknown: %w", repo, ref, errdefs.ErrNotFound)
+	}
+	c.stages[id] = id
+	return &sandbox.StagePullResult{OK: true, Stage: sandbox.StageEntry{ID: id}, PullResult: &transfer.PullResult{}}, nil
+}
+
+func (c *transferCore) StagePush(_ context.Context, ref, dest string, _ sandbox.StagePushOptions) (*sandbox.StagePushResult, error) {
+	if c.pushFail != nil {
+		return nil, c.pushFail
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pushed = append(c.pushed, dest)
+	return &sandbox.StagePushResult{OK: true, PushResult: &transfer.PushResult{Ref: dest}}, nil
+}
+
+func TestStagesOnDemand(t *testing.T) {
+	core := newTransferCore("reg.test/isopod/stages")
+	id := "st-00112233445566aa"
+	core.registry[labelTag("team/deps")] = id
+	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+		if req.Stage != id {
+			return nil, fmt.Errorf("ran %q, want the pulled %s", req.Stage, id)
+		}
+		code := 0
+		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+	}
+	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
+	var wg sync.WaitGroup
+	results := make([]RunResult, 3)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/deps"}, nil))
+		}()
+	}
+	wg.Wait()
+	if n := core.pulls.Load(); n != 1 {
+		t.Errorf("%d pulls for three calls at once, want 1", n)
+	}
+	for i, r := range results {
+		if r.Registry == nil || !strings.HasSuffix(r.Registry.Pulled, ":"+labelTag("team/deps")) {
+			t.Errorf("call %d: registry %+v", i, r.Registry)
+		}
+	}
+	// Now here: nothing is pulled.
+	if r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": id}, nil)); r.Registry != nil {
+		t.Errorf("a stage here was pulled: %+v", r.Registry)
+	}
+	// Neither here nor there: the refusal names the registry.
+	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/other"}, nil)
+	if !res.IsError || !strings.Contains(resultText(res), core.repo) || !strings.Contains(resultText(res), "not on this host") {
+		t.Errorf("a stage nowhere: %s", resultText(res))
+	}
+}
+
+func TestPushCommits(t *testing.T) {
+	core := newTransferCore("reg.test/isopod/stages")
+	core.run = func(context.Context, sandbox.Request) (*sandbox.Report, error) {
+		code := 0
+		return &sandbox.Report{ExitCode: &code, StageID: "st-00112233445566bb", StageName: "x"}, nil
+	}
+	s := connect(t, Config{Core: core, StageRegistry: core.repo, PushCommits: true, NoStartupGC: true})
+	r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "commit_as": "team/deps"}, nil))
+	want := []string{core.repo + ":" + labelTag("team/deps"), core.repo + ":st-00112233445566bb"}
+	if fmt.Sprint(core.pushed) != fmt.Sprint(want) || r.Registry == nil || len(r.Registry.Pushed) != 2 {
+		t.Errorf("pushed %v (result %+v), want %v", core.pushed, r.Registry, want)
+	}
+	core.pushFail = fmt.Errorf("registry down: %w", errdefs.ErrUnavailable)
+	r = reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "commit_as": "team/deps2"}, nil))
+	if r.Registry == nil || !strings.Contains(r.Registry.PushError, "registry down") || r.StageID == "" {
+		t.Errorf("a failed push: %+v", r.Registry)
+	}
+	if _, err := New(Config{Core: core, PushCommits: true}); err == nil {
+		t.Error("PushCommits without a registry was accepted")
+	}
+}
