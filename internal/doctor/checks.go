@@ -15,10 +15,11 @@ import (
 )
 
 // tcgCost says what running without KVM costs, as measured on a 2-vCPU
-// host under TCG (BENCHMARKS.md): boots of 3 to 15 s, and guest code far
-// slower than the same binary on the host.
-const tcgCost = "every VM runs under TCG, QEMU's software emulation: a cold boot takes 3-15 s instead of well under one, " +
-	"and guest code runs roughly 10-100x slower than on the host (measured with the same busybox: a shell loop 15-27x, " +
+// host under TCG (BENCHMARKS.md, "Guest code under TCG against the host"):
+// boots of seconds, and guest code far slower than the same binary on the
+// host.
+const tcgCost = "every VM runs under TCG, QEMU's software emulation: a cold boot takes 3-5 s on an idle 2-vCPU host (more under load), " +
+	"and guest code runs roughly 10-100x slower than on the host (measured with the same busybox: a shell loop 10-27x, " +
 	"sha256sum of 256 MiB 60-90x); KVM runs it at close to host speed"
 
 // findQEMU finds the QEMU a run would start: ISOPOD_QEMU, else
