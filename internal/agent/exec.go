@@ -386,28 +386,6 @@ func (c *conn) forkExec(prog string, argv []string, cwd string, env []string, p 
 	return pid, wait, err
 }
 
-// execStreams tracks the goroutines that copy a running exec's streams.
-type execStreams struct {
-	pumps     sync.WaitGroup // the stdout and stderr pumps
-	stopStdin chan struct{}  // closed to stop feeding stdin
-	stdinDone chan struct{}  // closed once stdin feeding has stopped
-}
-
-// startStreams starts pumping stdout and stderr to the host and, when the
-// exec has a stdin pipe, feeding it from the exec's queue.
-func (c *conn) startStreams(st *execState, p *execPipes) *execStreams {
-	s := &execStreams{stopStdin: make(chan struct{}), stdinDone: make(chan struct{})}
-	s.pumps.Add(2)
-	go c.pump(st.id, "stdout", p.out, &s.pumps)
-	go c.pump(st.id, "stderr", p.errR, &s.pumps)
-	if p.in != nil {
-		go c.feedStdin(st, p.in, s.stopStdin, s.stdinDone)
-	} else {
-		close(s.stdinDone)
-	}
-	return s
-}
-
 // waitExec waits for the process pid to exit. It kills the process group
 // and cgroup when the timeout (if any) passes, reporting timedOut, or when
 // the connection ends.
@@ -435,24 +413,4 @@ func (c *conn) waitExec(st *execState, pid int, wait <-chan unix.WaitStatus, cg 
 			cg.killAll()
 		}
 	}
-}
-
-// finish waits for the output pumps to reach EOF, closing the pipes under
-// them after pipeDrainGrace, then stops feeding stdin.
-func (s *execStreams) finish(c *conn, st *execState, p *execPipes) {
-	drained := make(chan struct{})
-	go func() { s.pumps.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(pipeDrainGrace):
-		c.log.Debug("output pipes still open after the process ended; closing them", "id", st.id)
-		p.out.Close()
-		p.errR.Close()
-		<-drained
-	}
-	close(s.stopStdin)
-	if p.in != nil {
-		p.in.Close()
-	}
-	<-s.stdinDone
 }

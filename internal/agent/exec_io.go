@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -118,4 +119,46 @@ func (c *conn) feedStdin(st *execState, w *os.File, stop <-chan struct{}, done c
 			c.reply(&agentproto.Msg{ID: st.id, Kind: agentproto.KindStdinAck}, nil)
 		}
 	}
+}
+
+// execStreams tracks the goroutines that copy a running exec's streams.
+type execStreams struct {
+	pumps     sync.WaitGroup // the stdout and stderr pumps
+	stopStdin chan struct{}  // closed to stop feeding stdin
+	stdinDone chan struct{}  // closed once stdin feeding has stopped
+}
+
+// startStreams starts pumping stdout and stderr to the host and, when the
+// exec has a stdin pipe, feeding it from the exec's queue.
+func (c *conn) startStreams(st *execState, p *execPipes) *execStreams {
+	s := &execStreams{stopStdin: make(chan struct{}), stdinDone: make(chan struct{})}
+	s.pumps.Add(2)
+	go c.pump(st.id, "stdout", p.out, &s.pumps)
+	go c.pump(st.id, "stderr", p.errR, &s.pumps)
+	if p.in != nil {
+		go c.feedStdin(st, p.in, s.stopStdin, s.stdinDone)
+	} else {
+		close(s.stdinDone)
+	}
+	return s
+}
+
+// finish waits for the output pumps to reach EOF, closing the pipes under
+// them after pipeDrainGrace, then stops feeding stdin.
+func (s *execStreams) finish(c *conn, st *execState, p *execPipes) {
+	drained := make(chan struct{})
+	go func() { s.pumps.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(pipeDrainGrace):
+		c.log.Debug("output pipes still open after the process ended; closing them", "id", st.id)
+		p.out.Close()
+		p.errR.Close()
+		<-drained
+	}
+	close(s.stopStdin)
+	if p.in != nil {
+		p.in.Close()
+	}
+	<-s.stdinDone
 }
