@@ -156,54 +156,11 @@ func normalize(req Request, h hostLimits) (Request, error) {
 	if req.TimeoutS == 0 {
 		req.TimeoutS = DefaultTimeoutS
 	}
-	if err := checkVCPUs(req.VCPUs, h); err != nil {
-		return req, err
-	}
-	if err := checkMemMiB(req.MemMiB, h); err != nil {
-		return req, err
-	}
-	if req.ScratchMiB != 0 {
-		if err := checkScratchMiB(req.ScratchMiB); err != nil {
+	for _, check := range []func(Request) error{
+		func(r Request) error { return checkSizes(r, h) }, checkIO, checkEgress,
+	} {
+		if err := check(req); err != nil {
 			return req, err
-		}
-	}
-	if err := checkTimeoutS(req.TimeoutS); err != nil {
-		return req, err
-	}
-	for _, kv := range req.Env {
-		if err := agentproto.ValidEnv(kv); err != nil {
-			return req, argError("env", nil, "%v", err)
-		}
-	}
-	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
-		return req, argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
-	}
-	if req.Stdin != nil && req.StdinFile != "" {
-		return req, invalid("stdin: give either a stdin file or stdin data, not both")
-	}
-	for _, c := range req.CopyOut {
-		if c.Guest == "" || !strings.HasPrefix(c.Guest, "/") {
-			return req, argError("copy_out", c.Guest+":"+c.Host, "the guest path must be absolute")
-		}
-		if c.Host == "" {
-			return req, argError("copy_out", c.Guest, "the host path is empty")
-		}
-	}
-	filtered := req.DenyEgress || len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0
-	if req.NoNetwork && (filtered || req.AllowLANEgress) {
-		return req, invalid("--no-network cannot be combined with --allow-host, --allow-cidr, --deny-egress or --allow-lan-egress: a run has no NIC or a filtered one, pick one")
-	}
-	if req.DenyEgress && (len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0) {
-		return req, invalid("--deny-egress cannot be combined with --allow-host or --allow-cidr: deny-egress allows nothing")
-	}
-	for _, c := range req.AllowCIDRs {
-		if _, err := egress.ParseCIDR(c); err != nil {
-			return req, err // names the flag and the value
-		}
-	}
-	for _, h := range req.AllowHosts {
-		if _, err := egress.ParsePattern(h); err != nil {
-			return req, err // names the flag and the value
 		}
 	}
 	if req.CommitAs != "" {
@@ -219,6 +176,73 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		req.Workspace = &w
 	}
 	return req, nil
+}
+
+// checkSizes checks the VM's sizes and the timeout against h.
+func checkSizes(req Request, h hostLimits) error {
+	if err := checkVCPUs(req.VCPUs, h); err != nil {
+		return err
+	}
+	if err := checkMemMiB(req.MemMiB, h); err != nil {
+		return err
+	}
+	if req.ScratchMiB != 0 {
+		if err := checkScratchMiB(req.ScratchMiB); err != nil {
+			return err
+		}
+	}
+	return checkTimeoutS(req.TimeoutS)
+}
+
+// checkIO checks the command's environment, working directory, stdin and
+// copy-outs.
+func checkIO(req Request) error {
+	for _, kv := range req.Env {
+		if err := agentproto.ValidEnv(kv); err != nil {
+			return argError("env", nil, "%v", err)
+		}
+	}
+	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
+		return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
+	}
+	if req.Stdin != nil && req.StdinFile != "" {
+		return invalid("stdin: give either a stdin file or stdin data, not both")
+	}
+	if req.CopyOutMaxData < 0 {
+		return argError("copy_out_max_bytes", req.CopyOutMaxData, "must be positive (0 means the default, %d)", DefaultCopyOutMaxData)
+	}
+	for _, c := range req.CopyOut {
+		if c.Guest == "" || !strings.HasPrefix(c.Guest, "/") {
+			return argError("copy_out", c.Guest+":"+c.Host, "the guest path must be absolute")
+		}
+		if c.Host == "" {
+			return argError("copy_out", c.Guest, "the host path is empty")
+		}
+	}
+	return nil
+}
+
+// checkEgress checks the network switches against each other and the
+// filtered-egress rules.
+func checkEgress(req Request) error {
+	filtered := req.DenyEgress || len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0
+	if req.NoNetwork && (filtered || req.AllowLANEgress) {
+		return invalid("--no-network cannot be combined with --allow-host, --allow-cidr, --deny-egress or --allow-lan-egress: a run has no NIC or a filtered one, pick one")
+	}
+	if req.DenyEgress && (len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0) {
+		return invalid("--deny-egress cannot be combined with --allow-host or --allow-cidr: deny-egress allows nothing")
+	}
+	for _, c := range req.AllowCIDRs {
+		if _, err := egress.ParseCIDR(c); err != nil {
+			return err // names the flag and the value
+		}
+	}
+	for _, h := range req.AllowHosts {
+		if _, err := egress.ParsePattern(h); err != nil {
+			return err // names the flag and the value
+		}
+	}
+	return nil
 }
 
 // validLabel checks a --commit-as label before the run, so a bad label never
