@@ -195,25 +195,9 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		log = d.log
 	}
 	log = log.With("vm", cfg.ID)
-	var choice accelChoice
-	if l.accel != "" {
-		// A restore: the snapshot decides.
-		choice = accelChoice{l.accel, "the snapshot's"}
-		if l.accel == vmm.AccelKVM {
-			if err := d.openKVM(); err != nil {
-				return nil, fmt.Errorf("qemu: snapshot needs kvm but /dev/kvm is unusable (%v): %w", err, errdefs.ErrFailedPrecondition)
-			}
-		}
-	} else {
-		var err error
-		choice, err = selectAccel(ctx, cfg.Accel, accelProbes{
-			env:     func() string { return string(d.accel) },
-			openKVM: d.openKVM,
-			bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
-		})
-		if err != nil {
-			return nil, err
-		}
+	choice, err := d.chooseAccel(ctx, cfg, l.accel)
+	if err != nil {
+		return nil, err
 	}
 	log.Debug("qemu accel", "accel", choice.Accel, "reason", choice.Reason)
 	l.accel = choice.Accel
@@ -225,8 +209,37 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		return nil, err
 	}
 	l.sandbox = d.jail != nil
-	args := buildArgs(cfg, l)
+	m, err := d.spawn(ctx, cfg, l, mf)
+	if err != nil {
+		return nil, err
+	}
+	m.log = log
+	log.Info("qemu started", "pid", m.proc.pid, "accel", l.accel, "accel_reason", choice.Reason)
+	return m, nil
+}
 
+// chooseAccel picks the accelerator: a restore's snapshot decides (its
+// accel, which must be usable), else the probes do.
+func (d *Driver) chooseAccel(ctx context.Context, cfg *vmm.Config, snapshot vmm.Accel) (accelChoice, error) {
+	if snapshot != "" {
+		if snapshot == vmm.AccelKVM {
+			if err := d.openKVM(); err != nil {
+				return accelChoice{}, fmt.Errorf("qemu: snapshot needs kvm but /dev/kvm is unusable (%v): %w", err, errdefs.ErrFailedPrecondition)
+			}
+		}
+		return accelChoice{snapshot, "the snapshot's"}, nil
+	}
+	return selectAccel(ctx, cfg.Accel, accelProbes{
+		env:     func() string { return string(d.accel) },
+		openKVM: d.openKVM,
+		bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
+	})
+}
+
+// spawn starts QEMU (in its jail when there is one) with the machine's
+// files and its agent and QMP channels, and greets QMP. On failure
+// everything it was given is closed and the process is gone.
+func (d *Driver) spawn(ctx context.Context, cfg *vmm.Config, l launch, mf *machineFiles) (*Machine, error) {
 	agentHost, agentGuest, err := socketpair()
 	if err != nil {
 		mf.closeAll()
@@ -239,7 +252,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		agentGuest.Close()
 		return nil, err
 	}
-	ps := procSpec{bin: d.bin, args: args, extra: append([]*os.File{agentGuest, qmpGuest}, mf.files...), stdout: cfg.SerialLog}
+	ps := procSpec{bin: d.bin, args: buildArgs(cfg, l), extra: append([]*os.File{agentGuest, qmpGuest}, mf.files...), stdout: cfg.SerialLog}
 	if d.jail != nil {
 		ps.jail, ps.js = d.jail, d.jailSpec(cfg, l.accel, nil)
 	}
@@ -255,42 +268,38 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	}
 	qmp, err := NewQMPClient(ctx, qmpHost)
 	if err != nil {
-		if ctx.Err() == nil {
-			// QEMU most likely refused its arguments and is exiting;
-			// give it a moment so that its own words make the error.
-			select {
-			case <-p.done:
-			case <-time.After(2 * time.Second):
-			}
-		}
-		p.kill()
-		p.wait()
 		mf.closeAll()
 		agentHost.Close()
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("qemu: start-up: %w: %w", errdefs.ErrUnavailable, err)
-		}
-		if msg := p.stderr.String(); msg != "" {
-			return nil, fmt.Errorf("qemu: start-up failed: %s: %w", msg, errdefs.ErrFailedPrecondition)
-		}
-		return nil, fmt.Errorf("qemu: start-up failed: %w", err)
-	}
-	m := &Machine{
-		cfg:   *cfg,
-		proc:  p,
-		agent: agentHost,
-		qmp:   qmp,
-		accel: l.accel,
-		files: mf,
-		log:   log,
+		return nil, startupError(ctx, p, err)
 	}
 	go func() {
 		<-p.done
 		qmp.Close()
 		mf.closeAll()
 	}()
-	log.Info("qemu started", "pid", p.pid, "accel", l.accel, "accel_reason", choice.Reason)
-	return m, nil
+	return &Machine{cfg: *cfg, proc: p, agent: agentHost, qmp: qmp, accel: l.accel, files: mf}, nil
+}
+
+// startupError ends a QEMU whose QMP greeting failed and says why, in
+// QEMU's own words when it refused its arguments.
+func startupError(ctx context.Context, p *proc, err error) error {
+	if ctx.Err() == nil {
+		// QEMU most likely refused its arguments and is exiting; give it
+		// a moment so that its own words make the error.
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	p.kill()
+	p.wait()
+	if ctx.Err() != nil {
+		return fmt.Errorf("qemu: start-up: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	if msg := p.stderr.String(); msg != "" {
+		return fmt.Errorf("qemu: start-up failed: %s: %w", msg, errdefs.ErrFailedPrecondition)
+	}
+	return fmt.Errorf("qemu: start-up failed: %w", err)
 }
 
 // checkFiles turns missing inputs into clear errors before QEMU runs.
