@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"isopod/internal/vmm"
@@ -59,7 +61,12 @@ type readyVM struct {
 	vm      *vm
 	nic     *nicSocket // nil without a NIC
 	scratch string
-	vmmInfo vmm.Info
+	// layers are the stage layer files the VM was made with, as they were
+	// then: a stage removed since (and maybe pulled again) must not serve
+	// a run with the file it had.
+	layerPaths []string
+	layers     []os.FileInfo
+	vmmInfo    vmm.Info
 	// release gives back the place the VM holds until a run claims it.
 	release func()
 	once    sync.Once
@@ -121,7 +128,7 @@ func (p *readyPool) claim(sp readySpec, buildID string) *readyVM {
 	for len(list) > 0 && got == nil {
 		rv := list[0]
 		list = list[1:]
-		if rv.buildID != buildID || time.Since(rv.made) > readyMaxAge || rv.exited() {
+		if rv.buildID != buildID || time.Since(rv.made) > readyMaxAge || rv.exited() || !rv.layersCurrent() {
 			stale = append(stale, rv)
 			continue
 		}
@@ -171,16 +178,34 @@ func (p *readyPool) refill() {
 		p.mu.Unlock()
 		return
 	}
+	var cold []*readyVM
+	// A shape whose stage was removed is not kept ready: its ready VMs
+	// would hold the removed layers, and no run can claim them.
+	live := p.hot[:0]
+	for _, sp := range p.hot {
+		if layersExist(sp.layers) {
+			live = append(live, sp)
+		}
+	}
+	p.hot = live
 	hot := map[readyShape]bool{}
 	for _, sp := range p.hot {
 		hot[sp.shape] = true
+		kept := p.vms[sp.shape][:0]
+		for _, rv := range p.vms[sp.shape] {
+			if rv.layersCurrent() {
+				kept = append(kept, rv)
+			} else {
+				cold = append(cold, rv)
+			}
+		}
+		p.vms[sp.shape] = kept
 		for n := len(p.vms[sp.shape]) + p.filling[sp.shape]; n < p.per; n++ {
 			p.filling[sp.shape]++
 			p.wg.Add(1)
 			go p.fill(sp)
 		}
 	}
-	var cold []*readyVM
 	for sh, list := range p.vms {
 		if !hot[sh] {
 			cold = append(cold, list...)
@@ -277,6 +302,37 @@ func (rv *readyVM) exited() bool {
 	default:
 		return false
 	}
+}
+
+// layersCurrent reports whether each layer file the ready VM was made
+// with is still the file at its path.
+func (rv *readyVM) layersCurrent() bool {
+	for i, fi := range rv.layers {
+		now, err := os.Stat(rv.layerPaths[i])
+		if err != nil || !sameFile(fi, now) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameFile reports whether a and b describe one file, unchanged: the same
+// inode and change time (an inode number alone may be reused once the
+// file is gone).
+func sameFile(a, b os.FileInfo) bool {
+	sa, okA := a.Sys().(*syscall.Stat_t)
+	sb, okB := b.Sys().(*syscall.Stat_t)
+	return os.SameFile(a, b) && okA && okB && sa.Ctim == sb.Ctim && a.Size() == b.Size()
+}
+
+// layersExist reports whether every layer file is there.
+func layersExist(layers []string) bool {
+	for _, l := range layers {
+		if _, err := os.Stat(l); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // discard ends a ready VM that no run took: its VMM, its socket, its

@@ -2,6 +2,8 @@ package sandbox_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,4 +126,79 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// A ready VM made with a stage's layer is never handed to a run once the
+// stage is removed: not to a fork of the same stage put back under the
+// same id (its layer is another file now), and the next run's refill
+// discards those of a removed stage, so that nothing holds its layer.
+func TestReadyVMsOfRemovedStage(t *testing.T) {
+	t.Parallel()
+	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
+		o.ReadyVMs = 1
+		o.HoldVM = func(int) (func(), bool) { return func() {}, true }
+	})
+	ctx := context.Background()
+	commit := run(t, s, sandbox.Request{Argv: []string{"sh", "-c", "echo s > /s"}, NoNetwork: true, CommitAs: "lay"})
+	if commit.StageID == "" {
+		t.Fatalf("not committed: %+v", commit)
+	}
+	info, err := s.StageInfo(ctx, "lay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := info.LayerPaths[0]
+	layerBytes, err := os.ReadFile(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := os.ReadFile(filepath.Join(filepath.Dir(layer), "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := sandbox.Request{Argv: []string{"cat", "/s"}, NoNetwork: true, Stage: commit.StageID}
+	if rep := run(t, s, fork); rep.Path != "warm" || rep.Stdout != "s\n" {
+		t.Fatalf("fork: path %q stdout %q", rep.Path, rep.Stdout)
+	}
+	// A ready VM of the base shape (hot since the commit) and of the fork's.
+	waitFor(t, "ready VMs of both shapes", func() bool { return pausedMachines(d) == 2 })
+
+	// Removed and put back (as a pull of the same stage would): the same
+	// id and path, another file.
+	if _, err := s.StageRemove(ctx, "lay"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(filepath.Dir(layer), "meta.json"), meta, 0o600)
+	if err := os.WriteFile(layer, layerBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep := run(t, s, fork)
+	if rep.ReadyVM || rep.Stdout != "s\n" {
+		t.Errorf("fork of the stage put back: ready %v stdout %q; want a VM made with the new layer file", rep.ReadyVM, rep.Stdout)
+	}
+	waitFor(t, "the refill", func() bool { return pausedMachines(d) == 2 })
+
+	// Removed for good: the next run's refill discards its ready VM.
+	if _, err := s.StageRemove(ctx, "lay"); err != nil {
+		t.Fatal(err)
+	}
+	if rep := run(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true}); !rep.ReadyVM {
+		t.Errorf("base run: not served by its ready VM")
+	}
+	waitFor(t, "only the base shape's ready VM", func() bool { return pausedMachines(d) == 1 })
+	for _, m := range d.Machines() {
+		select {
+		case <-m.Done():
+			continue
+		default:
+		}
+		for _, disk := range m.Config().Disks {
+			if disk.Path == layer {
+				t.Errorf("machine %s still has the removed stage's layer", m.Config().ID)
+			}
+		}
+	}
 }

@@ -55,6 +55,15 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec) (_ *readyVM, retE
 		}
 		net = rv.nic.vmmNet()
 	}
+	// The layers' identities, taken before QEMU opens them: a file
+	// replaced in between makes the VM stale, never a wrong match.
+	for _, l := range sp.layers {
+		fi, err := os.Stat(l)
+		if err != nil {
+			return nil, fmt.Errorf("a layer of a ready VM: %w", err)
+		}
+		rv.layerPaths, rv.layers = append(rv.layerPaths, l), append(rv.layers, fi)
+	}
 	disks := runDisks{base: sp.in.base.Path, layers: sp.layers, scratch: rv.scratch}.slots(ph)
 	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
