@@ -28,21 +28,51 @@ func init() {
 		fmt.Fprintf(os.Stderr, "isopod-jail: bad spec: %v\n", err)
 		os.Exit(125)
 	}
-	status := os.NewFile(uintptr(cs.StatusFD), "status")
-	err := runChild(&cs, status)
+	var status *os.File
+	err := runChild(&cs, &status)
 	// Only a failure returns: say why, where the parent reads it.
+	if status == nil {
+		status = os.Stderr
+	}
 	fmt.Fprintf(status, "%v", err)
 	os.Exit(125)
 }
 
-// runChild waits for the parent, builds the jail and executes the VMM.
-func runChild(cs *childSpec, status *os.File) error {
-	runtime.LockOSThread() // credentials and the parent-death signal are per thread
-	sync := os.NewFile(uintptr(cs.SyncFD), "sync")
-	if _, err := sync.Read(make([]byte, 1)); err != nil {
-		return fmt.Errorf("waiting for the parent: %w", err)
+// receiveStatus waits for the parent's go-ahead on the sync socket and
+// returns the status pipe that comes with it (close-on-exec).
+func receiveStatus(fd int) (*os.File, error) {
+	defer unix.Close(fd)
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	for err == unix.EINTR {
+		n, oobn, _, _, err = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	}
-	sync.Close()
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the parent: %w", err)
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("waiting for the parent: it went away")
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("waiting for the parent: no status descriptor (%v)", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return nil, fmt.Errorf("waiting for the parent: no status descriptor (%v)", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "status"), nil
+}
+
+// runChild waits for the parent, builds the jail and executes the VMM;
+// *status is set once the parent handed it over.
+func runChild(cs *childSpec, statusOut **os.File) error {
+	runtime.LockOSThread() // credentials and the parent-death signal are per thread
+	status, err := receiveStatus(cs.SyncFD)
+	if err != nil {
+		return err
+	}
+	*statusOut = status
 	unix.Close(cs.ExeFD)
 	// The host pid of what will be the VMM: /proc here is still the
 	// host's.

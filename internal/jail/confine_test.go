@@ -114,6 +114,15 @@ func TestConfined(t *testing.T) {
 	if uid != strconv.Itoa(j.UID()) || uid == strconv.Itoa(os.Getuid()) && os.Getuid() == 0 {
 		t.Errorf("uid %s; want the jail's %d, not the invoking user's", uid, j.UID())
 	}
+	if os.Getenv(asUserEnv) == "1" {
+		// Run by TestConfinedAsUser, as a user with a subordinate range.
+		if uid == strconv.Itoa(os.Getuid()) || j.ids.mode != mapHelper {
+			t.Errorf("uid %s as user %d: want a subordinate id (warnings %v)", uid, os.Getuid(), j.Warnings())
+		}
+		if gid := strings.Fields(statusField(t, pid, "Gid"))[0]; gid != strconv.Itoa(j.GID()) || gid == strconv.Itoa(os.Getgid()) {
+			t.Errorf("gid %s as user %d: want the subordinate gid %d", gid, os.Getuid(), j.GID())
+		}
+	}
 	for _, ns := range []string{"user", "mnt", "pid", "net", "ipc", "uts"} {
 		mine, _ := os.Readlink("/proc/self/ns/" + ns)
 		theirs, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/" + ns)
@@ -149,6 +158,7 @@ func checkCgroup(t *testing.T, j *Jailer, pid int) {
 	t.Helper()
 	if j.cgroups.kind == cgroupNone {
 		t.Logf("no cgroups on this host; rlimits instead: %v", j.Warnings())
+		checkRlimits(t, pid, map[string]uint64{"Max address space": 64<<20 + addressSpaceSlack, "Max processes": 16, "Max core file size": 0})
 		return
 	}
 	own := ownCgroups("/proc/" + strconv.Itoa(pid) + "/cgroup")
@@ -164,6 +174,32 @@ func checkCgroup(t *testing.T, j *Jailer, pid int) {
 		want := map[string]string{"memory": strconv.Itoa(64 << 20), "pids": "16"}[ctrl]
 		if err != nil || strings.TrimSpace(string(b)) != want || !strings.Contains(dir, "/isopod/") {
 			t.Errorf("%s cgroup %s: %s = %q (%v); want %s", ctrl, dir, file, b, err, want)
+		}
+	}
+}
+
+// checkRlimits finds the process's soft and hard limits (named as in
+// /proc/PID/limits) at want.
+func checkRlimits(t *testing.T, pid int, want map[string]uint64) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range want {
+		found := false
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, name+" ")
+			if !ok {
+				continue
+			}
+			found = true
+			if f := strings.Fields(rest); len(f) < 2 || f[0] != strconv.FormatUint(v, 10) || f[1] != f[0] {
+				t.Errorf("%s: %q; want %d (soft and hard)", name, strings.TrimSpace(rest), v)
+			}
+		}
+		if !found {
+			t.Errorf("no %q in /proc/%d/limits", name, pid)
 		}
 	}
 }

@@ -105,18 +105,3 @@ func subordinate(path, name string, uid int) (int, error) {
 	}
 	return 0, fmt.Errorf("%s grants %s no range", path, name)
 }
-
-// mapWithHelpers maps pid's user namespace with newuidmap and newgidmap:
-// inside 0 is the subordinate id.
-func (p idPlan) mapWithHelpers(pid int) error {
-	for _, m := range []struct {
-		tool string
-		id   int
-	}{{"newuidmap", p.uid}, {"newgidmap", p.gid}} {
-		out, err := exec.Command(m.tool, strconv.Itoa(pid), "0", strconv.Itoa(m.id), "1").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%s %d 0 %d 1: %v: %s", m.tool, pid, m.id, err, strings.TrimSpace(string(out)))
-		}
-	}
-	return nil
-}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // childEnv carries a childSpec to the re-executed helper.
@@ -50,13 +52,18 @@ type bind struct {
 
 // childSpec is what the helper needs, passed in its environment.
 type childSpec struct {
-	Path     string   `json:"path"`
-	Argv     []string `json:"argv"`
-	Binds    []bind   `json:"binds"`
-	SyncFD   int      `json:"sync_fd"`   // one byte arrives when the parent is done
-	ExeFD    int      `json:"exe_fd"`    // the helper's own binary, closed before the VMM runs
-	StatusFD int      `json:"status_fd"` // an error goes here; closed by the exec
-	Rlimits  []rlimit `json:"rlimits,omitempty"`
+	Path  string   `json:"path"`
+	Argv  []string `json:"argv"`
+	Binds []bind   `json:"binds"`
+	// SyncFD is a socket on which, once the parent is done, one byte
+	// arrives with the status pipe's write end: the helper's pid, then
+	// why it failed, go there, and the VMM's exec closes it. It is handed
+	// over then, not inherited, so that only the helper holds it (unshare,
+	// the helper's parent with subordinate ids, would keep an inherited
+	// copy open, and the parent would never see the exec).
+	SyncFD  int      `json:"sync_fd"`
+	ExeFD   int      `json:"exe_fd"` // the helper's own binary, closed before the VMM runs
+	Rlimits []rlimit `json:"rlimits,omitempty"`
 }
 
 type rlimit struct {
@@ -111,8 +118,9 @@ type Process struct {
 
 	j      *Jailer
 	cg     *vmCgroup
-	syncW  *os.File
+	sync   *os.File // the parent's end of the sync socket
 	statR  *os.File
+	statW  *os.File   // handed to the helper by Started
 	closer []*os.File // the child's ends, closed once it started
 }
 
@@ -135,24 +143,23 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 			p.Cleanup()
 		}
 	}()
-	syncR, syncW, err := os.Pipe()
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
-	statR, statW, err := os.Pipe()
-	if err != nil {
-		syncR.Close()
-		syncW.Close()
+	p.sync = os.NewFile(uintptr(pair[0]), "jail-sync")
+	syncChild := os.NewFile(uintptr(pair[1]), "jail-sync-child")
+	p.closer = []*os.File{syncChild}
+	if p.statR, p.statW, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
-	p.syncW, p.statR, p.closer = syncW, statR, []*os.File{syncR, statW}
 	if p.cg, err = j.cgroups.create(s.Name, s.Limits); err != nil {
 		return nil, err
 	}
-	extra := append(append([]*os.File(nil), s.ExtraFiles...), syncR, statW)
+	extra := append(append([]*os.File(nil), s.ExtraFiles...), syncChild)
 	cs := childSpec{
 		Path: s.Path, Argv: append([]string{s.Path}, s.Args...), Binds: binds,
-		SyncFD: 3 + len(s.ExtraFiles), StatusFD: 4 + len(s.ExtraFiles),
+		SyncFD: 3 + len(s.ExtraFiles),
 	}
 	if p.cg == nil {
 		cs.Rlimits = rlimitsFor(s.Limits)
@@ -249,20 +256,23 @@ func (p *Process) Started() error {
 		f.Close()
 	}
 	p.closer = nil
+	// With subordinate ids, unshare has mapped them itself (newuidmap
+	// writes a namespace's map once; a second write fails) before it runs
+	// the helper.
 	pid := p.Cmd.Process.Pid
-	if p.j.ids.mode == mapHelper {
-		if err := p.j.ids.mapWithHelpers(pid); err != nil {
-			return failed("the VMM's subordinate ids cannot be mapped ("+err.Error()+")", "check /etc/subuid, /etc/subgid and that newuidmap and newgidmap are installed setuid")
-		}
-	}
 	if err := p.cg.attach(pid); err != nil {
 		return err
 	}
-	if _, err := p.syncW.Write([]byte{1}); err != nil {
+	if err := syscall.Sendmsg(int(p.sync.Fd()), []byte{1}, syscall.UnixRights(int(p.statW.Fd())), nil, 0); err != nil {
 		return fmt.Errorf("jail: releasing the VMM: %w", err)
 	}
-	p.syncW.Close()
-	p.syncW = nil
+	// From here the helper holds the only write end: the read below ends
+	// at its exec, or when it (or unshare, whose socket end dropped the
+	// message) exits.
+	p.statW.Close()
+	p.statW = nil
+	p.sync.Close()
+	p.sync = nil
 	msg, _ := io.ReadAll(io.LimitReader(p.statR, 4096))
 	p.statR.Close()
 	p.statR = nil
@@ -285,18 +295,20 @@ func (p *Process) Started() error {
 // Cleanup removes what the confinement made (its cgroup) once the process
 // has exited. Idempotent.
 func (p *Process) Cleanup() {
-	for _, f := range append(p.closer, p.syncW, p.statR) {
+	for _, f := range append(p.closer, p.sync, p.statR, p.statW) {
 		if f != nil {
 			f.Close()
 		}
 	}
-	p.closer, p.syncW, p.statR = nil, nil, nil
+	p.closer, p.sync, p.statR, p.statW = nil, nil, nil, nil
 	p.cg.remove()
 }
 
 // rlimitsFor caps a VMM without a cgroup: its address space (guest RAM,
 // the emulator's translation cache and its own overhead), its processes
-// and open files, and no core dumps.
+// and threads, its open files, and no core dumps. The process count is
+// the VMM's own: the kernel counts it per user of a user namespace, and
+// each VMM has a namespace of its own.
 func rlimitsFor(l Limits) []rlimit {
 	out := []rlimit{
 		{Resource: syscall.RLIMIT_CORE, Max: 0},
@@ -304,6 +316,9 @@ func rlimitsFor(l Limits) []rlimit {
 	}
 	if l.MemoryBytes > 0 {
 		out = append(out, rlimit{Resource: syscall.RLIMIT_AS, Max: uint64(l.MemoryBytes) + addressSpaceSlack})
+	}
+	if l.Pids > 0 {
+		out = append(out, rlimit{Resource: unix.RLIMIT_NPROC, Max: uint64(l.Pids)})
 	}
 	return out
 }
