@@ -39,6 +39,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
@@ -92,7 +93,10 @@ func New(cfg Config) (*Jailer, error) {
 		}
 	}
 	j := &Jailer{log: cfg.Logger, scope: cfg.Scope}
-	if err := checkUserNamespaces(cfg.ProcSys, os.Geteuid()); err != nil {
+	if err := checkUserNamespaces(cfg.ProcSys, os.Geteuid(), apparmorLabel()); err != nil {
+		return nil, err
+	}
+	if err := userNamespaceRefused(probeUserNamespace()); err != nil {
 		return nil, err
 	}
 	ids, warn, err := planIDs(os.Geteuid())
@@ -137,8 +141,9 @@ func (e *SetupError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 func failed(what, fix string) error { return &SetupError{What: what, Fix: fix} }
 
 // checkUserNamespaces refuses a host that does not let this process create
-// user namespaces, naming the setting that forbids it.
-func checkUserNamespaces(procSys string, euid int) error {
+// user namespaces, naming the setting that forbids it. label is the
+// AppArmor label this process runs under (apparmorLabel).
+func checkUserNamespaces(procSys string, euid int, label string) error {
 	read := func(name string) (string, bool) {
 		b, err := os.ReadFile(filepath.Join(procSys, name))
 		if err != nil {
@@ -161,9 +166,66 @@ func checkUserNamespaces(procSys string, euid int) error {
 		return failed("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)",
 			"allow them with `sudo sysctl -w kernel.unprivileged_userns_clone=1`, or run isopod as root")
 	}
-	if v, ok := read("kernel/apparmor_restrict_unprivileged_userns"); ok && v == "1" {
-		return failed("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1)",
-			"install the AppArmor profile for isopod that README.md describes, or allow them with `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`")
+	// Ubuntu 23.10 and later: an unconfined process may create a user
+	// namespace but holds no capability in it, so the jail could not be
+	// built. A process under a profile of its own (the one README.md
+	// gives, which grants userns) is not restricted.
+	if v, ok := read("kernel/apparmor_restrict_unprivileged_userns"); ok && v == "1" && (label == "" || label == "unconfined") {
+		return failed("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1) and isopod runs without an AppArmor profile that allows them",
+			"install the AppArmor profile for isopod that README.md gives (/etc/apparmor.d/isopod, with `userns,`), "+
+				"or allow them for every program with `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or run isopod as root")
 	}
 	return nil
+}
+
+// probeUserNamespace creates a user namespace the way the jail will (a
+// child cloned into one), so that what the settings checkUserNamespaces
+// reads do not show (the limit of an enclosing namespace, a container's
+// seccomp filter, a security module) refuses the run before anything
+// starts. The child executes a path that does not exist and is reaped at
+// once: ENOENT means the namespace was made.
+func probeUserNamespace() error {
+	_, err := syscall.ForkExec("/nonexistent/isopod-user-namespace-probe", []string{"isopod-userns-probe"},
+		&syscall.ProcAttr{Sys: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER}})
+	if errors.Is(err, syscall.ENOENT) {
+		return nil
+	}
+	if err == nil {
+		return errors.New("the probe ran") // cannot happen
+	}
+	return err
+}
+
+// userNamespaceRefused says why the probe could not make a user namespace
+// (nil: it could).
+func userNamespaceRefused(err error) error {
+	if err == nil {
+		return nil
+	}
+	what := fmt.Sprintf("this process cannot create a user namespace (%v)", err)
+	fix := "allow user namespaces where isopod runs"
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		what += ": the limit on user namespaces of this or an enclosing namespace is reached"
+		fix = "raise user.max_user_namespaces in the namespace that sets it to its limit (`sysctl -w user.max_user_namespaces=15000` there)"
+	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
+		what += ": a seccomp filter (a container runtime's), a security module or a sysctl forbids it"
+		fix = "run isopod where user namespaces are allowed (outside that container, or in one whose seccomp profile and security module allow them)"
+	case errors.Is(err, syscall.EINVAL):
+		what += ": this kernel has no user namespaces"
+		fix = "use a kernel built with CONFIG_USER_NS"
+	}
+	return failed(what, fix)
+}
+
+// apparmorLabel is the AppArmor label this process runs under:
+// "unconfined", a profile's name and mode ("isopod (unconfined)"), or ""
+// where AppArmor says nothing.
+func apparmorLabel() string {
+	for _, p := range []string{"/proc/self/attr/apparmor/current", "/proc/self/attr/current"} {
+		if b, err := os.ReadFile(p); err == nil {
+			return strings.TrimSpace(strings.TrimRight(string(b), "\x00\n"))
+		}
+	}
+	return ""
 }

@@ -35,15 +35,20 @@ func TestUserNamespacesRefused(t *testing.T) {
 		name   string
 		values map[string]string
 		euid   int
+		label  string // the AppArmor label
 		says   string // empty: accepted
 	}{
-		{"allowed", map[string]string{"user/max_user_namespaces": "15000"}, 1000, ""},
-		{"disabled for all", map[string]string{"user/max_user_namespaces": "0"}, 0, "user.max_user_namespaces = 0"},
-		{"debian's switch", map[string]string{"user/max_user_namespaces": "15000", "kernel/unprivileged_userns_clone": "0"}, 1000, "kernel.unprivileged_userns_clone"},
-		{"debian's switch does not bind root", map[string]string{"user/max_user_namespaces": "15000", "kernel/unprivileged_userns_clone": "0"}, 0, ""},
-		{"apparmor", map[string]string{"user/max_user_namespaces": "15000", "kernel/apparmor_restrict_unprivileged_userns": "1"}, 1000, "AppArmor"},
+		{"allowed", map[string]string{"user/max_user_namespaces": "15000"}, 1000, "", ""},
+		{"disabled for all", map[string]string{"user/max_user_namespaces": "0"}, 0, "", "user.max_user_namespaces = 0"},
+		{"debian's switch", map[string]string{"user/max_user_namespaces": "15000", "kernel/unprivileged_userns_clone": "0"}, 1000, "", "kernel.unprivileged_userns_clone"},
+		{"debian's switch does not bind root", map[string]string{"user/max_user_namespaces": "15000", "kernel/unprivileged_userns_clone": "0"}, 0, "", ""},
+		{"apparmor", map[string]string{"user/max_user_namespaces": "15000", "kernel/apparmor_restrict_unprivileged_userns": "1"}, 1000, "unconfined", "AppArmor"},
+		{"apparmor, no label", map[string]string{"kernel/apparmor_restrict_unprivileged_userns": "1"}, 1000, "", "AppArmor"},
+		{"apparmor does not bind root", map[string]string{"kernel/apparmor_restrict_unprivileged_userns": "1"}, 0, "unconfined", ""},
+		{"apparmor off", map[string]string{"kernel/apparmor_restrict_unprivileged_userns": "0"}, 1000, "unconfined", ""},
+		{"apparmor, under isopod's profile", map[string]string{"kernel/apparmor_restrict_unprivileged_userns": "1"}, 1000, "isopod (unconfined)", ""},
 	} {
-		err := checkUserNamespaces(fakeProcSys(t, tt.values), tt.euid)
+		err := checkUserNamespaces(fakeProcSys(t, tt.values), tt.euid, tt.label)
 		if tt.says == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tt.name, err)
@@ -51,8 +56,34 @@ func TestUserNamespacesRefused(t *testing.T) {
 			continue
 		}
 		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), tt.says) ||
-			!strings.Contains(err.Error(), knobs.Jail+"=off") || !strings.Contains(err.Error(), "sysctl") && tt.name != "apparmor" {
+			!strings.Contains(err.Error(), knobs.Jail+"=off") || !strings.Contains(err.Error(), "sysctl -w") {
 			t.Errorf("%s: %v; want a precondition error naming %q, the fix and %s=off", tt.name, err, tt.says, knobs.Jail)
+		}
+		if strings.HasPrefix(tt.name, "apparmor") && (!strings.Contains(err.Error(), "README.md") ||
+			!strings.Contains(err.Error(), "userns,") || !strings.Contains(err.Error(), "kernel.apparmor_restrict_unprivileged_userns=0")) {
+			t.Errorf("%s: %v; want the profile README.md gives and the sysctl", tt.name, err)
+		}
+	}
+}
+
+// TestUserNamespaceProbe: this host lets the tests make user namespaces,
+// and each way the probe can fail is refused with its cause and fix.
+func TestUserNamespaceProbe(t *testing.T) {
+	if err := probeUserNamespace(); err != nil {
+		t.Logf("no user namespaces for this process: %v", userNamespaceRefused(err))
+	}
+	if userNamespaceRefused(nil) != nil {
+		t.Error("no failure, but refused")
+	}
+	for errno, says := range map[syscall.Errno]string{
+		syscall.ENOSPC: "user.max_user_namespaces",
+		syscall.EPERM:  "seccomp",
+		syscall.EINVAL: "CONFIG_USER_NS",
+	} {
+		err := userNamespaceRefused(errno)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "user namespace") ||
+			!strings.Contains(err.Error(), says) || !strings.Contains(err.Error(), knobs.Jail+"=off") {
+			t.Errorf("%v: %v; want a precondition error naming user namespaces and %q", errno, err, says)
 		}
 	}
 }
@@ -130,10 +161,10 @@ func TestCgroupLimits(t *testing.T) {
 
 func TestRlimits(t *testing.T) {
 	got := map[int]uint64{}
-	for _, r := range rlimitsFor(Limits{MemoryBytes: 1 << 30}) {
+	for _, r := range rlimitsFor(Limits{MemoryBytes: 1 << 30, Pids: 512}) {
 		got[r.Resource] = r.Max
 	}
-	if got[syscall.RLIMIT_AS] != 1<<30+addressSpaceSlack || got[syscall.RLIMIT_CORE] != 0 || got[syscall.RLIMIT_NOFILE] == 0 {
+	if got[syscall.RLIMIT_AS] != 1<<30+addressSpaceSlack || got[syscall.RLIMIT_CORE] != 0 || got[syscall.RLIMIT_NOFILE] == 0 || got[6] != 512 { // 6: RLIMIT_NPROC
 		t.Errorf("rlimits %v", got)
 	}
 }
