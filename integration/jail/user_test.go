@@ -1,0 +1,156 @@
+package jail
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// accountPrefix names the users these tests make; the test binary's pid
+// follows, so that a leftover of a killed binary can be told apart.
+const accountPrefix = "isopodit"
+
+// account is a normal user a test made, with a subordinate range.
+type account struct {
+	Name     string
+	UID, GID int
+	// SubUID and SubGID start its subordinate ranges.
+	SubUID, SubGID int
+}
+
+// newAccount makes a normal user with a subordinate uid and gid range
+// (useradd gives one where /etc/login.defs says so; otherwise the test adds
+// one) and removes it when the test ends. It skips unless the test runs as
+// root with the shadow, util-linux and uidmap tools.
+func newAccount(t *testing.T) account {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("making a test user needs root")
+	}
+	for _, tool := range []string{"useradd", "userdel", "usermod", "setpriv", "unshare", "newuidmap", "newgidmap"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (shadow-utils, util-linux and uidmap are needed)", tool)
+		}
+	}
+	sweepAccounts(t)
+	name := accountPrefix + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("useradd", "--no-create-home", "--home-dir", "/nonexistent",
+		"--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+			t.Errorf("userdel %s: %v: %s", name, err, out)
+		}
+		for _, f := range []string{"/etc/subuid", "/etc/subgid"} {
+			if _, ok := subordinate(f, name); ok {
+				t.Errorf("%s still grants the removed user %s a range", f, name)
+			}
+		}
+	})
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := account{Name: name}
+	a.UID, _ = strconv.Atoi(u.Uid)
+	a.GID, _ = strconv.Atoi(u.Gid)
+	var uok, gok bool
+	a.SubUID, uok = subordinate("/etc/subuid", name)
+	a.SubGID, gok = subordinate("/etc/subgid", name)
+	if !uok || !gok {
+		start := freeSubordinateStart()
+		r := fmt.Sprintf("%d-%d", start, start+65535)
+		if out, err := exec.Command("usermod", "--add-subuids", r, "--add-subgids", r, name).CombinedOutput(); err != nil {
+			t.Fatalf("usermod --add-subuids %s %s: %v: %s", r, name, err, out)
+		}
+		a.SubUID, a.SubGID = start, start
+	}
+	return a
+}
+
+// subordinate is the start of the first range that the subuid or subgid
+// file at path grants name.
+func subordinate(path, name string) (int, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Split(strings.TrimSpace(sc.Text()), ":")
+		if len(fields) == 3 && fields[0] == name {
+			if start, err := strconv.Atoi(fields[1]); err == nil && start > 0 {
+				return start, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// freeSubordinateStart is the first id, on a 65536 boundary at or above
+// 100000, after every range /etc/subuid and /etc/subgid grant.
+func freeSubordinateStart() int {
+	end := 100000
+	for _, path := range []string{"/etc/subuid", "/etc/subgid"} {
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Split(strings.TrimSpace(sc.Text()), ":")
+			if len(fields) != 3 {
+				continue
+			}
+			start, err1 := strconv.Atoi(fields[1])
+			count, err2 := strconv.Atoi(fields[2])
+			if err1 == nil && err2 == nil && start+count > end {
+				end = start + count
+			}
+		}
+		f.Close()
+	}
+	return (end + 65535) / 65536 * 65536
+}
+
+// sweepAccounts removes the users that test binaries killed before their
+// cleanup left: named for a pid that no longer runs (userdel refuses one
+// that still has processes).
+func sweepAccounts(t *testing.T) {
+	f, err := os.Open("/etc/passwd")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, _, _ := strings.Cut(sc.Text(), ":")
+		pid, err := strconv.Atoi(strings.TrimPrefix(name, accountPrefix))
+		if !strings.HasPrefix(name, accountPrefix) || err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+			t.Logf("removing the leftover test user %s: %v: %s", name, err, out)
+		}
+	}
+}
+
+// as is a command that runs argv as a, through setpriv, with only env and
+// a PATH in its environment.
+func as(ctx context.Context, a account, env []string, argv ...string) *exec.Cmd {
+	args := append([]string{"--reuid=" + strconv.Itoa(a.UID), "--regid=" + strconv.Itoa(a.GID), "--init-groups", "--"}, argv...)
+	cmd := exec.CommandContext(ctx, "setpriv", args...)
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
+}
