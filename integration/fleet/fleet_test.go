@@ -226,3 +226,31 @@ func TestAdmissionOnARealHost(t *testing.T) {
 		t.Errorf("QEMU %v still runs", left)
 	}
 }
+
+// TestReadyVMsEndWithTheServer: with ready VMs on, the server keeps a
+// restored VM for a shape it ran, within its admission, and SIGTERM ends
+// it with the server.
+func TestReadyVMsEndWithTheServer(t *testing.T) {
+	e2e.RequireVM(t)
+	home := newHome(t)
+	s := startServerEnv(t, "R", home, []string{"ISOPOD_READY_VMS=1"}, "--max-vms", "2")
+	c := s.mustConnect(t, runToken)
+	args := map[string]any{"cmd": "true", "base": "base-min", "timeout_s": 600}
+	// The first run of a shape builds its snapshot in the background; a
+	// later one resumes it and makes the shape hot; the next can claim a
+	// ready VM. Between calls the server has time to make one.
+	readyUsed := false
+	for i := 0; i < 8 && !readyUsed; i++ {
+		readyUsed = report(t, c.call(t, context.Background(), mcpserver.ToolSandboxRun, args, nil)).ReadyVM
+		waitFor(30*time.Second, func() bool { return len(qemuOf(home)) > 0 })
+		time.Sleep(3 * time.Second)
+	}
+	if !readyUsed {
+		t.Logf("server log:\n%s", tail(s.stderr.String(), 4000))
+		t.Skip("no ready VM was made here (the warm pool may be off or the host too busy); nothing to check")
+	}
+	if !waitFor(60*time.Second, func() bool { return len(qemuOf(home)) > 0 }) {
+		t.Fatal("no ready VM was made again after one was used")
+	}
+	s.stop(t) // fails the test if a QEMU of home outlives the server
+}

@@ -89,6 +89,12 @@ var urlRE = regexp.MustCompile(`serving MCP over HTTP" url=(\S+)`)
 // added, and stops it (and checks that it left no VMM) when the test ends.
 func startServer(t testing.TB, name, home string, args ...string) *server {
 	t.Helper()
+	return startServerEnv(t, name, home, nil, args...)
+}
+
+// startServerEnv is startServer with env added to the server's.
+func startServerEnv(t testing.TB, name, home string, env []string, args ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	if err := os.WriteFile(tokens, []byte("run "+runToken+"\nadmin "+adminToken+"\n"), 0o600); err != nil {
@@ -97,7 +103,7 @@ func startServer(t testing.TB, name, home string, args ...string) *server {
 	s := &server{name: name, home: home, stderr: &lockedBuffer{}, client: &http.Client{}}
 	argv := append([]string{"--listen", "127.0.0.1:0", "--token-file", tokens}, args...)
 	s.cmd = exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), argv...)
-	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr = dir, serverEnv(t, home), s.stderr
+	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr = dir, append(serverEnv(t, home), env...), s.stderr
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +124,9 @@ func startServer(t testing.TB, name, home string, args ...string) *server {
 // stop ends the server with SIGTERM and fails the test if a VMM of its
 // state root outlives it.
 func (s *server) stop(t testing.TB) {
+	if s.cmd.ProcessState != nil {
+		return // stopped already
+	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- s.cmd.Wait() }()
