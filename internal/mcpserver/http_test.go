@@ -158,6 +158,7 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	for _, args := range []map[string]any{
 		{"cmd": "cat", "stdin_file": filepath.Join(tree.root, "ok.txt")},
 		{"cmd": "true", "copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(tree.root, "x")}}},
+		{"cmd": "true", "workspace": tree.root},
 	} {
 		res := s.call(t, context.Background(), ToolSandboxRun, args, nil)
 		if !res.IsError || !strings.Contains(resultText(res), "--host-io-root") || !strings.Contains(resultText(res), "off on this network listener") {
