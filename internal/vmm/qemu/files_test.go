@@ -1,0 +1,126 @@
+package qemu
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestSealedCopy: a sealed copy holds the file's data at the same offsets
+// with its holes and size, and nobody can write, grow or shrink it.
+func TestSealedCopy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ram")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 8 << 20
+	chunks := map[int64][]byte{0: bytes.Repeat([]byte("a"), 5000), 3 << 20: bytes.Repeat([]byte("b"), 70000), size - 4096: bytes.Repeat([]byte("c"), 4096)}
+	for off, b := range chunks {
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	src, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	c, err := sealedCopy(src, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make([]byte, size)
+	if _, err := c.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(path)
+	if !bytes.Equal(got, want) {
+		t.Error("the copy's data differ from the file's")
+	}
+	if data, err := unix.Seek(int(c.Fd()), 1<<20, unix.SEEK_DATA); err != nil || data != 3<<20 {
+		t.Errorf("the hole after the first chunk: next data at %d (%v); want %d", data, err, 3<<20)
+	}
+	if _, err := c.WriteAt([]byte("x"), 0); err == nil {
+		t.Error("a sealed copy can be written")
+	}
+	if err := c.Truncate(size * 2); err == nil {
+		t.Error("a sealed copy can grow")
+	}
+	rw, err := os.OpenFile("/proc/self/fd/"+itoa(int(c.Fd())), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("reopening the copy read-write, as QEMU does: %v", err)
+	}
+	defer rw.Close()
+	if _, err := rw.WriteAt([]byte("x"), 0); err == nil {
+		t.Error("a reopened sealed copy can be written")
+	}
+}
+
+func itoa(n int) string { return fdPath(n)[len("/proc/self/fd/"):] }
+
+// TestReadOnlyFor: a jailed QEMU gets a boot file itself only where its
+// uid may read it and may not write it.
+func TestReadOnlyFor(t *testing.T) {
+	dir := t.TempDir()
+	me := os.Getuid()
+	for _, tt := range []struct {
+		name string
+		mode os.FileMode
+		uid  int // the VMM's
+		want bool
+	}{
+		{"0644, another's", 0o644, me + 1, true},
+		{"0444, another's", 0o444, me + 1, true},
+		{"0644, the VMM's own", 0o644, me, false},
+		{"0600", 0o600, me + 1, false},
+		{"0640", 0o640, me + 1, false},
+		{"0664: its group writes", 0o664, me + 1, false},
+		{"0646: others write", 0o646, me + 1, false},
+	} {
+		p := filepath.Join(dir, "f")
+		os.Remove(p)
+		if err := os.WriteFile(p, []byte("kernel"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readOnlyFor(f, tt.uid); got != tt.want {
+			t.Errorf("%s: %v; want %v", tt.name, got, tt.want)
+		}
+		f.Close()
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if readOnlyFor(d, me+1) {
+		t.Error("a directory counts as a boot file")
+	}
+}
+
+// TestFileIDNamesTheInode: a file replaced by one of the same size and
+// time is another file to the sealed cache.
+func TestFileIDNamesTheInode(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	os.WriteFile(a, []byte("same"), 0o644)
+	os.WriteFile(b, []byte("same"), 0o644)
+	sa, _ := os.Stat(a)
+	os.Chtimes(b, sa.ModTime(), sa.ModTime())
+	sb, _ := os.Stat(b)
+	if fileID(sa) == fileID(sb) {
+		t.Errorf("two files, one identity %s", fileID(sa))
+	}
+}
