@@ -30,8 +30,10 @@ type scenario struct {
 	// holds are the conditions the run sets up (cold and warm are read
 	// from the report).
 	holds []string
-	// path is the boot path the run must take, "" for either.
-	path string
+	// path is the boot path the run must take, "" for either; noWarm
+	// runs it with the warm pool off (a cold run of any shape).
+	path   string
+	noWarm bool
 	// setup, if set, runs before the run.
 	setup func(t *testing.T)
 	cli   func(t *testing.T) []string
@@ -44,7 +46,7 @@ func scenarios(front string) []scenario {
 	label := fmt.Sprintf("contract/%s-%d-%d", front, os.Getpid(), time.Now().UnixNano()%1e9)
 	marker := "echo " + label + " > /root/contract-marker"
 	return []scenario{
-		{name: "cold", path: "cold",
+		{name: "cold", path: "cold", noWarm: true,
 			cli: func(*testing.T) []string { return []string{"--no-network", "--", "echo", "hi"} },
 			mcp: func(*testing.T) map[string]any {
 				return map[string]any{"cmd": "echo hi", "base": "base-min", "network": false}
@@ -57,14 +59,14 @@ func scenarios(front string) []scenario {
 			mcp: func(*testing.T) map[string]any {
 				return map[string]any{"cmd": probe, "base": "base-min", "allow_hosts": []string{}}
 			}},
-		{name: "commit", holds: []string{"commit"}, path: "cold",
+		{name: "commit", holds: []string{"commit"},
 			cli: func(*testing.T) []string {
 				return []string{"--no-network", "--commit-as", label, "--", "sh", "-c", marker}
 			},
 			mcp: func(*testing.T) map[string]any {
 				return map[string]any{"cmd": marker, "base": "base-min", "network": false, "commit_as": label}
 			}},
-		{name: "copy-out", holds: []string{"copy_out"}, path: "cold",
+		{name: "copy-out", holds: []string{"copy_out"},
 			cli: func(t *testing.T) []string {
 				return []string{"--no-network", "--copy-out", "/root/out.txt:" + filepath.Join(t.TempDir(), "out.txt"),
 					"--", "sh", "-c", "echo artefact > /root/out.txt"}
@@ -72,6 +74,20 @@ func scenarios(front string) []scenario {
 			mcp: func(*testing.T) map[string]any {
 				return map[string]any{"cmd": "echo artefact > /root/out.txt", "base": "base-min", "network": false,
 					"copy_out": []map[string]string{{"guest": "/root/out.txt", "host": "out/out.txt"}}}
+			}},
+		{name: "workspace", holds: []string{"workspace"},
+			cli: func(t *testing.T) []string {
+				dir := t.TempDir()
+				ws := filepath.Join(dir, "ws")
+				if err := os.Mkdir(ws, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				return []string{"--no-network", "--workspace", ws, "--workspace-out", filepath.Join(dir, "ws.patch"),
+					"--", "sh", "-c", "echo new > new.txt"}
+			},
+			mcp: func(*testing.T) map[string]any {
+				return map[string]any{"cmd": "echo new > new.txt", "base": "base-min", "network": false,
+					"workspace": "ws", "workspace_out": "ws.patch"}
 			}},
 	}
 }
@@ -85,6 +101,10 @@ func TestCLIReports(t *testing.T) {
 	for _, sc := range scenarios("cli") {
 		t.Run(sc.name, func(t *testing.T) {
 			rep := runUntil(t, sc, func() map[string]any {
+				env := env
+				if sc.noWarm {
+					env = append(env, knobs.WarmPool+"=off")
+				}
 				r := e2e.Isopod(t, env, append([]string{"run"}, sc.cli(t)...)...)
 				if r.Code != 0 || r.JSON["ok"] != true {
 					t.Fatalf("isopod run failed:\n%s", r)
@@ -108,9 +128,21 @@ func TestMCPReports(t *testing.T) {
 	e2e.RequireVM(t)
 	c := loadContracts(t).MCP
 	root := t.TempDir()
-	cs := startMCP(t, root, knobs.Jail+"=off")
+	if err := os.Mkdir(filepath.Join(root, "ws"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	warm := startMCP(t, root, knobs.Jail+"=off")
+	outer := t
+	var cold *mcp.ClientSession // a server without the warm pool, for noWarm runs
 	for _, sc := range scenarios("mcp") {
 		t.Run(sc.name, func(t *testing.T) {
+			cs := warm
+			if sc.noWarm {
+				if cold == nil {
+					cold = startMCP(outer, root, knobs.Jail+"=off", knobs.WarmPool+"=off")
+				}
+				cs = cold
+			}
 			rep := runUntil(t, sc, func() map[string]any {
 				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_run", Arguments: sc.mcp(t)})
 				if err != nil {
