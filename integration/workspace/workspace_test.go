@@ -446,15 +446,19 @@ func TestWorkspaceTimeoutWritesNoPatch(t *testing.T) {
 	destBefore, treeBefore := snapshot(t, outDir), snapshot(t, dir)
 
 	start := time.Now()
-	r := run(t, cold, "--no-network", "--timeout-s", "15", "--workspace", dir, "--workspace-out", dest,
+	r := run(t, cold, "--no-network", "--timeout-s", "20", "--workspace", dir, "--workspace-out", dest,
 		"--", "sh", "-c", "pwd; ls -A; echo x > new; sleep 600")
-	if took := time.Since(start); took > 40*time.Second {
-		t.Errorf("a 15 s timeout took %v", took)
+	if took := time.Since(start); took > 45*time.Second {
+		t.Errorf("a 20 s timeout took %v", took)
 	}
 	if r.JSON["timed_out"] != true || r.JSON["exit_code"] != nil {
 		t.Fatalf("timed_out %v exit_code %v; want a timeout:\n%s", r.JSON["timed_out"], r.JSON["exit_code"], r)
 	}
-	if got := e2e.Str(r.JSON, "stdout"); got != "/workspace\nf.txt\nl\nsub\n" {
+	// A boot slower than the timeout (a loaded host under TCG) times out
+	// before the command starts: then there is no guest's view to check.
+	if exec, _ := num(r.JSON, "exec_ms"); exec == 0 && e2e.Str(r.JSON, "stdout") == "" {
+		t.Logf("the boot took the whole timeout (boot_ms %v); the guest's view is not checked", r.JSON["boot_ms"])
+	} else if got := e2e.Str(r.JSON, "stdout"); got != "/workspace\nf.txt\nl\nsub\n" {
 		t.Errorf("stdout before the timeout: got %q; want the cwd and the copy, no FIFO", got)
 	}
 	w := wsReport(t, r)
