@@ -67,8 +67,38 @@ func Main(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "building isopod-agent: %v\n%s", err, out)
 			return 1
 		}
-		return PrivateHome(m)
+		return privateHome(m, freshInitramfs)
 	}()
+}
+
+// freshInitramfs makes the guests of the private state root boot the agent
+// built from this tree: when the installed initramfs holds another agent
+// (the tree changed since install.sh ran), it is rebuilt there, replacing
+// the link to the installed one, which stays as it was.
+func freshInitramfs() error {
+	var side struct {
+		AgentSHA256 string `json:"agent_sha256"`
+	}
+	b, err := os.ReadFile(filepath.Join(HomeDir, "images", "initramfs.json"))
+	if err != nil {
+		return nil // nothing installed: the tests that need it skip
+	}
+	if err := json.Unmarshal(b, &side); err != nil {
+		return fmt.Errorf("reading the initramfs record: %w", err)
+	}
+	agent, err := os.ReadFile(filepath.Join(BinDir, "isopod-agent"))
+	if err != nil {
+		return err
+	}
+	if side.AgentSHA256 == fmt.Sprintf("%x", sha256.Sum256(agent)) {
+		return nil
+	}
+	fmt.Fprintln(os.Stderr, "e2e: the installed initramfs holds another agent; rebuilding it in the private state root")
+	out, err := exec.Command(filepath.Join(BinDir, "isopod"), "image", "build", "initramfs").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rebuilding the initramfs: %v\n%s", err, out)
+	}
+	return nil
 }
 
 // RequireVM skips unless end-to-end tests can boot VMs here.

@@ -380,7 +380,10 @@ func userStateRoot() (string, error) {
 // process or as a binary, calls it from TestMain so that `go test` never
 // writes to the user's own store. Removing the home or finding a source
 // file changed fails the test binary.
-func PrivateHome(m *testing.M) int {
+func PrivateHome(m *testing.M) int { return privateHome(m, nil) }
+
+// privateHome is PrivateHome with prep run in the home before the tests.
+func privateHome(m *testing.M, prep func() error) int {
 	src, err := userStateRoot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
@@ -393,7 +396,15 @@ func PrivateHome(m *testing.M) int {
 	}
 	HomeDir, SourceHome = h.Dir, h.Source
 	os.Setenv(knobs.Home, h.Dir)
-	code := m.Run()
+	code := 1
+	if prep != nil {
+		if err := prep(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+			h.Close()
+			return code
+		}
+	}
+	code = m.Run()
 	if err := h.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
 		if code == 0 {

@@ -128,7 +128,6 @@ func num(w map[string]any, key string) (int64, bool) {
 // naming the number and the flag, with no QEMU.
 func TestWorkspaceRefusedBeforeBoot(t *testing.T) {
 	e2e.RequireVM(t)
-	requireFreshAgent(t)
 	f := newFixture(t)
 	before := snapshot(t, f.Dir)
 	dir := t.TempDir()
@@ -221,7 +220,6 @@ func TestWorkspaceRefusedBeforeBoot(t *testing.T) {
 // takes on a pristine copy, giving the guest's tree byte for byte.
 func TestWorkspaceGitRoundTripCold(t *testing.T) {
 	e2e.RequireDebian(t)
-	requireFreshAgent(t)
 	f := newFixture(t)
 	before, outsideBefore := snapshot(t, f.Dir), snapshot(t, filepath.Dir(f.Outside))
 	patch := filepath.Join(t.TempDir(), "out.patch")
@@ -367,7 +365,6 @@ PY
 // credentials still go, and the patch carries what git would ignore.
 func TestWorkspaceAllWarm(t *testing.T) {
 	e2e.RequireDebian(t)
-	requireFreshAgent(t)
 	f := newFixture(t)
 	before := snapshot(t, f.Dir)
 	patch := filepath.Join(t.TempDir(), "warm.patch")
@@ -429,7 +426,6 @@ echo warm > warm.txt && echo warm-log > warm.log && echo done
 // git), on base-min, booted cold.
 func TestWorkspaceTimeoutWritesNoPatch(t *testing.T) {
 	e2e.RequireVM(t)
-	requireFreshAgent(t)
 	requireHostTools(t)
 	dir := filepath.Join(t.TempDir(), "plain")
 	write(t, filepath.Join(dir, "f.txt"), "plain\n", 0o644)
@@ -485,7 +481,6 @@ func TestWorkspaceTimeoutWritesNoPatch(t *testing.T) {
 // otherwise stands, and the destination is left alone.
 func TestWorkspaceCommitAndPatchCap(t *testing.T) {
 	e2e.RequireVM(t)
-	requireFreshAgent(t)
 	f := newFixture(t)
 	before := snapshot(t, f.Dir)
 	outDir := t.TempDir()
