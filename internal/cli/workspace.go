@@ -31,8 +31,15 @@ func workspaceFlags(cmd *cobra.Command, req *sandbox.Request, ws sandbox.Workspa
 	if ws.Host == "" {
 		return fmt.Errorf("--workspace %q: the host directory is empty; want HOSTDIR[:GUESTDIR]: %w", spec, errdefs.ErrInvalidArgument)
 	}
+	ws.Raise = func(what string) string { return capFlags[what] }
 	req.Workspace = &ws
 	return nil
+}
+
+// capFlags names the flag that raises each workspace cap.
+var capFlags = map[string]string{
+	"entries": "--workspace-max-files", "bytes": "--workspace-max-bytes",
+	"patch bytes": "--workspace-max-patch-bytes", "changed bytes": "--workspace-max-patch-bytes",
 }
 
 // splitWorkspace splits HOSTDIR[:GUESTDIR] at the last colon that starts
@@ -50,10 +57,7 @@ func positive(s string) bool { return s != "" && s != "0" && !strings.HasPrefix(
 // over two caps at once) the flag that raises it. The error keeps its
 // class.
 func raiseHint(err error) error {
-	flags := map[string]string{
-		"entries": "--workspace-max-files", "bytes": "--workspace-max-bytes",
-		"patch bytes": "--workspace-max-patch-bytes", "changed bytes": "--workspace-max-patch-bytes",
-	}
+	flags := capFlags
 	msg := err.Error()
 	var walk func(error)
 	walk = func(e error) {

@@ -52,6 +52,9 @@ type run struct {
 	resumed bool
 	// ready is the ready VM the run claimed (ready.go).
 	ready *readyVM
+	// unrecord: the run was refused before its VM started; its directory
+	// goes with the cleanup.
+	unrecord bool
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (building a snapshot on first use).
 	uncharged time.Duration
@@ -112,6 +115,8 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		return nil, err
 	}
 	if err := r.packWorkspace(ctx); err != nil {
+		// Refused before any VM started: no record of it stays.
+		r.unrecord = r.ready == nil
 		return nil, err
 	}
 	if err := r.boot(ctx); err != nil {
@@ -434,6 +439,9 @@ func (r *run) cleanup() {
 			code = r.rep.ExitCode
 		}
 		r.dir.finish(code)
+		if r.unrecord {
+			os.RemoveAll(r.dir.path)
+		}
 	}
 }
 

@@ -43,6 +43,10 @@ type Workspace struct {
 	// its directory opened by the caller, as CopyOut.HostDir.
 	Out    string
 	OutDir *os.File
+	// Raise, when set, names the setting that raises a cap (by
+	// workspace.LimitError's What), for a patch_error over one; the CLI
+	// names its flags, the MCP server's caps are fixed.
+	Raise func(what string) string `json:"-"`
 }
 
 // WorkspaceReport is a report's workspace block.

@@ -40,7 +40,11 @@ func (r *run) workspaceOut(ctx context.Context) {
 			err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for the patch)", r.req.TimeoutS)
 		}
 		wr.PatchError = err.Error()
-		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no workspace patch was written to %s: %v", w.Out, err))
+		var le *workspace.LimitError
+		if errors.As(err, &le) && w.Raise != nil && w.Raise(le.What) != "" {
+			wr.PatchError += ", or raise " + w.Raise(le.What)
+		}
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no workspace patch was written to %s: %s", w.Out, wr.PatchError))
 		return
 	}
 	wr.Changed = &WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
