@@ -189,6 +189,9 @@ func (s *Service) cleanLeftovers(r *vmRecord) {
 	if base, err := socketBase(); err == nil && strings.HasPrefix(r.ID, "vm-") {
 		os.RemoveAll(filepath.Join(base, r.ID))
 	}
+	if strings.HasPrefix(r.ID, "vm-") {
+		removeWorkspaceWork(r.ID)
+	}
 	for _, p := range r.Staging {
 		if isStagingName(filepath.Base(p), r.OwnerPID) {
 			os.Remove(p)
