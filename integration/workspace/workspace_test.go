@@ -314,6 +314,9 @@ PY
 		t.Errorf("patch_error: %v", w["patch_error"])
 	}
 	credentialsRemoved(t, w)
+	if skipped, _ := w["skipped"].(map[string]any); skipped["fifo"] != float64(1) {
+		t.Errorf("workspace.skipped: got %v; want the FIFO (which git never lists) counted", w["skipped"])
+	}
 	noSecrets(t, "the report", r.Stdout)
 	changed, _ := w["changed"].(map[string]any)
 	if a, _ := num(changed, "added"); a != 7 {

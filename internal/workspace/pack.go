@@ -91,6 +91,9 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 	if err := overCaps(w, o); err != nil {
 		return nil, err
 	}
+	if err := countSpecials(ctx, git, root, w, t.Skipped); err != nil {
+		return nil, err
+	}
 	t.Files, t.Bytes = w.files, w.bytes
 	if t.CredentialsRemoved, err = scrubConfigs(ctx, git, t.stage(), w.configs); err != nil {
 		return nil, err
@@ -196,6 +199,28 @@ func copyRoot(w *walker, src *os.File, stage string, s *sel) error {
 		return fmt.Errorf("making the workspace copy: %w", err)
 	}
 	return unix.UtimesNano(stage, []unix.Timespec{st.Mtim, st.Mtim})
+}
+
+// countSpecials counts the special files git did not name (it never lists
+// them) and does not ignore, as the copy's skipped entries.
+func countSpecials(ctx context.Context, git string, root int, w *walker, skipped map[string]int) error {
+	if len(w.specials) == 0 {
+		return nil
+	}
+	paths := make([]string, 0, len(w.specials))
+	for p := range w.specials {
+		paths = append(paths, p)
+	}
+	ignored, err := checkIgnored(ctx, git, root, paths)
+	if err != nil {
+		return err
+	}
+	for p, kind := range w.specials {
+		if !ignored[p] {
+			skipped[kind]++
+		}
+	}
+	return nil
 }
 
 // overCaps turns passed caps into refusals that give the numbers.

@@ -25,10 +25,15 @@ func TestPackGit(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, filepath.Join(repo, ".git/index.lock"), "", 0o644) // a git command running on the host
+	// Git never lists a FIFO: the fixture's is counted as skipped, one it
+	// ignores is not.
+	if err := syscall.Mkfifo(filepath.Join(repo, "ignored.log"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	before := snapshot(t, repo, false)
 	tr := mustPack(t, repo, Options{})
-	if !reflect.DeepEqual(tr.Skipped, map[string]int{SkippedGitLock: 1}) {
-		t.Errorf("Skipped = %v; want the lock file", tr.Skipped)
+	if !reflect.DeepEqual(tr.Skipped, map[string]int{SkippedGitLock: 1, SkippedFIFO: 1}) {
+		t.Errorf("Skipped = %v; want the lock file and the FIFO git does not ignore", tr.Skipped)
 	}
 	if !tr.Git || tr.Prefix != "" {
 		t.Errorf("Git, Prefix = %v, %q; want true, \"\"", tr.Git, tr.Prefix)

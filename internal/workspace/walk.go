@@ -84,6 +84,47 @@ type walker struct {
 	// when it lies in the tree.
 	selfDev, selfIno uint64
 	ticks            int
+	// specials are the sockets, FIFOs and devices git did not name (it
+	// never lists them), by path and kind: skipped, and counted unless
+	// git ignores them.
+	specials map[string]string
+}
+
+// noteSpecials notes the special files of the directory src (at rel) that
+// git did not name.
+func (w *walker) noteSpecials(src *os.File, rel string, s *sel) error {
+	all, err := src.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", show(rel), err)
+	}
+	if _, err := src.Seek(0, 0); err != nil {
+		return fmt.Errorf("listing %s: %w", show(rel), err)
+	}
+	for _, name := range all {
+		if _, named := s.kids[name]; named {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(int(src.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			continue
+		}
+		kind := ""
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFSOCK:
+			kind = SkippedSocket
+		case unix.S_IFIFO:
+			kind = SkippedFIFO
+		case unix.S_IFCHR, unix.S_IFBLK:
+			kind = SkippedDevice
+		}
+		if kind != "" {
+			if w.specials == nil {
+				w.specials = map[string]string{}
+			}
+			w.specials[join(rel, name)] = kind
+		}
+	}
+	return nil
 }
 
 func join(rel, name string) string {
@@ -109,6 +150,9 @@ func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
 			if name != "" && name != "." && name != ".." && !strings.Contains(name, "/") {
 				names = append(names, name)
 			}
+		}
+		if err := w.noteSpecials(src, rel, s); err != nil {
+			return err
 		}
 	}
 	sort.Strings(names)
