@@ -31,7 +31,7 @@ import (
 const (
 	// warmFormat is the snapshot layout version; bump it when the snapshot
 	// VM's configuration (disks, command line, NIC) changes.
-	warmFormat = 3
+	warmFormat = 4
 	// warmHostname is the snapshot VM's boot hostname; every resumed run
 	// sets its own.
 	warmHostname = "isopod-warm"

@@ -127,6 +127,13 @@ func checkConfig(cfg *vmm.Config) error {
 	return nil
 }
 
+// tcgCPU is the emulated CPU: everything TCG offers but the fast string
+// moves (ERMS, FSRM). With them the guest copies memory with `rep movsb`,
+// which TCG emulates a byte at a time; without them it uses word-sized
+// loops, which it translates: unpacking the initramfs and loading modules,
+// and every copy in the guest after, run faster (BENCHMARKS.md).
+const tcgCPU = "max,erms=off,fsrm=off"
+
 // buildArgs returns QEMU's argv (without the binary) for cfg. It is pure:
 // everything it needs is in its arguments.
 func buildArgs(cfg *vmm.Config, l launch) []string {
@@ -139,7 +146,7 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	if l.accel == vmm.AccelKVM {
 		a = append(a, "-cpu", "host")
 	} else {
-		a = append(a, "-cpu", "max")
+		a = append(a, "-cpu", tcgCPU)
 	}
 	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
 	mem := fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",

@@ -39,7 +39,7 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off",
 		"-accel", "tcg",
-		"-cpu", "max",
+		"-cpu", "max,erms=off,fsrm=off",
 		"-smp", "2",
 		"-m", "512M",
 		"-object", "memory-backend-file,id=mem0,size=512M,mem-path=/proc/self/fd/5,share=on",
@@ -89,7 +89,7 @@ func TestBuildArgsVariants(t *testing.T) {
 		{
 			name:    "tcg without a known tsc frequency",
 			l:       launch{accel: vmm.AccelTCG},
-			has:     [][]string{{"-accel", "tcg"}, {"-cpu", "max"}},
+			has:     [][]string{{"-accel", "tcg"}, {"-cpu", "max,erms=off,fsrm=off"}},
 			cmdline: "console=ttyS0 quiet isopod.hostname=box",
 		},
 		{

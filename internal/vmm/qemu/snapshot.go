@@ -26,7 +26,7 @@ const (
 // machineFormat versions the machine buildArgs describes. Bump it when a
 // device or a device option changes: a snapshot of another machine is
 // refused rather than loaded into a VM that only nearly matches it.
-const machineFormat = 2
+const machineFormat = 3
 
 // snapshotMeta records what a restore must match.
 type snapshotMeta struct {
