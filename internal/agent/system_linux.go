@@ -25,6 +25,10 @@ type linuxSystem struct {
 	mu sync.Mutex // guards following
 	// mounted is what the host's Mount set up (nil before).
 	mounted *mounted
+	// dns is the resolver ConfigureNet last wrote: a root assembled after
+	// it (a clone's, after its snapshot configured the network) gets it
+	// too.
+	dns []string
 }
 
 // MountRoot assembles the run's root from the disks m names and switches to
@@ -40,6 +44,11 @@ func (s *linuxSystem) MountRoot(m agentproto.Mount) error {
 		return err
 	}
 	s.mounted = &mt
+	if len(s.dns) > 0 {
+		if err := writeResolvConf("/etc/resolv.conf", s.dns); err != nil {
+			return fmt.Errorf("mount: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -72,7 +81,13 @@ func (s *linuxSystem) SetClock(t time.Time) error {
 }
 
 func (s *linuxSystem) ConfigureNet(cfg agentproto.NetConfig) error {
-	return configureNet(s.log, cfg, "/etc/resolv.conf")
+	if err := configureNet(s.log, cfg, "/etc/resolv.conf"); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.dns = append([]string(nil), cfg.DNS...)
+	s.mu.Unlock()
+	return nil
 }
 
 // AddEntropy credits seed to the kernel's pool (RNDADDENTROPY with a struct

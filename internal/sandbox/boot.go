@@ -147,7 +147,13 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 // resumed one gets more (configureResumed).
 func (r *run) configure(ctx context.Context) error {
 	if r.resumed {
-		return r.configureResumed(ctx)
+		if err := r.configureResumed(ctx); err != nil {
+			return err
+		}
+		// The snapshot is sound; what the run's own disks hold is not its
+		// fault, so a failure here fails the run as it would a cold boot.
+		// The root is mounted with the run's clock and entropy in force.
+		return r.mountRoot(ctx, true)
 	}
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()

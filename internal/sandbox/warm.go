@@ -263,9 +263,10 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	return r.greetResumed(ctx, rctx, meta.Key, t)
 }
 
-// greetResumed says hello to a guest resumed from key's snapshot (since t)
-// and has it assemble the run's root. A failure the snapshot may cause is
-// wrapped in errWarmUnusable, with the VMM already gone.
+// greetResumed says hello to a guest resumed from key's snapshot (since
+// t). A failure the snapshot may cause is wrapped in errWarmUnusable, with
+// the VMM already gone. The run's root is assembled once the clone is made
+// its own (configure).
 func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) error {
 	h, err := r.vm.hello(rctx, (*agentclient.Client).Hello)
 	if err == nil && h.BootError != "" {
@@ -279,11 +280,6 @@ func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) e
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
 	_, r.client = r.vm.current()
-	// The snapshot is sound; what the run's own disks hold is not its
-	// fault, so a failure here fails the run as it would a cold boot.
-	if err := r.mountRoot(ctx, true); err != nil {
-		return err
-	}
 	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()
 	r.rep.ResumeMS = &ms
@@ -329,6 +325,7 @@ func (r *run) configureResumed(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+
 	if n := r.vm.net; n != nil {
 		r.rep.GuestIP = n.guestIP()
 	}
