@@ -207,3 +207,20 @@ func TestConsoleLogger(t *testing.T) {
 		t.Errorf("log output:\n%s\nwant:\n%s", buf.String(), want)
 	}
 }
+
+// A disk found once is found again without a scan: a resumed clone has its
+// snapshot VM's disks under the same serials and nodes.
+func TestWaitDisksRemembers(t *testing.T) {
+	sys, dev := fakeBlock(t, map[string]string{"vda": SerialBase, "vdb": SerialScratch})
+	if _, err := waitDisks(sys, dev, []string{SerialBase}, time.Second, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	// Scanning now would find nothing.
+	if err := os.RemoveAll(sys); err != nil {
+		t.Fatal(err)
+	}
+	found, err := waitDisks(sys, dev, wantedSerials(agentproto.Mount{Scratch: true}), 50*time.Millisecond, time.Millisecond)
+	if err != nil || found[SerialScratch] != filepath.Join(dev, "vdb") {
+		t.Errorf("found %v, %v; want the scratch disk from the first scan", found, err)
+	}
+}

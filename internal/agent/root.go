@@ -57,6 +57,7 @@ func mountRoot(log *slog.Logger, m agentproto.Mount) (mounted, error) {
 	if err != nil {
 		return mt, err
 	}
+	tFound := time.Now()
 	if m.Flush {
 		for _, s := range wantedSerials(m) {
 			if err := flushDisk(found[s]); err != nil {
@@ -75,18 +76,21 @@ func mountRoot(log *slog.Logger, m agentproto.Mount) (mounted, error) {
 	if err := mountAt("overlay", newRootDir, "overlay", 0, opts); err != nil {
 		return mt, err
 	}
+	tMounted := time.Now()
 	if err := switchRoot(newRootDir); err != nil {
 		return mt, err
 	}
 	if err := finishRoot(); err != nil {
 		log.Warn("preparing the root", "err", err)
 	}
+	tSwitched := time.Now()
 	if m.Workspace != "" {
 		if err := mountWorkspace(found, m.Workspace, &mt); err != nil {
 			return mt, err
 		}
 	}
-	log.Info("root assembled", "layers", m.Layers, "scratch", m.Scratch, "workspace", m.Workspace, "ms", time.Since(t0).Milliseconds())
+	log.Info("root assembled", "layers", m.Layers, "scratch", m.Scratch, "workspace", m.Workspace, "ms", time.Since(t0).Milliseconds(),
+		"find_ms", tFound.Sub(t0).Milliseconds(), "mount_ms", tMounted.Sub(tFound).Milliseconds(), "switch_ms", tSwitched.Sub(tMounted).Milliseconds())
 	return mt, nil
 }
 

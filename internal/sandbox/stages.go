@@ -236,6 +236,8 @@ func (s *Service) StageRemove(ctx context.Context, ref string) (*StageRemoveResu
 	if err != nil {
 		return nil, err
 	}
+	// A ready VM holding the removed layer ends now, not at the next run.
+	s.ready.refill()
 	return &StageRemoveResult{OK: true, Removed: m.ID, Label: m.Label, Name: m.Name}, nil
 }
 
