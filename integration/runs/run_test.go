@@ -2,6 +2,7 @@ package runs
 
 import (
 	"isopod/integration/e2e"
+	"isopod/internal/knobs"
 
 	"bytes"
 	"crypto/rand"
@@ -19,7 +20,11 @@ import (
 
 func TestRunEchoAndExitCodes(t *testing.T) {
 	e2e.RequireVM(t)
-	r := e2e.Run(t, "--no-network", "--", "sh", "-c", "pwd; echo hello from the guest")
+	// A cold boot, as every run is with the warm pool off.
+	r := e2e.Isopod(t, []string{knobs.WarmPool + "=off"}, "run", "--no-network", "--", "sh", "-c", "pwd; echo hello from the guest")
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod run failed:\n%s", r)
+	}
 	if got := e2e.Str(r.JSON, "stdout"); got != "/root\nhello from the guest\n" {
 		t.Errorf("stdout: got %q; want the default cwd /root, then the greeting", got)
 	}

@@ -14,9 +14,10 @@
 //   - Sockets: [Net.Listen] and [Net.ListenPacket] create a socket inside a
 //     namespace from a throwaway OS thread; the socket stays in that
 //     namespace and can be served from any goroutine.
-//   - Processes: [Net.Command] wraps "ip netns exec", which also bind-mounts
-//     /etc/netns/<name>/resolv.conf over /etc/resolv.conf, so Go's resolver
-//     in the child uses the test DNS server. [Net.RunSelf] re-executes the
+//   - Processes: [Net.Command] enters a namespace the way "ip netns exec"
+//     does, binding /etc/netns/<name>/resolv.conf over /etc/resolv.conf so
+//     that Go's resolver in the child uses the test DNS server, but keeps
+//     the host's /sys. [Net.RunSelf] re-executes the
 //     running test binary for the current test inside a namespace; the test
 //     checks [IsChild] to know which side it is on.
 //
@@ -179,10 +180,15 @@ func (n *Net) AddAddress(ns, addr string) error {
 	return ip("-n", n.Router, "route", "add", addr+"/32", "via", via)
 }
 
-// Command returns a command that runs name inside namespace ns (through
-// "ip netns exec", so /etc/netns/<ns>/ files apply).
+// Command returns a command that runs name inside namespace ns, with the
+// files of /etc/netns/<ns>/ bound over /etc's in a mount namespace of its
+// own, as "ip netns exec" does. Unlike "ip netns exec" it keeps the host's
+// /sys, cgroup hierarchies included: isopod's VMM jail makes its cgroups
+// there.
 func (n *Net) Command(ns, name string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	const script = `for f in /etc/netns/"$0"/*; do [ -e "$f" ] && mount --bind "$f" "/etc/${f##*/}"; done; ` +
+		`exec nsenter --net=/run/netns/"$0" -- "$@"`
+	return exec.Command("unshare", append([]string{"--mount", "--propagation", "slave", "--", "sh", "-c", script, ns, name}, args...)...)
 }
 
 // inNS runs fn on a fresh OS thread switched into namespace ns. The thread

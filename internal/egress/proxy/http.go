@@ -33,8 +33,8 @@ func (p *Server) handleHTTP(c net.Conn) {
 		if errors.Is(err, sniff.ErrMalformed) {
 			reason = egress.ReasonMalformed
 		}
-		httpError(c, http.StatusBadRequest, "malformed proxy request")
 		p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: egress.MalformedHost, Reason: reason})
+		httpError(c, http.StatusBadRequest, "malformed proxy request")
 		return
 	}
 	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoHTTPProxy, Host: egress.RecordHost(head.Authority)}
@@ -46,16 +46,16 @@ func (p *Server) handleHTTP(c net.Conn) {
 	switch {
 	case head.Scheme == "https":
 		ev.Port, ev.Reason = 443, egress.ReasonBadRequest
-		httpError(c, http.StatusNotImplemented, "this proxy does not fetch https:// URLs for you; use CONNECT (an https_proxy setting makes clients do that)")
 		p.record(ev)
+		httpError(c, http.StatusNotImplemented, "this proxy does not fetch https:// URLs for you; use CONNECT (an https_proxy setting makes clients do that)")
 		return
 	case head.Scheme != "http" || !ok:
 		ev.Reason = egress.ReasonBadRequest
 		if ev.Host == "" {
 			ev.Host = egress.MalformedHost
 		}
-		httpError(c, http.StatusBadRequest, "want an absolute http:// URL with a port in 1-65535, or CONNECT host:port")
 		p.record(ev)
+		httpError(c, http.StatusBadRequest, "want an absolute http:// URL with a port in 1-65535, or CONNECT host:port")
 		return
 	}
 	ev.Port = port
@@ -71,16 +71,17 @@ func (p *Server) handleHTTP(c net.Conn) {
 func (p *Server) forward(c net.Conn, br *bufio.Reader, head *sniff.Head, raw []byte, port uint16) {
 	up, _, ev := p.open(egress.ProtoHTTPProxy, head.Authority, port)
 	if up == nil {
-		refuseHTTP(c, ev)
+		// Recorded before the answer: what the guest sees is on record.
 		p.recordDone(ev)
+		refuseHTTP(c, ev)
 		return
 	}
 	defer up.Close()
 	req, err := http.ReadRequest(bufio.NewReader(io.MultiReader(bytes.NewReader(raw), br)))
 	if err != nil {
-		httpError(c, http.StatusBadRequest, "malformed proxy request")
 		ev.Allowed, ev.Reason, ev.Error = false, egress.ReasonMalformed, err.Error()
 		p.recordDone(ev)
+		httpError(c, http.StatusBadRequest, "malformed proxy request")
 		return
 	}
 	// The origin is told the name that was judged (RFC 9112 3.2.2: an
@@ -106,12 +107,12 @@ func (p *Server) forward(c net.Conn, br *bufio.Reader, head *sniff.Head, raw []b
 func (p *Server) httpConnect(c net.Conn, br *bufio.Reader, head *sniff.Head, ev flightrec.Event) {
 	port, ok := parsePort(head.AuthorityPort, 0)
 	if !ok || head.Authority == "" {
-		httpError(c, http.StatusBadRequest, "CONNECT wants host:port with a port in 1-65535")
 		ev.Reason = egress.ReasonBadRequest
 		if ev.Host == "" {
 			ev.Host = egress.MalformedHost
 		}
 		p.record(ev)
+		httpError(c, http.StatusBadRequest, "CONNECT wants host:port with a port in 1-65535")
 		return
 	}
 	ev.Port = port
@@ -159,8 +160,8 @@ func strayHost(target string, hosts []string) (string, bool) {
 // target.
 func (p *Server) refuseStray(c net.Conn, ev flightrec.Event, stray string) {
 	ev.Host, ev.Reason = stray, egress.ReasonHostMismatch
-	sniff.WriteForbidden(c, ev.Reason)
 	p.record(ev)
+	sniff.WriteForbidden(c, ev.Reason)
 }
 
 type countWriter struct {

@@ -36,8 +36,8 @@ func (p *Server) tunnel(c net.Conn, br *bufio.Reader, proto, host string, port u
 		if ev.Allowed {
 			a = answerFailed // the name could not be resolved
 		}
-		reply(a, ev)
 		p.recordDone(ev)
+		reply(a, ev)
 		return
 	}
 	var guard *sniff.Guard
