@@ -119,29 +119,29 @@ func (p *Server) handleSOCKS(c net.Conn) {
 	req, err := ReadSOCKSRequest(br, c)
 	c.SetReadDeadline(time.Time{})
 	if err != nil {
-		if errors.Is(err, errSOCKSAtyp) {
-			socksReply(c, socksAtypUnsupp)
-		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 			p.record(flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Host: egress.MalformedHost,
 				Reason: egress.ReasonBadRequest, Error: err.Error()})
+		}
+		if errors.Is(err, errSOCKSAtyp) {
+			socksReply(c, socksAtypUnsupp)
 		}
 		return
 	}
 	ev := flightrec.Event{Time: time.Now(), Proto: egress.ProtoSOCKS, Host: egress.RecordHost(req.Host), Port: req.Port}
 	switch {
 	case req.Cmd != socksConnect:
-		socksReply(c, socksCmdUnsupported)
 		ev.Reason = egress.ReasonBadRequest
 		if req.Cmd == 3 { // UDP ASSOCIATE
 			ev.Reason = egress.ReasonNonTCP
 		}
 		p.record(ev)
+		socksReply(c, socksCmdUnsupported)
 		return
 	case req.Port == 0:
-		socksReply(c, socksFailure)
 		ev.Reason = egress.ReasonBadRequest
 		p.record(ev)
+		socksReply(c, socksFailure)
 		return
 	}
 	p.tunnel(c, br, egress.ProtoSOCKS, req.Host, req.Port, func(a answer, _ flightrec.Event) error {
