@@ -100,6 +100,11 @@ func BuildInitramfs(ctx context.Context, paths paths.Paths, opts BuildOptions) (
 		return InitramfsInfo{}, err
 	}
 	defer unlock()
+	if !bk.BuiltIn {
+		// A kernel fetched before isopod took the uncompressed kernel out
+		// of its bzImage gets it here.
+		tryVMLinux(bk.Path, bk.Info.SHA256, filepath.Dir(bk.Path), log)
+	}
 	if !opts.Force {
 		if old, ok := currentInitramfs(info, bk); ok {
 			log.Info("initramfs is current", "path", old.Path)
@@ -264,7 +269,11 @@ func ResolveBoot(paths paths.Paths, kernelOverride string) (Boot, error) {
 			info.KernelVersion, bk.Info.Version, hint, errdefs.ErrFailedPrecondition)
 	}
 	info.Path = p
-	return Boot{Kernel: bk.Path, Initramfs: p, BuiltInKernel: bk.BuiltIn, KernelVersion: bk.Info.Version, Info: info}, nil
+	kernel := bk.Path
+	if !bk.BuiltIn {
+		kernel = bootKernel(bk.Path, bk.Info.SHA256)
+	}
+	return Boot{Kernel: kernel, Initramfs: p, BuiltInKernel: bk.BuiltIn, KernelVersion: bk.Info.Version, Info: info}, nil
 }
 
 // sameModules reports whether an initramfs's module list (in-initramfs

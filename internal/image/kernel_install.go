@@ -52,6 +52,7 @@ func installKernel(deb, dir string, mods []string, ki *KernelInfo, log *slog.Log
 	if err := stageModules(order, stage, all, ki); err != nil {
 		return err
 	}
+	tryVMLinux(filepath.Join(stage, "vmlinuz"), ki.SHA256, stage, log)
 	if err := writeJSONAtomic(filepath.Join(stage, "kernel.json"), ki); err != nil {
 		return err
 	}
