@@ -320,3 +320,23 @@ func TestProtocolMismatchNamesRebuild(t *testing.T) {
 	}
 	e2e.RunFail(t, env, "isopod image build-all", "run", "--no-network", "--", "true")
 }
+
+// TestGuestLoadsItsDevicesModules: a guest loads the modules of the devices
+// it has: without a NIC no network driver; never vsock, which QEMU's
+// machine lacks.
+func TestGuestLoadsItsDevicesModules(t *testing.T) {
+	e2e.RequireVM(t)
+	for _, tt := range []struct {
+		args []string
+		want bool // virtio_net loaded
+	}{{[]string{"--no-network"}, false}, {nil, true}} {
+		r := e2e.Run(t, append(tt.args, "--", "cat", "/proc/modules")...)
+		mods := e2e.Str(r.JSON, "stdout")
+		if got := strings.Contains(mods, "virtio_net "); got != tt.want {
+			t.Errorf("%v: virtio_net loaded %v; want %v:\n%s", tt.args, got, tt.want, mods)
+		}
+		if strings.Contains(mods, "vsock") || !strings.Contains(mods, "overlay ") {
+			t.Errorf("%v: want overlay and no vsock:\n%s", tt.args, mods)
+		}
+	}
+}
