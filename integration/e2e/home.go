@@ -31,6 +31,10 @@ const ownerFile = ".owner"
 // VM records, stages and locks start empty.
 var shared = []string{"kernels", "images", "snapshots", "accel-probe.json"}
 
+// copied name the files isopod appends to in place (a snapshot's use
+// count): the home gets a copy of each, never a link.
+var copied = map[string]bool{"uses": true}
+
 // skipPrefixes name the temporary and retired entries of fetches, builds
 // and the warm pool: they belong to whoever is at work in the source.
 var skipPrefixes = []string{".tmp-", ".download-", ".old-"}
@@ -43,7 +47,8 @@ var skipPrefixes = []string{".tmp-", ".download-", ".old-"}
 // image or snapshot) lands in the private home only.
 //
 // The links are safe to share because isopod never writes an existing
-// image, kernel or snapshot file: it publishes a new one under a
+// image, kernel or snapshot file other than the few it appends to, which
+// are copied (see copied): it publishes a new one under a
 // temporary name and renames it into place, which replaces the private
 // link and leaves the source file alone, and it removes entries (sweeps,
 // retired snapshots) by unlinking them, which removes only the link. What
@@ -123,6 +128,8 @@ func (h *Home) mirror(src, dst string) error {
 		switch {
 		case d.IsDir():
 			return os.MkdirAll(to, 0o700)
+		case d.Type().IsRegular() && copied[d.Name()]:
+			return copyFile(p, to)
 		case d.Type().IsRegular():
 			info, err := d.Info()
 			if errors.Is(err, fs.ErrNotExist) {
@@ -151,6 +158,18 @@ func (h *Home) mirror(src, dst string) error {
 		}
 		return nil
 	})
+}
+
+// copyFile copies src to dst; a src removed meanwhile is skipped.
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
 }
 
 func hasSkipPrefix(name string) bool {

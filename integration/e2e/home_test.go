@@ -32,6 +32,7 @@ func fakeSource(t *testing.T) string {
 		"snapshots/wk-0123456789abcdef/memory":         "ram",
 		"snapshots/wk-0123456789abcdef/state":          "devices",
 		"snapshots/wk-0123456789abcdef/warm.json":      `{"key":"wk-0123456789abcdef"}`,
+		"snapshots/wk-0123456789abcdef/uses":           "\x01\x01",
 		"snapshots/.tmp-wk-fedcba9876543210-01/memory": "half a snapshot",
 		"vms/vm-11111111/record.json":                  `{"id":"vm-11111111"}`,
 		"stages/st-1/meta.json":                        `{}`,
@@ -183,6 +184,13 @@ func TestHomeLeavesSourceAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.RemoveAll(at("kernels/.tmp-k.old"))
+	// A resume from the snapshot appends to its use count.
+	uses, err := os.OpenFile(at("snapshots/wk-0123456789abcdef/uses"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uses.Write([]byte{1})
+	uses.Close()
 	// A retired snapshot and a swept initramfs.
 	if err := os.Rename(at("snapshots/wk-0123456789abcdef"), at("snapshots/.old-wk")); err != nil {
 		t.Fatal(err)
