@@ -27,6 +27,10 @@ type Options struct {
 	// Series to run; empty means all that apply: cold, floor, network,
 	// fork, commit.
 	Series []string
+	// Cold is a Service with the warm pool off, for the series that boot
+	// (cold, network, fork, and the warm series' cold side); nil: the
+	// Service given, which then must have it off for those to boot.
+	Cold *sandbox.Service
 }
 
 // Stats summarises one series of samples in milliseconds.
@@ -69,14 +73,18 @@ func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &bench{s: s, log: log}
+	b := &bench{s: s, cold: o.Cold, log: log}
+	if b.cold == nil {
+		b.cold = s
+	}
 	return b.run(ctx, o)
 }
 
-// bench is one benchmark invocation.
+// bench is one benchmark invocation: s resumes from the warm pool, cold
+// boots.
 type bench struct {
-	s   *sandbox.Service
-	log *slog.Logger
+	s, cold *sandbox.Service
+	log     *slog.Logger
 }
 
 func invalid(format string, args ...any) error {
@@ -148,18 +156,22 @@ func selectSeries(o Options) (seriesSet, error) {
 	return want, nil
 }
 
-// totalMS returns a sampler factory: each sampler runs req once and gives
-// its total milliseconds, failing when the command does not exit 0. It
+// totalMS returns a sampler factory: each sampler boots a VM for req (on
+// the cold Service) and gives its total milliseconds, failing when the
+// command does not exit 0 or the run did not boot. It
 // records the run's accelerator in res.
 func (b *bench) totalMS(ctx context.Context, res *Result) func(sandbox.Request) func() (float64, error) {
 	return func(req sandbox.Request) func() (float64, error) {
 		return func() (float64, error) {
-			rep, err := b.s.Run(ctx, req)
+			rep, err := b.cold.Run(ctx, req)
 			if err != nil {
 				return 0, err
 			}
 			if rep.ExitCode == nil || *rep.ExitCode != 0 {
 				return 0, fmt.Errorf("the benchmark command failed: %s", rep.Stderr)
+			}
+			if rep.Path != "cold" {
+				return 0, fmt.Errorf("a run the benchmark needs cold resumed: give it a Service with the warm pool off: %w", errdefs.ErrFailedPrecondition)
 			}
 			res.Accel = string(rep.Accel)
 			return float64(rep.TotalMS), nil

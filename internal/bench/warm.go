@@ -41,9 +41,8 @@ type WarmResult struct {
 }
 
 // benchWarm measures n cold runs, n warm runs and n bare restores of the
-// default key (base-min, default sizes, networking on). The cold runs ask
-// for the default scratch size explicitly, which makes them ineligible but
-// otherwise identical.
+// default key (base-min, default sizes, networking on). The cold runs are
+// the same request on the Service with the warm pool off.
 func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 	s := b.s
 	if n < 1 {
@@ -69,9 +68,12 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		return rep, nil
 	}
 	for i := 0; i < n; i++ {
-		rep, err := one(sandbox.Request{Argv: []string{"true"}, ScratchMiB: sandbox.DefaultScratchMiB})
+		rep, err := b.cold.Run(ctx, sandbox.Request{Argv: []string{"true"}})
 		if err != nil {
 			return nil, err
+		}
+		if rep.Path != "cold" {
+			return nil, fmt.Errorf("bench: the cold side resumed: give the bench a Service with the warm pool off: %w", errdefs.ErrFailedPrecondition)
 		}
 		res.ColdTotalMS = append(res.ColdTotalMS, rep.TotalMS)
 	}

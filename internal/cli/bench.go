@@ -5,6 +5,7 @@ import (
 
 	"isopod/internal/bench"
 	"isopod/internal/sandbox"
+	"isopod/internal/version"
 )
 
 func newBenchCmd(e *env) *cobra.Command {
@@ -18,7 +19,18 @@ networked run, a fork of a 3-layer stage, a 100 MiB commit and, where the
 warm pool applies, warm runs. Prints p50/p90 per series and their ratios.`,
 		Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(e, func(s *sandbox.Service) (*bench.Result, error) { return bench.Run(cmd.Context(), s, e.log, o) })
+			return call(e, func(s *sandbox.Service) (*bench.Result, error) {
+				// The series that boot run on a Service without the warm pool.
+				cs := e.settings
+				cs.NoWarmPool = true
+				cold, err := cs.NewService(e.log, version.String())
+				if err != nil {
+					return nil, err
+				}
+				defer cold.Close()
+				o.Cold = cold
+				return bench.Run(cmd.Context(), s, e.log, o)
+			})
 		},
 	}
 	c.Flags().IntVarP(&o.N, "n", "n", 10, "samples per series")
