@@ -1,7 +1,6 @@
 package contract
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -205,7 +203,7 @@ func startMCP(t *testing.T, dir string, env ...string) *mcp.ClientSession {
 	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"))
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent")), env...)
-	logs := new(lockedBuffer)
+	logs := new(e2e.LockedBuffer)
 	cmd.Stderr = logs
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -219,22 +217,4 @@ func startMCP(t *testing.T, dir string, env ...string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
-}
-
-// lockedBuffer collects a subprocess's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

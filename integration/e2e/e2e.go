@@ -309,3 +309,22 @@ func Parallel(n int, call func(i int) *Result) []*Result {
 	wg.Wait()
 	return rs
 }
+
+// LockedBuffer collects a subprocess's output; safe for the writer and a
+// reader at once.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -240,7 +240,7 @@ func removeHome(dir string) error {
 // stopVMMs kills every QEMU that uses a file under dir and waits for them
 // to exit.
 func stopVMMs(dir string) error {
-	pids := vmmsUnder(dir)
+	pids := VMMsOf(dir)
 	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -256,10 +256,10 @@ func stopVMMs(dir string) error {
 	return nil
 }
 
-// vmmsUnder lists the QEMU processes of the VMs recorded under dir: their
-// command line names the VM (-name isopod-<id>); QEMU gets every file as a
-// descriptor, so no path of dir appears in it.
-func vmmsUnder(dir string) []int {
+// VMMsOf lists the QEMU processes of the VMs recorded under the state root
+// dir: their command line names the VM (-name isopod-<id>); QEMU gets
+// every file as a descriptor, so no path of dir appears in it.
+func VMMsOf(dir string) []int {
 	ents, _ := os.ReadDir(filepath.Join(dir, "vms"))
 	var names [][]byte
 	for _, e := range ents {

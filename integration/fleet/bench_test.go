@@ -184,7 +184,7 @@ func startStdio(t *testing.T) (*mcp.ClientSession, string) {
 	home := newHome(t)
 	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"))
 	cmd.Env, cmd.Dir = serverEnv(t, home), t.TempDir()
-	stderr := &lockedBuffer{}
+	stderr := &e2e.LockedBuffer{}
 	cmd.Stderr = stderr
 	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-bench", Version: "0"}, nil)
 	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 10 * time.Second}, nil)
@@ -193,7 +193,7 @@ func startStdio(t *testing.T) (*mcp.ClientSession, string) {
 	}
 	t.Cleanup(func() {
 		cs.Close()
-		if left := qemuOf(home); len(left) > 0 {
+		if left := e2e.VMMsOf(home); len(left) > 0 {
 			t.Errorf("the stdio server left QEMU %v", left)
 		}
 	})
@@ -209,12 +209,12 @@ func qemuRSS(t *testing.T, cs *mcp.ClientSession, home string) string {
 			Arguments: map[string]any{"cmd": "sleep 6", "base": "base-min"}})
 	}()
 	defer func() { <-done }()
-	if !waitFor(60*time.Second, func() bool { return len(qemuOf(home)) > 0 }) {
+	if !waitFor(60*time.Second, func() bool { return len(e2e.VMMsOf(home)) > 0 }) {
 		return "not sampled (no VM)"
 	}
 	time.Sleep(3 * time.Second)
 	var out []string
-	for _, pid := range qemuOf(home) {
+	for _, pid := range e2e.VMMsOf(home) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		for _, line := range strings.Split(string(b), "\n") {
 			if strings.HasPrefix(line, "VmRSS:") || strings.HasPrefix(line, "VmHWM:") {

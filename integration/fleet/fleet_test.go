@@ -153,14 +153,14 @@ func TestReadFilesAndCancelOverHTTP(t *testing.T) {
 			Arguments: map[string]any{"cmd": "sleep 600", "base": "base-min", "timeout_s": 900}})
 		done <- err
 	}()
-	if !waitFor(120*time.Second, func() bool { return len(qemuOf(s.home)) > 0 }) {
+	if !waitFor(120*time.Second, func() bool { return len(e2e.VMMsOf(s.home)) > 0 }) {
 		t.Fatal("the VM never started")
 	}
 	time.Sleep(2 * time.Second) // well into the command
 	cancel()
 	<-done
-	if !waitFor(30*time.Second, func() bool { return len(qemuOf(s.home)) == 0 }) {
-		t.Fatalf("QEMU %v still runs 30 s after the client cancelled", qemuOf(s.home))
+	if !waitFor(30*time.Second, func() bool { return len(e2e.VMMsOf(s.home)) == 0 }) {
+		t.Fatalf("QEMU %v still runs 30 s after the client cancelled", e2e.VMMsOf(s.home))
 	}
 }
 
@@ -222,7 +222,7 @@ func TestAdmissionOnARealHost(t *testing.T) {
 	if strings.Contains(text(res), `"live":true`) {
 		t.Errorf("a VM is still live: %s", text(res))
 	}
-	if left := qemuOf(s.home); len(left) > 0 {
+	if left := e2e.VMMsOf(s.home); len(left) > 0 {
 		t.Errorf("QEMU %v still runs", left)
 	}
 }
@@ -242,14 +242,14 @@ func TestReadyVMsEndWithTheServer(t *testing.T) {
 	readyUsed := false
 	for i := 0; i < 8 && !readyUsed; i++ {
 		readyUsed = report(t, c.call(t, context.Background(), mcpserver.ToolSandboxRun, args, nil)).ReadyVM
-		waitFor(30*time.Second, func() bool { return len(qemuOf(home)) > 0 })
+		waitFor(30*time.Second, func() bool { return len(e2e.VMMsOf(home)) > 0 })
 		time.Sleep(3 * time.Second)
 	}
 	if !readyUsed {
 		t.Logf("server log:\n%s", tail(s.stderr.String(), 4000))
 		t.Skip("no ready VM was made here (the warm pool may be off or the host too busy); nothing to check")
 	}
-	if !waitFor(60*time.Second, func() bool { return len(qemuOf(home)) > 0 }) {
+	if !waitFor(60*time.Second, func() bool { return len(e2e.VMMsOf(home)) > 0 }) {
 		t.Fatal("no ready VM was made again after one was used")
 	}
 	s.stop(t) // fails the test if a QEMU of home outlives the server

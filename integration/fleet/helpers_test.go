@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,29 +31,11 @@ const (
 	adminToken = "fleet-admin-token-0123456789"
 )
 
-// lockedBuffer collects a server's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // server is one isopod-mcp --listen process with a state root of its own.
 type server struct {
 	name, url, home string
 	cmd             *exec.Cmd
-	stderr          *lockedBuffer
+	stderr          *e2e.LockedBuffer
 	client          *http.Client // trusts the server's certificate, if any
 }
 
@@ -100,7 +80,7 @@ func startServerEnv(t testing.TB, name, home string, env []string, args ...strin
 	if err := os.WriteFile(tokens, []byte("run "+runToken+"\nadmin "+adminToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{name: name, home: home, stderr: &lockedBuffer{}, client: &http.Client{}}
+	s := &server{name: name, home: home, stderr: &e2e.LockedBuffer{}, client: &http.Client{}}
 	argv := append([]string{"--listen", "127.0.0.1:0", "--token-file", tokens}, args...)
 	s.cmd = exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), argv...)
 	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr = dir, append(serverEnv(t, home), env...), s.stderr
@@ -137,7 +117,7 @@ func (s *server) stop(t testing.TB) {
 		s.cmd.Process.Kill()
 		<-done
 	}
-	if left := qemuOf(s.home); len(left) > 0 {
+	if left := e2e.VMMsOf(s.home); len(left) > 0 {
 		t.Errorf("server %s left QEMU processes %v", s.name, left)
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
@@ -160,35 +140,6 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
-}
-
-// qemuOf lists the QEMU processes of the VMs recorded under home: QEMU's
-// command line names the VM (-name isopod-<id>).
-func qemuOf(home string) []int {
-	ents, _ := os.ReadDir(filepath.Join(home, "vms"))
-	var names [][]byte
-	for _, e := range ents {
-		names = append(names, []byte("\x00isopod-"+e.Name()+"\x00"))
-	}
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) {
-			continue
-		}
-		for _, n := range names {
-			if bytes.Contains(cmdline, n) {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
 }
 
 // bearer adds a token to every request.

@@ -84,7 +84,7 @@ func TestTypeScriptClientOverHTTP(t *testing.T) {
 	if out.Cancel.Error == "completed" {
 		t.Error("the aborted call completed")
 	}
-	if !waitFor(30*time.Second, func() bool { return len(qemuOf(s.home)) == 0 }) {
-		t.Errorf("QEMU %v still runs 30 s after the TypeScript client aborted", qemuOf(s.home))
+	if !waitFor(30*time.Second, func() bool { return len(e2e.VMMsOf(s.home)) == 0 }) {
+		t.Errorf("QEMU %v still runs 30 s after the TypeScript client aborted", e2e.VMMsOf(s.home))
 	}
 }

@@ -18,7 +18,12 @@ import (
 	"time"
 
 	"isopod/integration/e2e"
+	"isopod/internal/testaccount"
 )
+
+// accountPrefix names the users these tests make (testaccount.New adds
+// the test binary's pid).
+const accountPrefix = "isopodit"
 
 // unprivilegedUserNamespaces says why a normal user cannot make user
 // namespaces here (nil: it can).
@@ -40,7 +45,7 @@ func unprivilegedUserNamespaces() error {
 // links, which stay root's and world-readable; copies where a link cannot
 // be made), and the binaries, where a can run them. It returns the root
 // and the directory of the binaries.
-func userHome(t *testing.T, a account) (home, bin string) {
+func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 	t.Helper()
 	tmp, err := filepath.EvalSymlinks(os.TempDir())
 	if err != nil {
@@ -235,12 +240,12 @@ func TestRootlessRun(t *testing.T) {
 	if err := unprivilegedUserNamespaces(); err != nil {
 		t.Skipf("unprivileged user namespaces are not allowed here: %v", err)
 	}
-	a := newAccount(t)
+	a := testaccount.New(t, accountPrefix)
 	home, bin := userHome(t, a)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := as(ctx, a, []string{"HOME=" + home, "ISOPOD_HOME=" + home, "ISOPOD_AGENT_BIN=" + filepath.Join(bin, "isopod-agent"),
+	cmd := a.Command(ctx, []string{"HOME=" + home, "ISOPOD_HOME=" + home, "ISOPOD_AGENT_BIN=" + filepath.Join(bin, "isopod-agent"),
 		"ISOPOD_WARM_POOL=off"},
 		filepath.Join(bin, "isopod"), "run", "--timeout-s", "600", "--", "sh", "-c", "echo jail-test-ready; sleep 30; echo done")
 	cmd.Dir = home

@@ -1,7 +1,6 @@
 package warmpool
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,9 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,36 +25,18 @@ import (
 // The MCP server keeps ready VMs: restored, paused VMs of the shapes it
 // ran recently, each claimed by the next call of its shape.
 
-// lockedBuffer collects a subprocess's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // mcpServer is a built isopod-mcp on a state root, with a client.
 type mcpServer struct {
 	cs   *mcp.ClientSession
 	home string
-	logs *lockedBuffer
+	logs *e2e.LockedBuffer
 }
 
 // startMCP starts isopod-mcp with env (ISOPOD_HOME first) and args. Whatever
 // happens, no VMM of its state root outlives the test.
 func startMCP(t *testing.T, env []string, args ...string) *mcpServer {
 	t.Helper()
-	s := &mcpServer{home: strings.TrimPrefix(env[0], "ISOPOD_HOME="), logs: new(lockedBuffer)}
+	s := &mcpServer{home: strings.TrimPrefix(env[0], "ISOPOD_HOME="), logs: new(e2e.LockedBuffer)}
 	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), args...)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent")), env...)
@@ -70,7 +49,7 @@ func startMCP(t *testing.T, env []string, args ...string) *mcpServer {
 	s.cs = cs
 	t.Cleanup(func() {
 		cs.Close()
-		for _, pid := range vmmsOf(s.home) {
+		for _, pid := range e2e.VMMsOf(s.home) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if t.Failed() {
@@ -158,39 +137,10 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 	}
 }
 
-// vmmsOf lists the QEMU processes of the VMs recorded under home: their
-// command line names the VM (-name isopod-<id>).
-func vmmsOf(home string) []int {
-	ents, _ := os.ReadDir(filepath.Join(home, "vms"))
-	var names [][]byte
-	for _, e := range ents {
-		names = append(names, []byte("\x00isopod-"+e.Name()+"\x00"))
-	}
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) {
-			continue
-		}
-		for _, n := range names {
-			if bytes.Contains(cmdline, n) {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
-}
-
 // holders lists the QEMU processes of home that have the file fi open.
 func holders(home string, fi os.FileInfo) []int {
 	var out []int
-	for _, pid := range vmmsOf(home) {
+	for _, pid := range e2e.VMMsOf(home) {
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		for _, fd := range fds {
 			if st, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && os.SameFile(st, fi) {
@@ -283,7 +233,7 @@ func TestMCPReadyVMs(t *testing.T) {
 
 	// Closing the server ends every VM it kept.
 	s.cs.Close()
-	waitFor(t, "end of the server's VMs", time.Minute, func() bool { return len(vmmsOf(s.home)) == 0 })
+	waitFor(t, "end of the server's VMs", time.Minute, func() bool { return len(e2e.VMMsOf(s.home)) == 0 })
 	vms, _ := ok(t, env, "vm", "ls")["vms"].([]any)
 	for _, v := range vms {
 		if m := v.(map[string]any); m["live"] == true {

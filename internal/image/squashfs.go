@@ -69,18 +69,26 @@ var squashfsArgs = []string{
 	"-no-xattrs", "-no-exports", "-reproducible", "-quiet", "-no-progress",
 }
 
-// mksquashfs packs dir into out.
+// mksquashfs packs dir into out reproducibly.
 func mksquashfs(ctx context.Context, dir, out string) error {
+	return MkSquashfs(ctx, dir, out, squashfsArgs...)
+}
+
+// MkSquashfs packs dir into the image out with mksquashfs and args. A
+// SOURCE_DATE_EPOCH in the environment is not passed on: it would set
+// every file's time to it.
+func MkSquashfs(ctx context.Context, dir, out string, args ...string) error {
 	bin, err := exec.LookPath("mksquashfs")
 	if err != nil {
 		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
 	}
-	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, squashfsArgs...)...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, args...)...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.WaitDelay = 5 * time.Second
 	var o bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &o
 	if err := cmd.Run(); err != nil {

@@ -295,17 +295,7 @@ func (r *resolverDNS) ServeDNS(ctx context.Context, _ netip.AddrPort, q *dns.Msg
 			r.log.Debug("dns lookup failed", "name", name, "err", err)
 			return nil
 		}
-		hdr := dns.RR_Header{Name: qq.Name, Rrtype: qq.Qtype, Class: dns.ClassINET, Ttl: dnsTTL}
-		for _, a := range addrs {
-			a = a.Unmap()
-			switch {
-			case qq.Qtype == dns.TypeA && a.Is4():
-				reply.Answer = append(reply.Answer, &dns.A{Hdr: hdr, A: a.AsSlice()})
-			case qq.Qtype == dns.TypeAAAA && a.Is6():
-				reply.Answer = append(reply.Answer, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
-			}
-		}
-		return reply
+		return answer(reply, qq, addrs)
 	}
 	return r.relay(ctx, q)
 }
@@ -372,6 +362,12 @@ func (h addrHandler) ServeDNS(ctx context.Context, _ netip.AddrPort, q *dns.Msg)
 	case err != nil:
 		return nil
 	}
+	return answer(reply, qq, addrs)
+}
+
+// answer adds to reply the records of addrs that match question qq's type
+// (A for IPv4, AAAA for IPv6).
+func answer(reply *dns.Msg, qq dns.Question, addrs []netip.Addr) *dns.Msg {
 	hdr := dns.RR_Header{Name: qq.Name, Rrtype: qq.Qtype, Class: dns.ClassINET, Ttl: dnsTTL}
 	for _, a := range addrs {
 		a = a.Unmap()

@@ -3,19 +3,17 @@
 package workspace
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/image"
 )
 
 // squashfsArgs pack the staging copy as it is, uncompressed: the guest may
@@ -248,22 +246,8 @@ func overCaps(w *walker, o Options) error {
 
 // mksquashfs packs dir into the image out.
 func mksquashfs(ctx context.Context, dir, out string) error {
-	bin, err := exec.LookPath("mksquashfs")
-	if err != nil {
-		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
-	}
-	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, squashfsArgs...)...)
-	// SOURCE_DATE_EPOCH would set every file's time to it.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.WaitDelay = 5 * time.Second
-	var o bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &o
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("packing the workspace image: mksquashfs: %w: %s", err, strings.TrimSpace(o.String()))
+	if err := image.MkSquashfs(ctx, dir, out, squashfsArgs...); err != nil {
+		return fmt.Errorf("packing the workspace image: %w", err)
 	}
 	return nil
 }

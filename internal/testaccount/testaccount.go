@@ -1,4 +1,8 @@
-package jail
+// Package testaccount makes throwaway normal users for tests that must run
+// isopod (or its jail) as someone other than root: each with a subordinate
+// uid and gid range, removed with the test, and named for the test binary's
+// pid so that a leftover of a killed binary is swept by the next one.
+package testaccount
 
 import (
 	"bufio"
@@ -14,34 +18,35 @@ import (
 	"time"
 )
 
-// accountPrefix names the users these tests make; the test binary's pid
-// follows, so that a leftover of a killed binary can be told apart.
-const accountPrefix = "isopodit"
-
-// account is a normal user a test made, with a subordinate range.
-type account struct {
+// Account is a normal user a test made.
+type Account struct {
 	Name     string
 	UID, GID int
 	// SubUID and SubGID start its subordinate ranges.
 	SubUID, SubGID int
 }
 
-// newAccount makes a normal user with a subordinate uid and gid range
-// (useradd gives one where /etc/login.defs says so; otherwise the test adds
-// one) and removes it when the test ends. It skips unless the test runs as
-// root with the shadow, util-linux and uidmap tools.
-func newAccount(t *testing.T) account {
+// tools are what making, using and removing an account needs.
+var tools = []string{"useradd", "userdel", "usermod", "setpriv", "unshare", "newuidmap", "newgidmap"}
+
+// New makes a normal user named prefix and the test binary's pid, with a
+// subordinate uid and gid range (useradd gives one where /etc/login.defs
+// says so; otherwise New adds one), and removes it, ranges included, when
+// the test ends. It first removes the accounts of prefix that binaries no
+// longer running left. It skips unless the test runs as root with the
+// shadow, util-linux and uidmap tools.
+func New(t *testing.T, prefix string) Account {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("making a test user needs root")
 	}
-	for _, tool := range []string{"useradd", "userdel", "usermod", "setpriv", "unshare", "newuidmap", "newgidmap"} {
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed (shadow-utils, util-linux and uidmap are needed)", tool)
 		}
 	}
-	sweepAccounts(t)
-	name := accountPrefix + strconv.Itoa(os.Getpid())
+	sweep(t, prefix)
+	name := prefix + strconv.Itoa(os.Getpid())
 	if out, err := exec.Command("useradd", "--no-create-home", "--home-dir", "/nonexistent",
 		"--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd %s: %v: %s", name, err, out)
@@ -60,7 +65,7 @@ func newAccount(t *testing.T) account {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := account{Name: name}
+	a := Account{Name: name}
 	a.UID, _ = strconv.Atoi(u.Uid)
 	a.GID, _ = strconv.Atoi(u.Gid)
 	var uok, gok bool
@@ -75,6 +80,16 @@ func newAccount(t *testing.T) account {
 		a.SubUID, a.SubGID = start, start
 	}
 	return a
+}
+
+// Command runs argv as a, through setpriv, with only env and a PATH in
+// its environment.
+func (a Account) Command(ctx context.Context, env []string, argv ...string) *exec.Cmd {
+	args := append([]string{"--reuid=" + strconv.Itoa(a.UID), "--regid=" + strconv.Itoa(a.GID), "--init-groups", "--"}, argv...)
+	cmd := exec.CommandContext(ctx, "setpriv", args...)
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
 }
 
 // subordinate is the start of the first range that the subuid or subgid
@@ -123,10 +138,10 @@ func freeSubordinateStart() int {
 	return (end + 65535) / 65536 * 65536
 }
 
-// sweepAccounts removes the users that test binaries killed before their
-// cleanup left: named for a pid that no longer runs (userdel refuses one
-// that still has processes).
-func sweepAccounts(t *testing.T) {
+// sweep removes the users of prefix that test binaries killed before
+// their cleanup left: named for a pid that no longer runs (userdel refuses
+// a user that still has processes).
+func sweep(t *testing.T, prefix string) {
 	f, err := os.Open("/etc/passwd")
 	if err != nil {
 		return
@@ -135,22 +150,12 @@ func sweepAccounts(t *testing.T) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		name, _, _ := strings.Cut(sc.Text(), ":")
-		pid, err := strconv.Atoi(strings.TrimPrefix(name, accountPrefix))
-		if !strings.HasPrefix(name, accountPrefix) || err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+		pid, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+		if !strings.HasPrefix(name, prefix) || err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
 			continue
 		}
 		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
 			t.Logf("removing the leftover test user %s: %v: %s", name, err, out)
 		}
 	}
-}
-
-// as is a command that runs argv as a, through setpriv, with only env and
-// a PATH in its environment.
-func as(ctx context.Context, a account, env []string, argv ...string) *exec.Cmd {
-	args := append([]string{"--reuid=" + strconv.Itoa(a.UID), "--regid=" + strconv.Itoa(a.GID), "--init-groups", "--"}, argv...)
-	cmd := exec.CommandContext(ctx, "setpriv", args...)
-	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
-	cmd.WaitDelay = 10 * time.Second
-	return cmd
 }
