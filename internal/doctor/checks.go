@@ -178,39 +178,7 @@ func checkJail(ctx context.Context, cfg Config, h Host) Check {
 // checkImages checks the kernel, the guest agent, the initramfs and each
 // base; one current base is required.
 func checkImages(cfg Config, h Host) []Check {
-	kernel := Check{Name: "kernel", Required: true}
-	if h.Kernel == nil {
-		kernel.Why = "cannot look for the guest kernel"
-	} else if bk, err := h.Kernel(); err != nil {
-		kernel.Why, kernel.Fix = err.Error(), "isopod image fetch-kernel"
-	} else {
-		kernel.OK = true
-		kernel.Detail = map[string]any{"path": bk.Path}
-		switch {
-		case bk.BuiltIn:
-			kernel.Why = "a custom kernel with every driver built in: " + bk.Path
-		case bk.Info.Pinned:
-			kernel.Why = fmt.Sprintf("the pinned guest kernel %s %s", bk.Info.Package, bk.Info.Version)
-		default:
-			kernel.Why = fmt.Sprintf("the guest kernel %s %s, which is not the pinned one (runs may fail to boot)", bk.Info.Package, bk.Info.Version)
-			kernel.Fix = "isopod image fetch-kernel, then isopod image build-all"
-		}
-		if !bk.BuiltIn {
-			kernel.Detail["version"] = bk.Info.Version
-		}
-	}
-
-	agent := Check{Name: "agent"}
-	if h.Agent == nil {
-		agent.Why = "cannot look for the guest agent"
-	} else if p, err := h.Agent(); err != nil {
-		agent.Why = err.Error() + "; without it the initramfs cannot be built"
-		agent.Fix = "reinstall the isopod package (it puts the agent in " + image.SystemAgentPath + "), or set ISOPOD_AGENT_BIN"
-	} else {
-		agent.OK, agent.Why = true, "the guest agent "+p
-		agent.Detail = map[string]any{"path": p}
-	}
-
+	kernel, agent := checkKernel(h), checkAgent(h)
 	initramfs := Check{Name: "initramfs", Required: true, Why: "cannot list the images"}
 	base := Check{Name: "base", Required: true, Why: "cannot list the images"}
 	var bases []Check
@@ -268,6 +236,47 @@ func checkImages(cfg Config, h Host) []Check {
 	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Name < bases[j].Name })
 	out := []Check{kernel, agent, initramfs, base}
 	return append(out, bases...)
+}
+
+// checkKernel finds the guest kernel and says whether it is the pinned one.
+func checkKernel(h Host) Check {
+	kernel := Check{Name: "kernel", Required: true}
+	if h.Kernel == nil {
+		kernel.Why = "cannot look for the guest kernel"
+	} else if bk, err := h.Kernel(); err != nil {
+		kernel.Why, kernel.Fix = err.Error(), "isopod image fetch-kernel"
+	} else {
+		kernel.OK = true
+		kernel.Detail = map[string]any{"path": bk.Path}
+		switch {
+		case bk.BuiltIn:
+			kernel.Why = "a custom kernel with every driver built in: " + bk.Path
+		case bk.Info.Pinned:
+			kernel.Why = fmt.Sprintf("the pinned guest kernel %s %s", bk.Info.Package, bk.Info.Version)
+		default:
+			kernel.Why = fmt.Sprintf("the guest kernel %s %s, which is not the pinned one (runs may fail to boot)", bk.Info.Package, bk.Info.Version)
+			kernel.Fix = "isopod image fetch-kernel, then isopod image build-all"
+		}
+		if !bk.BuiltIn {
+			kernel.Detail["version"] = bk.Info.Version
+		}
+	}
+	return kernel
+}
+
+// checkAgent finds the guest agent the initramfs is built from.
+func checkAgent(h Host) Check {
+	agent := Check{Name: "agent"}
+	if h.Agent == nil {
+		agent.Why = "cannot look for the guest agent"
+	} else if p, err := h.Agent(); err != nil {
+		agent.Why = err.Error() + "; without it the initramfs cannot be built"
+		agent.Fix = "reinstall the isopod package (it puts the agent in " + image.SystemAgentPath + "), or set ISOPOD_AGENT_BIN"
+	} else {
+		agent.OK, agent.Why = true, "the guest agent "+p
+		agent.Detail = map[string]any{"path": p}
+	}
+	return agent
 }
 
 // checkDisk requires cfg.MinFreeBytes free on the filesystem of the state

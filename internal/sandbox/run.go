@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"isopod/internal/agentclient"
@@ -66,31 +65,12 @@ type run struct {
 // Cancelling ctx tears the VM down.
 func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr error) {
 	t0 := time.Now()
-	req, err := normalize(req, readHostLimits())
-	if err != nil {
-		return nil, err
-	}
-	// Everything that can be refused is refused before any VM starts.
-	pl, err := s.planRun(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	stdin, err := openStdin(req)
+	req, pl, stdin, err := s.admit(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	if c, ok := stdin.(io.Closer); ok {
 		defer c.Close()
-	}
-	for _, c := range req.CopyOut {
-		// A destination given by its directory's descriptor was checked
-		// by the caller, relative to it; its path may name another place.
-		if c.HostDir != nil {
-			continue
-		}
-		if err := checkDestination(c.Host); err != nil {
-			return nil, err
-		}
 	}
 
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: &vm{log: s.log}}
@@ -173,46 +153,6 @@ func (r *run) died(ctx context.Context, err error) bool {
 }
 
 var errBootTimeout = errors.New("the guest was not ready before the run's timeout")
-
-func openStdin(req Request) (io.Reader, error) {
-	if req.Stdin != nil {
-		return req.Stdin, nil
-	}
-	if req.StdinFile == "" {
-		return nil, nil
-	}
-	// A FIFO or a device could block the open itself, before any timeout
-	// applies: only regular files are read (- feeds isopod's own stdin).
-	if st, err := os.Stat(req.StdinFile); err == nil && !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("--stdin-file %s: %s, not a regular file; pipe it in with --stdin-file - instead: %w",
-			req.StdinFile, fileKind(st.Mode()), errdefs.ErrInvalidArgument)
-	}
-	f, err := os.OpenFile(req.StdinFile, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, fmt.Errorf("--stdin-file: %w: %w", err, errdefs.ErrInvalidArgument)
-	}
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("--stdin-file %s: not a regular file; pipe it in with --stdin-file - instead: %w", req.StdinFile, errdefs.ErrInvalidArgument)
-	}
-	return f, nil
-}
-
-// fileKind names a non-regular file's type for a refusal.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return "not a regular file"
-}
 
 // deadline is when the run's timeout (boot and exec together) runs out;
 // time the timeout does not cover (a first-use snapshot build) moves it.

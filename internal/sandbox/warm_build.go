@@ -41,38 +41,16 @@ type warmBuild struct {
 // returns the published snapshot and the boot time.
 func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (*warmpool.Meta, int64, error) {
 	t0 := time.Now()
-	var net *vmm.Net
-	if b.vm.net != nil {
-		net = b.vm.net.vmmNet()
-	}
-	ph, err := placeholders(b.dir.path)
-	if err != nil {
-		return nil, 0, err
-	}
-	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, runDisks{base: in.base.Path}.slots(ph))
-	cfg.Logger = s.log
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
-	m, err := drv.Start(bctx, cfg)
-	if err != nil {
-		return nil, 0, fmt.Errorf("starting the snapshot VM: %w", err)
-	}
-	c := b.vm.attach(m)
+	m, c, err := s.bootSnapshotVM(bctx, drv, in, b)
 	defer b.vm.drop()
-	b.dir.started(m)
-	if b.started != nil {
-		b.started(m)
+	if err != nil {
+		return nil, 0, err
 	}
 	snapper, ok := m.(vmm.Snapshotter)
 	if !ok {
 		return nil, 0, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
-	}
-	h, err := b.vm.hello(bctx, (*agentclient.Client).WaitHello)
-	if err != nil {
-		return nil, 0, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
-	}
-	if h.BootError != "" {
-		return nil, 0, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
 	}
 	bootMS := time.Since(t0).Milliseconds()
 	netUp, err := s.prepareSnapshotGuest(bctx, c, b.vm.net)
@@ -123,6 +101,38 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS)
 	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
 	return meta, bootMS, nil
+}
+
+// bootSnapshotVM starts the snapshot VM with its disk slots backed by
+// placeholders and waits for its agent's hello. The caller drops b.vm.
+func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, *agentclient.Client, error) {
+	var net *vmm.Net
+	if b.vm.net != nil {
+		net = b.vm.net.vmmNet()
+	}
+	ph, err := placeholders(b.dir.path)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, runDisks{base: in.base.Path}.slots(ph))
+	cfg.Logger = s.log
+	m, err := drv.Start(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the snapshot VM: %w", err)
+	}
+	c := b.vm.attach(m)
+	b.dir.started(m)
+	if b.started != nil {
+		b.started(m)
+	}
+	h, err := b.vm.hello(ctx, (*agentclient.Client).WaitHello)
+	if err != nil {
+		return nil, nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
+	}
+	if h.BootError != "" {
+		return nil, nil, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
+	}
+	return m, c, nil
 }
 
 // prepareSnapshotGuest does, before the snapshot, what every clone would
