@@ -38,6 +38,9 @@ type launch struct {
 	// share it copy-on-write.
 	memPath  string
 	restored bool
+	// romOff (a restore) maps memPath, opened read-only, as writable
+	// private RAM: readonly=on,rom=off (QEMU 8.2 and later).
+	romOff bool
 	// snapshotRAM (input) is a restore's RAM file.
 	snapshotRAM string
 	incoming    string // when set, -incoming value (restore)
@@ -151,6 +154,9 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
 	mem := fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",
 		cfg.MemMiB, escapeOpt(l.memPath), onOff(!l.restored))
+	if l.restored && l.romOff {
+		mem += ",readonly=on,rom=off"
+	}
 	a = append(a,
 		"-m", strconv.Itoa(cfg.MemMiB)+"M",
 		"-object", mem,

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -158,6 +159,30 @@ func (d *Driver) Info(ctx context.Context) (vmm.Info, error) {
 	return *d.info, nil
 }
 
+// mapsReadOnlyRAM reports whether the QEMU maps a file it opened
+// read-only as writable private RAM (memory-backend-file's rom=off, QEMU
+// 8.2 and later).
+func (d *Driver) mapsReadOnlyRAM(ctx context.Context) bool {
+	info, err := d.Info(ctx)
+	return err == nil && versionAtLeast(info.Version, 8, 2)
+}
+
+// versionAtLeast reports whether the version v (X.Y[.Z...]) is at least
+// major.minor.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	digits := strings.IndexFunc(parts[1]+"x", func(r rune) bool { return r < '0' || r > '9' })
+	mi, err2 := strconv.Atoi(parts[1][:digits])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
 // parseVersion finds "version X.Y.Z" in `qemu -version` output.
 func parseVersion(out string) (string, error) {
 	f := strings.Fields(out)
@@ -203,6 +228,9 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	l.accel = choice.Accel
 	if l.accel == vmm.AccelTCG {
 		l.tscKHz = hostTSCKHz()
+	}
+	if l.snapshotRAM != "" && d.jail != nil {
+		l.romOff = d.mapsReadOnlyRAM(ctx)
 	}
 	mf, err := d.openFiles(cfg, &l, l.snapshotRAM)
 	if err != nil {

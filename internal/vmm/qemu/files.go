@@ -122,7 +122,8 @@ func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (mf *
 
 // openRAM provides guest RAM: a fresh memfd for a boot; for a restore the
 // snapshot's RAM, privately mapped, from the file itself, or when jailed
-// from a sealed memfd copy that no process can write.
+// from the file opened read-only (QEMU 8.2 and later) or a sealed memfd
+// copy that no process can write.
 func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotRAM string) error {
 	l.restored = snapshotRAM != ""
 	switch {
@@ -141,13 +142,32 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 	case d.jail == nil:
 		l.memPath = snapshotRAM
 	default:
-		f, err := d.sealed.get(snapshotRAM)
+		f, err := d.jailedRAM(snapshotRAM, l)
 		if err != nil {
 			return err
 		}
 		l.memPath = fdPath(mf.add(f))
 	}
 	return nil
+}
+
+// jailedRAM opens a snapshot's RAM for a jailed QEMU: the file itself when
+// the QEMU maps a read-only file as private RAM (l.romOff) and the file's
+// mode lets the VMM's uid read it and never write it; else the sealed copy,
+// and l.romOff is cleared.
+func (d *Driver) jailedRAM(path string, l *launch) (*os.File, error) {
+	if l.romOff {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
+		}
+		if readOnlyFor(f, d.jail.UID()) {
+			return f, nil
+		}
+		f.Close()
+		l.romOff = false
+	}
+	return d.sealed.get(path)
 }
 
 // bootFile opens a kernel or initramfs for QEMU, which reopens it by name

@@ -2,8 +2,11 @@ package qemu
 
 import (
 	"bytes"
+	"isopod/internal/jail"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -122,5 +125,72 @@ func TestFileIDNamesTheInode(t *testing.T) {
 	sb, _ := os.Stat(b)
 	if fileID(sa) == fileID(sb) {
 		t.Errorf("two files, one identity %s", fileID(sa))
+	}
+}
+
+// TestJailedRAM: a jailed restore maps the snapshot's RAM file itself only
+// where QEMU can map a read-only file as private RAM (rom=off) and the
+// file's mode keeps the VMM from writing it; otherwise a sealed copy, and
+// the command line keeps QEMU 7.2's options.
+func TestJailedRAM(t *testing.T) {
+	j, err := jail.New(jail.Config{})
+	if err != nil {
+		t.Skipf("no jail on this host: %v", err)
+	}
+	d := &Driver{jail: j}
+	if os.Geteuid() == j.UID() {
+		t.Skip("the test runs as the VMM's uid")
+	}
+	dir := t.TempDir()
+	tests := []struct {
+		name       string
+		mode       os.FileMode
+		romOff     bool
+		wantItself bool
+	}{
+		{"rom=off and a file the VMM can only read", 0o644, true, true},
+		{"rom=off but a file the VMM cannot read", 0o600, true, false},
+		{"no rom=off (QEMU before 8.2)", 0o644, false, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, strconv.Itoa(i))
+			if err := os.WriteFile(path, bytes.Repeat([]byte{7}, 8192), tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(path, tt.mode)
+			l := launch{romOff: tt.romOff, restored: true}
+			f, err := d.jailedRAM(path, &l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			got, _ := f.Stat()
+			want, _ := os.Stat(path)
+			if itself := os.SameFile(got, want); itself != tt.wantItself || l.romOff != tt.wantItself {
+				t.Errorf("the file itself: %v, rom=off: %v; want %v", itself, l.romOff, tt.wantItself)
+			}
+			mem := buildArgs(ptr(baseConfig()), l)
+			if has := strings.Contains(strings.Join(mem, " "), ",readonly=on,rom=off"); has != tt.wantItself {
+				t.Errorf("argv has readonly=on,rom=off: %v; want %v", has, tt.wantItself)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestVersionAtLeast(t *testing.T) {
+	tests := []struct {
+		v    string
+		want bool
+	}{
+		{"7.2.22", false}, {"8.1.5", false}, {"8.2.0", true}, {"8.2", true},
+		{"9.0.0", true}, {"10.0.2", true}, {"8.2rc1", true}, {"8", false}, {"x.y", false},
+	}
+	for _, tt := range tests {
+		if got := versionAtLeast(tt.v, 8, 2); got != tt.want {
+			t.Errorf("versionAtLeast(%q, 8, 2) = %v; want %v", tt.v, got, tt.want)
+		}
 	}
 }
