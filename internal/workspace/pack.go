@@ -79,7 +79,7 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 	if err != nil {
 		return nil, err
 	}
-	w := &walker{ctx: ctx, maxFiles: int64(o.MaxFiles), maxBytes: o.MaxBytes, skipped: t.Skipped}
+	w := &walker{ctx: ctx, maxFiles: int64(o.MaxFiles), maxBytes: o.MaxBytes, skipped: t.Skipped, copier: newCopier(copyWorkers)}
 	var self unix.Stat_t
 	if err := unix.Stat(private, &self); err != nil {
 		return nil, fmt.Errorf("making the workspace copy: %w", err)
@@ -192,6 +192,7 @@ func copyRoot(w *walker, src *os.File, stage string, s *sel) error {
 	}
 	defer unix.Close(dst)
 	err = w.copyDir(src, dst, "", s)
+	w.bytes -= w.copier.shrunkBy()
 	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}

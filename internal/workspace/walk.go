@@ -88,6 +88,10 @@ type walker struct {
 	// never lists them), by path and kind: skipped, and counted unless
 	// git ignores them.
 	specials map[string]string
+	// copier copies files' data concurrently (nil: one at a time); jobs
+	// are the copies of the directory being walked.
+	copier *copier
+	jobs   *dirJobs
 }
 
 // noteSpecials notes the special files of the directory src (at rel) that
@@ -136,7 +140,15 @@ func join(rel, name string) string {
 
 // copyDir copies the entries s chooses from the open directory src into
 // dst (-1 once over a cap).
-func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) error {
+func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) (err error) {
+	jobs, outer := w.copier.dir(), w.jobs
+	w.jobs = jobs
+	defer func() {
+		w.jobs = outer
+		if werr := jobs.wait(); err == nil {
+			err = werr
+		}
+	}()
 	var names []string
 	if s.all {
 		var err error
@@ -332,41 +344,52 @@ func (w *walker) file(sfd, dst int, rel, name string, st *unix.Stat_t) error {
 		return fmt.Errorf("opening %s: %w", rel, err)
 	}
 	src := os.NewFile(uintptr(fd), rel)
-	defer src.Close()
 	var fst unix.Stat_t
 	if err := unix.Fstat(fd, &fst); err != nil {
+		src.Close()
 		return fmt.Errorf("stat %s: %w", rel, err)
 	}
 	if fst.Mode&unix.S_IFMT != unix.S_IFREG {
+		src.Close()
 		return errChanged
 	}
 	if err := w.count(rel, fst.Size); err != nil || w.over {
+		src.Close()
 		return err
 	}
 	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
 		w.configs = append(w.configs, rel)
 	}
+	shrunk, err := w.jobs.run(func() (int64, error) {
+		defer src.Close()
+		return stageFile(src, dst, rel, name, &fst)
+	})
+	w.bytes -= shrunk
+	return err
+}
+
+// stageFile copies the data src held at its stat fst into a new file name
+// in the staging directory dst, with its mode and time, and returns how
+// many bytes fewer than fst's size it copied (a file that shrank).
+func stageFile(src *os.File, dst int, rel, name string, fst *unix.Stat_t) (int64, error) {
 	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("staging %s: %w", rel, err)
+		return 0, fmt.Errorf("staging %s: %w", rel, err)
 	}
 	f := os.NewFile(uintptr(out), rel)
 	defer f.Close()
 	// Copy what the file held at its stat; *os.File uses copy_file_range.
 	n, err := io.Copy(f, io.LimitReader(src, fst.Size))
 	if err != nil {
-		return fmt.Errorf("copying %s: %w", rel, err)
-	}
-	if n != fst.Size {
-		w.bytes += n - fst.Size // it shrank while being copied
+		return 0, fmt.Errorf("copying %s: %w", rel, err)
 	}
 	if err := unix.Fchmod(out, fst.Mode&0o777); err != nil {
-		return fmt.Errorf("staging %s: %w", rel, err)
+		return 0, fmt.Errorf("staging %s: %w", rel, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("staging %s: %w", rel, err)
+		return 0, fmt.Errorf("staging %s: %w", rel, err)
 	}
-	return setTime(dst, name, rel, fst.Mtim)
+	return fst.Size - n, setTime(dst, name, rel, fst.Mtim)
 }
 
 func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error {
