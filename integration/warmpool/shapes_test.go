@@ -20,7 +20,7 @@ import (
 	"isopod/integration/e2e"
 )
 
-// Every shape of run resumes from its shape's snapshot (issue 17): forks of
+// Every shape of run resumes from its shape's snapshot: forks of
 // a chain of stages, commits, --no-network, filtered egress, other memory
 // sizes. Each run below also checks that its clone is a machine of its own.
 
