@@ -136,6 +136,9 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	}
 	_, r.client = r.vm.current()
 	if err := r.mountRoot(ctx, false); err != nil {
+		if ctx.Err() == nil && !time.Now().Before(r.deadline()) {
+			return errBootTimeout
+		}
 		return err
 	}
 	boot := time.Since(tBoot).Milliseconds()
@@ -147,13 +150,20 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 // resumed one gets more (configureResumed).
 func (r *run) configure(ctx context.Context) error {
 	if r.resumed {
-		if err := r.configureResumed(ctx); err != nil {
-			return err
+		err := r.configureResumed(ctx)
+		if err == nil {
+			// The snapshot is sound; what the run's own disks hold is not
+			// its fault, so a failure here fails the run as it would a
+			// cold boot. The root is mounted with the run's clock and
+			// entropy in force.
+			err = r.mountRoot(ctx, true)
 		}
-		// The snapshot is sound; what the run's own disks hold is not its
-		// fault, so a failure here fails the run as it would a cold boot.
-		// The root is mounted with the run's clock and entropy in force.
-		return r.mountRoot(ctx, true)
+		if err != nil && ctx.Err() == nil && !time.Now().Before(r.deadline()) {
+			// The run's time ran out before its command started: a
+			// timed-out run, as when a cold boot outlasts it.
+			return errBootTimeout
+		}
+		return err
 	}
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()

@@ -106,6 +106,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		return nil, err
 	}
 	if err := r.configure(ctx); err != nil {
+		if errors.Is(err, errBootTimeout) {
+			return r.finishTimedOut(), nil
+		}
 		if r.died(ctx, err) {
 			r.guestDied()
 			return r.rep, nil

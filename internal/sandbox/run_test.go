@@ -3,10 +3,12 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -270,5 +272,36 @@ func TestRunGuestDiesMidExec(t *testing.T) {
 	}
 	if want := "kernel panic: Attempted to kill init!"; !strings.HasPrefix(rep.GuestDiedReason, want) {
 		t.Errorf("reason %q; want it to start with %q", rep.GuestDiedReason, want)
+	}
+}
+
+// A run whose time runs out while the guest assembles its root, cold or
+// warm, ends in a timed-out report, not an error.
+func TestRunTimesOutDuringRootAssembly(t *testing.T) {
+	t.Parallel()
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			t.Parallel()
+			var slow atomic.Bool
+			s, _ := newFake(t, vmmfake.Config{OnRequest: func(_ *vmmfake.Machine, msg *agentproto.Msg) {
+				if msg.Kind == agentproto.KindMount && slow.Load() {
+					time.Sleep(1500 * time.Millisecond)
+				}
+			}}, !warm)
+			if warm {
+				// The first run builds the snapshot the second resumes.
+				if rep := run(t, s, sandbox.Request{Argv: []string{"true"}}); rep.Path != "warm" {
+					t.Fatalf("first run's path %q; want warm", rep.Path)
+				}
+			}
+			slow.Store(true)
+			rep := run(t, s, sandbox.Request{Argv: []string{"sleep", "100"}, TimeoutS: 1, CommitAs: "never"})
+			if !rep.TimedOut || rep.ExitCode != nil || rep.StageID != "" {
+				t.Errorf("report: timed out %v, exit code %v, stage %q; want a timed-out run that committed nothing", rep.TimedOut, rep.ExitCode, rep.StageID)
+			}
+			if want := map[bool]string{false: "cold", true: "warm"}[warm]; rep.Path != want {
+				t.Errorf("path %q; want %q", rep.Path, want)
+			}
+		})
 	}
 }
