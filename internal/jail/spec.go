@@ -4,7 +4,6 @@ package jail
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -326,8 +325,6 @@ func rlimitsFor(l Limits) []rlimit {
 // addressSpaceSlack is what a VMM maps beyond its memory cap without using
 // it (reserved translation cache, thread stacks, libraries).
 const addressSpaceSlack = 3 << 30
-
-var errNoJail = errors.New("not a jail helper")
 
 // Libraries lists what a dynamically linked program needs to start: the
 // shared libraries ldd names (the loader included) and the loader's cache.

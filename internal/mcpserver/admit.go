@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 )
 
@@ -74,9 +73,4 @@ func waitAdmitted(ctx context.Context, t *sandbox.Ticket, st *runStatus) error {
 		return fmt.Errorf("waiting for a VM place: %w", err)
 	}
 	return nil
-}
-
-// isBusy reports whether err is an admission refusal.
-func isBusy(err error) bool {
-	return errors.Is(err, sandbox.ErrBusy) || errors.Is(err, errdefs.ErrUnavailable)
 }

@@ -74,6 +74,5 @@ type HostLimits struct {
 
 // Host reads the host's limits.
 func Host() HostLimits {
-	h := readHostLimits()
-	return HostLimits{CPUs: h.CPUs, MemTotalMiB: h.MemTotalMiB}
+	return HostLimits(readHostLimits())
 }

@@ -242,34 +242,6 @@ func (p *readyPool) fill(sp readySpec) {
 	}
 }
 
-// count is how many ready VMs there are and are being made.
-func (p *readyPool) count() int {
-	if p == nil {
-		return 0
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for sh, list := range p.vms {
-		n += len(list) + p.filling[sh]
-	}
-	return n
-}
-
-// memMiB is the guest memory the ready VMs hold (or will, once resumed).
-func (p *readyPool) memMiB() int {
-	if p == nil {
-		return 0
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, sp := range p.hot {
-		n += (len(p.vms[sp.shape]) + p.filling[sp.shape]) * sp.in.key.MemMiB
-	}
-	return n
-}
-
 // close discards every ready VM and waits for fills under way. Idempotent.
 func (p *readyPool) close() {
 	if p == nil {
