@@ -188,10 +188,29 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		// snapshot. (The pinned kernel has no driver; the agent reseeds.)
 		"-device", "vmgenid,id=vmgenid0,guid=auto",
 	)
-	for i, d := range cfg.Disks {
+	a = append(a, diskArgs(cfg.Disks, l.diskFDs)...)
+	if cfg.Net != nil {
+		// No guest announce: after a restore the guest would otherwise
+		// send gratuitous ARPs and neighbour advertisements to a network
+		// stack that is new and has nothing to relearn.
+		a = append(a,
+			"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str="+strconv.Itoa(l.netFD),
+			"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac="+cfg.Net.MAC)
+	}
+	if l.incoming != "" {
+		a = append(a, "-incoming", l.incoming)
+	}
+	return a
+}
+
+// diskArgs attaches disks, each from its fd set (fds[i] for disks[i]), as
+// virtio-blk devices carrying their serials.
+func diskArgs(disks []vmm.Disk, fds [][]int) []string {
+	var a []string
+	for i, d := range disks {
 		id := "disk" + strconv.Itoa(i)
 		set := strconv.Itoa(i + 1)
-		for _, fd := range l.diskFDs[i] {
+		for _, fd := range fds[i] {
 			a = append(a, "-add-fd", "fd="+strconv.Itoa(fd)+",set="+set)
 		}
 		drive := "if=none,id=" + id + ",file=/dev/fdset/" + set +
@@ -207,17 +226,6 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 		a = append(a,
 			"-drive", drive,
 			"-device", "virtio-blk-device,drive="+id+",serial="+d.Serial)
-	}
-	if cfg.Net != nil {
-		// No guest announce: after a restore the guest would otherwise
-		// send gratuitous ARPs and neighbour advertisements to a network
-		// stack that is new and has nothing to relearn.
-		a = append(a,
-			"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str="+strconv.Itoa(l.netFD),
-			"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac="+cfg.Net.MAC)
-	}
-	if l.incoming != "" {
-		a = append(a, "-incoming", l.incoming)
 	}
 	return a
 }
