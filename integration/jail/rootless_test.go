@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -71,7 +70,7 @@ func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 		}
 	}
 	for _, name := range []string{"isopod", "isopod-agent"} {
-		if err := copyFile(filepath.Join(e2e.BinDir, name), filepath.Join(bin, name), 0o755); err != nil {
+		if err := testaccount.CopyFile(filepath.Join(e2e.BinDir, name), filepath.Join(bin, name), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,7 +91,7 @@ func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 		if fi.Mode().Perm()&0o004 != 0 && os.Link(real, dst) == nil {
 			return // never chown a link: it is the source's file
 		}
-		if err := copyFile(real, dst, 0o644); err != nil {
+		if err := testaccount.CopyFile(real, dst, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		own(dst)
@@ -137,7 +136,7 @@ func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 		}
 	}
 	// The accelerator probe, so that the run does not probe again.
-	if err := copyFile(filepath.Join(e2e.HomeDir, "accel-probe.json"), filepath.Join(home, "accel-probe.json"), 0o600); err == nil {
+	if err := testaccount.CopyFile(filepath.Join(e2e.HomeDir, "accel-probe.json"), filepath.Join(home, "accel-probe.json"), 0o600); err == nil {
 		own(filepath.Join(home, "accel-probe.json"))
 	}
 	own(home)
@@ -145,23 +144,6 @@ func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 		t.Fatal(err)
 	}
 	return home, bin
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // vmmOf is the pid of the QEMU of VM id (its command line names it), or 0.

@@ -4,7 +4,6 @@ package jail
 
 import (
 	"context"
-	"io"
 	"isopod/internal/testaccount"
 	"os"
 	"path/filepath"
@@ -48,7 +47,7 @@ func TestConfinedAsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "jail.test")
-	if err := copyFile(self, bin, 0o755); err != nil {
+	if err := testaccount.CopyFile(self, bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	home := filepath.Join(dir, "home")
@@ -74,21 +73,4 @@ func TestConfinedAsUser(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil && !strings.Contains(string(out), "capped with rlimits instead") {
 		t.Errorf("cgroup v1: want the rlimit fallback and its warning")
 	}
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

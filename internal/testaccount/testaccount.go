@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -158,4 +159,23 @@ func sweep(t *testing.T, prefix string) {
 			t.Logf("removing the leftover test user %s: %v: %s", name, err, out)
 		}
 	}
+}
+
+// CopyFile copies src to a new file dst with mode: how a test puts a
+// binary where its account can run it.
+func CopyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
