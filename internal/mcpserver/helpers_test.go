@@ -92,6 +92,7 @@ type session struct {
 	cs       *mcp.ClientSession
 	srv      *Server
 	progress chan *mcp.ProgressNotificationParams
+	wire     *wireLog // what the server wrote, in order
 }
 
 func connect(t *testing.T, cfg Config) *session {
@@ -100,7 +101,7 @@ func connect(t *testing.T, cfg Config) *session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &session{srv: srv, progress: make(chan *mcp.ProgressNotificationParams, 1000)}
+	s := &session{srv: srv, progress: make(chan *mcp.ProgressNotificationParams, 1000), wire: &wireLog{}}
 	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-test", Version: "0"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
 			s.progress <- r.Params
@@ -109,7 +110,7 @@ func connect(t *testing.T, cfg Config) *session {
 	ct, st := mcp.NewInMemoryTransports()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx, st) }()
+	go func() { ran <- srv.Run(ctx, recordingTransport{Transport: st, log: s.wire}) }()
 	cs, err := client.Connect(context.Background(), ct, nil)
 	if err != nil {
 		cancel()

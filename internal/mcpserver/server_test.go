@@ -252,13 +252,33 @@ func TestProgressKeepalive(t *testing.T) {
 			t.Errorf("progress did not increase: %v then %v", got[i-1].Progress, p.Progress)
 		}
 	}
-	// None after the result, and none without a token.
+	// None after the result, and none without a token: the server's own
+	// writes show the order (the client may hand a notification to its
+	// handler after the result).
+	sent, next := s.wire.since(0)
+	last := -1
+	for i, m := range sent {
+		if m.Method == "notifications/progress" {
+			last = i
+		}
+	}
+	var resultAt int
+	for i, m := range sent {
+		if m.Result != nil && len(m.ID) > 0 {
+			resultAt = i
+		}
+	}
+	if last < 0 || last > resultAt {
+		t.Errorf("progress notification at wire position %d, the call's result at %d", last, resultAt)
+	}
 	if res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "sleep 1"}, nil); res.IsError {
 		t.Fatal(resultText(res))
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n := len(s.progress); n != 0 {
-		t.Errorf("%d progress notifications without a token or after the result", n)
+	sent, _ = s.wire.since(next)
+	for _, m := range sent {
+		if m.Method == "notifications/progress" {
+			t.Errorf("progress notification (token %v) for a call without a token or after its result", m.Params.ProgressToken)
+		}
 	}
 }
 
