@@ -73,6 +73,7 @@ func (f *fakeQMP) handshake() {
 func TestQMPClient(t *testing.T) {
 	srv, conn := newFakeQMP(t)
 	served := make(chan struct{})
+	first := make(chan struct{}) // the server has read the first request
 	go func() {
 		defer close(served)
 		srv.handshake()
@@ -80,6 +81,7 @@ func TestQMPClient(t *testing.T) {
 		// Two requests in flight, answered in reverse order with an event
 		// and an unrelated reply in between.
 		cmd1, args1, id1 := srv.recv()
+		close(first)
 		cmd2, _, id2 := srv.recv()
 		if cmd1 != "query-status" || cmd2 != "migrate" || args1 != nil {
 			t.Errorf("got %q %v, %q", cmd1, args1, cmd2)
@@ -117,8 +119,11 @@ func TestQMPClient(t *testing.T) {
 		ret, err := c.Execute(ctx, "query-status", nil)
 		r1 <- result{ret, err}
 	}()
-	// Make sure query-status is written first.
-	time.Sleep(50 * time.Millisecond)
+	select { // query-status is written first
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("query-status never reached the server")
+	}
 	_, err = c.Execute(ctx, "migrate", map[string]string{})
 	var qe *QMPError
 	if !errors.As(err, &qe) || qe.Class != "GenericError" || qe.Desc != "no migration uri" || qe.Command != "migrate" {
