@@ -4,17 +4,11 @@ import (
 	"isopod/integration/e2e"
 
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -97,21 +91,12 @@ func egressFixture(t *testing.T) (*testnet.Net, *atomic.Int32) {
 // connections in accepted when it is not nil.
 func serveTLS(t *testing.T, n *testnet.Net, ns, addr string, accepted *atomic.Int32) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test.example"},
-		DNSNames: []string{"test.example", "*.wild.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := testnet.SelfSigned(t, "test.example", "*.wild.example")
 	l, err := n.Listen(ns, "tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
 	srv := &http.Server{Handler: testnet.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	if accepted != nil {
 		srv.ConnState = func(_ net.Conn, st http.ConnState) {
