@@ -14,6 +14,7 @@ import (
 	"isopod/internal/image"
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
+	"isopod/internal/sandbox/sandboxtest"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -21,17 +22,17 @@ import (
 // and workdir, with or without /bin/sh.
 func writeImported(t *testing.T, p paths.Paths, name string, env []string, workdir string, shell bool) {
 	t.Helper()
-	identity := "sha256:" + digest([]byte(name))
+	identity := "sha256:" + sandboxtest.Digest([]byte(name))
 	id := image.ImportedContentID(image.ImportRecipe, identity)
 	data := []byte("not a squashfs: " + name)
 	dir := filepath.Dir(image.StoredPath(p, id))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(dir, "base.sqfs"), data)
-	writeJSON(t, filepath.Join(dir, "base.json"), image.BaseInfo{
+	sandboxtest.WriteFile(t, filepath.Join(dir, "base.sqfs"), data)
+	sandboxtest.WriteJSON(t, filepath.Join(dir, "base.json"), image.BaseInfo{
 		Flavor: name, Name: name, Kind: image.KindImported, Recipe: image.ImportRecipe, ContentSHA256: id,
-		ProtocolVersion: agentproto.Version, Size: int64(len(data)), SquashfsSHA256: digest(data),
+		ProtocolVersion: agentproto.Version, Size: int64(len(data)), SquashfsSHA256: sandboxtest.Digest(data),
 		Image: &image.ImageSource{Source: "oci:/nowhere", Identity: identity, Env: env, WorkingDir: workdir, Shell: shell},
 	})
 }
