@@ -79,7 +79,7 @@ func TestDNSMalformed(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, network := range []string{"udp", "tcp"} {
-				rec.reset()
+				rec.Reset()
 				// A reply is awaited long enough for a loaded host; where
 				// none is due, the record is what the test waits for.
 				wait := 10 * time.Second
@@ -97,7 +97,7 @@ func TestDNSMalformed(t *testing.T) {
 						t.Errorf("%s: reply id %#x rcode %d; want 0x1234, %d, a response", network, id, rc, tt.rcode)
 					}
 				}
-				evs := rec.wait(1)
+				evs := rec.Wait(1)
 				if len(evs) != 1 {
 					t.Fatalf("%s: %d records; want 1: %+v", network, len(evs), evs)
 				}

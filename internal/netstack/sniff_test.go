@@ -21,41 +21,9 @@ import (
 
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/flightrec/flightrectest"
 	"isopod/internal/testnet"
 )
-
-// memRecorder keeps a stack's records.
-type memRecorder struct {
-	mu  sync.Mutex
-	evs []flightrec.Event
-}
-
-func (m *memRecorder) Record(ev flightrec.Event) {
-	m.mu.Lock()
-	m.evs = append(m.evs, ev)
-	m.mu.Unlock()
-}
-
-// wait returns the records once there are at least n, or all after a while.
-func (m *memRecorder) wait(n int) []flightrec.Event {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		m.mu.Lock()
-		k := len(m.evs)
-		m.mu.Unlock()
-		if k >= n {
-			break
-		}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]flightrec.Event(nil), m.evs...)
-}
-
-func (m *memRecorder) reset() {
-	m.mu.Lock()
-	m.evs = nil
-	m.mu.Unlock()
-}
 
 // countingServer serves h on loopback (over TLS when tlsOn, with HTTP/2
 // cleartext otherwise), counting connections and the Hosts it was asked
@@ -103,7 +71,7 @@ func newCountingServer(t *testing.T, tlsOn bool) *countingServer {
 
 // filteredStack runs a stack whose policy is a Filter allowing ok.example
 // (pinned to 203.0.113.10), with port 80 and 443 sent to local servers.
-func filteredStack(t *testing.T, web, tlsSrv netip.AddrPort) (*testGuest, *memRecorder) {
+func filteredStack(t *testing.T, web, tlsSrv netip.AddrPort) (*testGuest, *flightrectest.Recorder) {
 	t.Helper()
 	lookup := func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
@@ -113,7 +81,7 @@ func filteredStack(t *testing.T, web, tlsSrv netip.AddrPort) (*testGuest, *memRe
 		t.Fatal(err)
 	}
 	f.Pin("ok.example", []netip.Addr{netip.MustParseAddr("203.0.113.10")})
-	rec := &memRecorder{}
+	rec := &flightrectest.Recorder{}
 	dir := t.TempDir()
 	s, err := Start(Config{Socket: filepath.Join(dir, "n.sock"), Policy: &portRedirect{inner: f, to: map[uint16]netip.AddrPort{80: web, 443: tlsSrv}},
 		Recorder: rec, DNS: ResolverHandler(f), ResolvConf: filepath.Join(dir, "none")})
@@ -194,7 +162,7 @@ func TestSniffEveryRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec.reset()
+			rec.Reset()
 			before, hostsBefore := web.seen()
 			got, _ := exchange(t, g, "203.0.113.10:80", tt.send)
 			if !strings.HasPrefix(got, tt.reply) {
@@ -214,7 +182,7 @@ func TestSniffEveryRequest(t *testing.T) {
 			if tt.reason != "" && tt.served != nil {
 				want = 2 // the allowed connection and the refused request
 			}
-			evs := rec.wait(want)
+			evs := rec.Wait(want)
 			if len(evs) != want {
 				t.Errorf("%d records; want %d: %+v", len(evs), want, evs)
 			}
@@ -239,8 +207,8 @@ func TestSniffTLSBeforeDial(t *testing.T) {
 	if n, _ := tlsSrv.seen(); n != 0 {
 		t.Errorf("the server saw %d connections for a refused hello", n)
 	}
-	if ev := findReason(rec.wait(1), egress.ReasonSNIMismatch, "evil.example"); ev == nil {
-		t.Errorf("no sni_mismatch record: %+v", rec.wait(1))
+	if ev := findReason(rec.Wait(1), egress.ReasonSNIMismatch, "evil.example"); ev == nil {
+		t.Errorf("no sni_mismatch record: %+v", rec.Wait(1))
 	}
 	// The right name gets through to a real TLS handshake.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -306,7 +274,7 @@ func TestSniffH2C(t *testing.T) {
 	if _, hosts := web.seen(); strings.Join(hosts, ",") != "ok.example" {
 		t.Errorf("the server was asked for %q; want only ok.example", hosts)
 	}
-	if ev := findReason(rec.wait(2), egress.ReasonHostMismatch, "evil.example"); ev == nil {
-		t.Errorf("no refusal of the second stream: %+v", rec.wait(2))
+	if ev := findReason(rec.Wait(2), egress.ReasonHostMismatch, "evil.example"); ev == nil {
+		t.Errorf("no refusal of the second stream: %+v", rec.Wait(2))
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"isopod/internal/egress"
-	"isopod/internal/egress/flightrec"
 	"isopod/internal/testnet"
 )
 
@@ -35,24 +34,6 @@ func socksHello(host string, port uint16) string {
 	req := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
 	req = append(req, host...)
 	return string(append(req, byte(port>>8), byte(port)))
-}
-
-// records waits for the proxy's records to settle and returns them.
-func (m *memRecorder) settled(n int) []flightrec.Event {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		m.mu.Lock()
-		k := len(m.evs)
-		m.mu.Unlock()
-		if k >= n {
-			break
-		}
-	}
-	time.Sleep(20 * time.Millisecond)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := append([]flightrec.Event(nil), m.evs...)
-	m.evs = nil
-	return out
 }
 
 // bypassCase is one attempt of TestProxyBypasses.
@@ -131,7 +112,9 @@ func TestProxyBypasses(t *testing.T) {
 			if !strings.HasPrefix(got, tt.reply) || strings.Contains(got, "other.example") || strings.Contains(got, "\x16\x03") {
 				t.Errorf("client read %q; want it to start %q, nothing from the server for other.example", got, tt.reply)
 			}
-			evs := fx.rec.settled(len(tt.records))
+			fx.rec.Wait(len(tt.records))
+			time.Sleep(20 * time.Millisecond) // and no more than those
+			evs := fx.rec.Reset()
 			var recs []string
 			for _, ev := range evs {
 				recs = append(recs, fmt.Sprintf("%s %s %d %s %v", ev.Proto, egress.RecordHost(ev.Host), ev.Port, ev.Reason, ev.Allowed))

@@ -20,56 +20,9 @@ import (
 
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
+	"isopod/internal/egress/flightrec/flightrectest"
 	"isopod/internal/testnet"
 )
-
-// memRecorder keeps events for a test.
-type memRecorder struct {
-	mu  sync.Mutex
-	evs []flightrec.Event
-}
-
-func (m *memRecorder) Record(ev flightrec.Event) {
-	m.mu.Lock()
-	m.evs = append(m.evs, ev)
-	m.mu.Unlock()
-}
-
-func (m *memRecorder) find(host string) *flightrec.Event {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := range m.evs {
-		if m.evs[i].Host == host {
-			ev := m.evs[i]
-			return &ev
-		}
-	}
-	return nil
-}
-
-// await waits up to 5 s for a record of host: a tunnel's record follows
-// its close, which the test's client does not wait for.
-func (m *memRecorder) await(host string) *flightrec.Event {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if ev := m.find(host); ev != nil {
-			return ev
-		}
-	}
-	return nil
-}
-
-// findReason returns the first event with reason (and host, when given).
-func (m *memRecorder) findReason(reason, host string) *flightrec.Event {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := range m.evs {
-		if m.evs[i].Reason == reason && (host == "" || m.evs[i].Host == host) {
-			ev := m.evs[i]
-			return &ev
-		}
-	}
-	return nil
-}
 
 // testFilter builds a Filter whose names resolve to documentation
 // addresses.
@@ -99,7 +52,7 @@ func testFilter(t *testing.T, cfg egress.FilterConfig) *egress.Filter {
 // count the connections they accept and the Hosts they are asked for.
 type fixture struct {
 	httpAddr, socksAddr string
-	rec                 *memRecorder
+	rec                 *flightrectest.Recorder
 	webConns, tlsConns  atomic.Int32
 	mu                  sync.Mutex
 	hosts               []string
@@ -113,7 +66,7 @@ func (f *fixture) served() []string {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	fx := &fixture{rec: &memRecorder{}}
+	fx := &fixture{rec: &flightrectest.Recorder{}}
 	web := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fx.mu.Lock()
 		fx.hosts = append(fx.hosts, r.Host)
@@ -169,7 +122,7 @@ func newFixture(t *testing.T) *fixture {
 	return fx
 }
 
-func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *memRecorder) {
+func proxyFixture(t *testing.T) (httpAddr, socksAddr string, rec *flightrectest.Recorder) {
 	fx := newFixture(t)
 	return fx.httpAddr, fx.socksAddr, fx.rec
 }
@@ -232,7 +185,7 @@ func TestHTTPProxy(t *testing.T) {
 	if got := raw("GARBAGE\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 400") {
 		t.Errorf("malformed request: %q", got)
 	}
-	if ev := rec.findReason(egress.ReasonBadRequest, ""); ev == nil || ev.Allowed {
+	if ev := rec.Find(flightrectest.Reason(egress.ReasonBadRequest, "")); ev == nil || ev.Allowed {
 		t.Errorf("no bad_request record for the malformed request: %+v", ev)
 	}
 	// An allowed name whose server cannot be reached: allowed, but recorded
@@ -240,26 +193,20 @@ func TestHTTPProxy(t *testing.T) {
 	if code, _, err := get("http://allowed.example:8081/"); err != nil || code != 502 {
 		t.Errorf("unreachable allowed destination: %d %v; want 502", code, err)
 	}
-	if ev := rec.findReason(egress.ReasonDialFailed, "allowed.example"); ev == nil || !ev.Allowed || ev.Port != 8081 || ev.Error == "" {
+	if ev := rec.Find(flightrectest.Reason(egress.ReasonDialFailed, "allowed.example")); ev == nil || !ev.Allowed || ev.Port != 8081 || ev.Error == "" {
 		t.Errorf("dial_failed record: %+v", ev)
 	}
 	fronted := raw("CONNECT allowed.example:443 HTTP/1.1\r\nHost: allowed.example:443\r\n\r\n" + string(testnet.ClientHello(t, "other.example")))
 	if !strings.HasPrefix(fronted, "HTTP/1.1 200") || strings.Contains(fronted[len("HTTP/1.1 200 Connection established\r\n\r\n"):], "\x16\x03") {
 		t.Errorf("fronted CONNECT got a server answer: %q", fronted)
 	}
-	if ev := rec.await("other.example"); ev == nil || ev.Allowed {
-		t.Errorf("records: other.example %+v", ev)
+	// The tunnel's record follows its close, which raw does not wait for.
+	if ev := rec.Await(func(ev flightrec.Event) bool {
+		return ev.Reason == egress.ReasonSNIMismatch && ev.Host == "other.example" && ev.Proto == egress.ProtoHTTPProxy
+	}); ev == nil || ev.Allowed {
+		t.Errorf("no refused sni_mismatch record for the fronted tunnel: %+v", ev)
 	}
-	var mismatch bool
-	rec.mu.Lock()
-	for _, ev := range rec.evs {
-		mismatch = mismatch || (ev.Reason == egress.ReasonSNIMismatch && ev.Host == "other.example" && ev.Proto == egress.ProtoHTTPProxy)
-	}
-	rec.mu.Unlock()
-	if !mismatch {
-		t.Error("no sni_mismatch record for the fronted tunnel")
-	}
-	if ev := rec.find("allowed.example"); ev == nil || !ev.Allowed || ev.BytesDown == 0 || ev.Dst.String() != "203.0.113.10" {
+	if ev := rec.Find(flightrectest.Host("allowed.example")); ev == nil || !ev.Allowed || ev.BytesDown == 0 || ev.Dst.String() != "203.0.113.10" {
 		t.Errorf("allowed record: %+v", ev)
 	}
 }
@@ -328,8 +275,9 @@ func TestSOCKSProxy(t *testing.T) {
 	if !bytes.HasPrefix(b, []byte("HTTP/1.1 403 Forbidden")) || bytes.Contains(b, []byte("host=")) {
 		t.Errorf("fronted SOCKS tunnel got %q; want the proxy's 403", b)
 	}
-	if ev := rec.await("other.example"); ev == nil || ev.Allowed || ev.Proto != egress.ProtoSOCKS {
-		t.Errorf("record for other.example: %+v", ev)
+	// The tunnel's record follows its close, which the test does not wait for.
+	if ev := rec.Await(flightrectest.Reason(egress.ReasonHostMismatch, "other.example")); ev == nil || ev.Allowed || ev.Proto != egress.ProtoSOCKS || ev.Port != 80 {
+		t.Errorf("no refused host_mismatch record for the fronted SOCKS tunnel: %+v", ev)
 	}
 }
 
