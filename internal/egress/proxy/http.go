@@ -50,12 +50,7 @@ func (p *Server) handleHTTP(c net.Conn) {
 		httpError(c, http.StatusNotImplemented, "this proxy does not fetch https:// URLs for you; use CONNECT (an https_proxy setting makes clients do that)")
 		return
 	case head.Scheme != "http" || !ok:
-		ev.Reason = egress.ReasonBadRequest
-		if ev.Host == "" {
-			ev.Host = egress.MalformedHost
-		}
-		p.record(ev)
-		httpError(c, http.StatusBadRequest, "want an absolute http:// URL with a port in 1-65535, or CONNECT host:port")
+		p.badRequest(c, ev, "want an absolute http:// URL with a port in 1-65535, or CONNECT host:port")
 		return
 	}
 	ev.Port = port
@@ -64,6 +59,17 @@ func (p *Server) handleHTTP(c net.Conn) {
 		return
 	}
 	p.forward(c, br, head, raw, port)
+}
+
+// badRequest records a request the proxy cannot parse as what it serves
+// and answers 400 with msg.
+func (p *Server) badRequest(c net.Conn, ev flightrec.Event, msg string) {
+	ev.Reason = egress.ReasonBadRequest
+	if ev.Host == "" {
+		ev.Host = egress.MalformedHost
+	}
+	p.record(ev)
+	httpError(c, http.StatusBadRequest, msg)
 }
 
 // forward sends an absolute-form request to the host it names and copies
@@ -107,12 +113,7 @@ func (p *Server) forward(c net.Conn, br *bufio.Reader, head *sniff.Head, raw []b
 func (p *Server) httpConnect(c net.Conn, br *bufio.Reader, head *sniff.Head, ev flightrec.Event) {
 	port, ok := parsePort(head.AuthorityPort, 0)
 	if !ok || head.Authority == "" {
-		ev.Reason = egress.ReasonBadRequest
-		if ev.Host == "" {
-			ev.Host = egress.MalformedHost
-		}
-		p.record(ev)
-		httpError(c, http.StatusBadRequest, "CONNECT wants host:port with a port in 1-65535")
+		p.badRequest(c, ev, "CONNECT wants host:port with a port in 1-65535")
 		return
 	}
 	ev.Port = port
