@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,56 +15,12 @@ import (
 	"isopod/internal/agent"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/vmm/vmmfake"
 )
 
 // These tests drive the real guest agent (internal/agent) as a plain
 // process: it serves one end of a socket pair and runs host programs, with
 // a recording System underneath.
-
-// recSystem is an agent.System that records instead of changing the host.
-type recSystem struct {
-	mu       sync.Mutex // guards following
-	hostname string
-	clock    time.Time
-	net      *agentproto.NetConfig
-	entropy  int
-	syncs    int
-}
-
-func (s *recSystem) SetHostname(name string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hostname = name
-	return nil
-}
-
-func (s *recSystem) SetClock(t time.Time) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.clock = t
-	return nil
-}
-
-func (s *recSystem) ConfigureNet(cfg agentproto.NetConfig) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.net = &cfg
-	return nil
-}
-
-func (s *recSystem) AddEntropy(seed []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.entropy += len(seed)
-	return nil
-}
-
-func (s *recSystem) SyncDisks() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.syncs++
-	return nil
-}
 
 // guestEnd is the agent's side of a test connection.
 type guestEnd struct {
@@ -99,7 +54,7 @@ func startAgent(t *testing.T, opts agent.Options) (*Client, *guestEnd) {
 	t.Helper()
 	host, guest := socketPair(t)
 	if opts.System == nil {
-		opts.System = &recSystem{}
+		opts.System = vmmfake.NewSystem()
 	}
 	g := &guestEnd{conn: guest, serveErr: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -199,7 +154,7 @@ func TestWaitHelloStreamEnds(t *testing.T) {
 
 func TestCalls(t *testing.T) {
 	ctx := testCtx(t)
-	sys := &recSystem{}
+	sys := vmmfake.NewSystem()
 	c, _ := ready(t, agent.Options{System: sys})
 	clock := time.Unix(1700000000, 42)
 	nc := &agentproto.NetConfig{Address: "10.0.2.2/30", Gateway: "10.0.2.1", DNS: []string{"10.0.2.1"}}
@@ -221,11 +176,9 @@ func TestCalls(t *testing.T) {
 			}
 		})
 	}
-	sys.mu.Lock()
-	if sys.hostname != "box" || !sys.clock.Equal(clock) || sys.net == nil || sys.net.Address != nc.Address || sys.entropy != 64 {
-		t.Errorf("system saw hostname %q clock %v net %+v entropy %d; want what was sent", sys.hostname, sys.clock, sys.net, sys.entropy)
+	if st := sys.State(); st.Hostname != "box" || !st.Clock.Equal(clock) || st.Net == nil || st.Net.Address != nc.Address || st.EntropyBytes != 64 {
+		t.Errorf("system saw hostname %q clock %v net %+v entropy %d; want what was sent", st.Hostname, st.Clock, st.Net, st.EntropyBytes)
 	}
-	sys.mu.Unlock()
 
 	bad := []struct {
 		name string
@@ -249,7 +202,7 @@ func TestCalls(t *testing.T) {
 
 func TestHaltEndsStream(t *testing.T) {
 	ctx := testCtx(t)
-	sys := &recSystem{}
+	sys := vmmfake.NewSystem()
 	c, g := ready(t, agent.Options{System: sys})
 	if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil); err != nil {
 		t.Fatalf("halt: %v", err)
@@ -263,8 +216,8 @@ func TestHaltEndsStream(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the agent kept serving after halt")
 	}
-	if sys.syncs != 1 {
-		t.Errorf("disks synced %d times; want 1", sys.syncs)
+	if n := sys.State().Syncs; n != 1 {
+		t.Errorf("disks synced %d times; want 1", n)
 	}
 }
 
@@ -342,7 +295,3 @@ func TestCallContext(t *testing.T) {
 		t.Errorf("ping after a call gave up: %v", err)
 	}
 }
-
-func (s *recSystem) MountRoot(agentproto.Mount) error { return nil }
-
-func (s *recSystem) WorkspaceLayers() (upper, lower string) { return "", "" }

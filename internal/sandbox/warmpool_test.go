@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"isopod/internal/agent"
 	"isopod/internal/agentclient"
-	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
+	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 )
 
@@ -86,52 +85,12 @@ func TestTeardownBackground(t *testing.T) {
 	}
 }
 
-// recordingSystem is the guest agent's machine side, recording what a
-// resumed run asks of it.
-type recordingSystem struct {
-	mu       sync.Mutex
-	hostname string
-	clock    time.Time
-	net      *agentproto.NetConfig
-	seed     []byte
-}
-
-func (r *recordingSystem) SetHostname(name string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.hostname = name
-	return nil
-}
-
-func (r *recordingSystem) SetClock(t time.Time) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.clock = t
-	return nil
-}
-
-func (r *recordingSystem) ConfigureNet(cfg agentproto.NetConfig) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.net = &cfg
-	return nil
-}
-
-func (r *recordingSystem) AddEntropy(seed []byte) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.seed = append([]byte(nil), seed...)
-	return nil
-}
-
-func (r *recordingSystem) SyncDisks() error { return nil }
-
 // TestConfigureResumed drives the real agent protocol server (without a
 // VM) with what a resumed run sends before its command.
 func TestConfigureResumed(t *testing.T) {
 	s := newTestService(t)
 	hostEnd, guestEnd := net.Pipe()
-	sys := &recordingSystem{}
+	sys := vmmfake.NewSystem()
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- agent.Serve(ctx, guestEnd, agent.Options{System: sys}) }()
@@ -157,33 +116,24 @@ func TestConfigureResumed(t *testing.T) {
 	if err := r.configureResumed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sys.mu.Lock()
-	defer sys.mu.Unlock()
-	if len(sys.seed) < 64 {
-		t.Errorf("entropy: %d bytes; want at least 64", len(sys.seed))
+	st := sys.State()
+	if len(st.LastSeed) < 64 {
+		t.Errorf("entropy: %d bytes; want at least 64", len(st.LastSeed))
 	}
-	if d := sys.clock.Sub(before); d < -time.Second || d > time.Second {
-		t.Errorf("clock sent %v, %v off the host's", sys.clock, d)
+	if d := st.Clock.Sub(before); d < -time.Second || d > time.Second {
+		t.Errorf("clock sent %v, %v off the host's", st.Clock, d)
 	}
-	if sys.hostname != "brave-otter" {
-		t.Errorf("hostname %q", sys.hostname)
+	if st.Hostname != "brave-otter" {
+		t.Errorf("hostname %q", st.Hostname)
 	}
-	if sys.net == nil || sys.net.Address != n.agentConfig().Address || r.rep.GuestIP == "" {
-		t.Errorf("network: %+v, guest ip %q", sys.net, r.rep.GuestIP)
+	if st.Net == nil || st.Net.Address != n.agentConfig().Address || r.rep.GuestIP == "" {
+		t.Errorf("network: %+v, guest ip %q", st.Net, r.rep.GuestIP)
 	}
 	// Two resumes never get the same seed.
-	first := append([]byte(nil), sys.seed...)
-	sys.mu.Unlock()
-	err = r.configureResumed(ctx)
-	sys.mu.Lock()
-	if err != nil {
+	if err := r.configureResumed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if string(first) == string(sys.seed) {
+	if string(st.LastSeed) == string(sys.State().LastSeed) {
 		t.Error("two resumes sent the same entropy")
 	}
 }
-
-func (r *recordingSystem) MountRoot(agentproto.Mount) error { return nil }
-
-func (r *recordingSystem) WorkspaceLayers() (upper, lower string) { return "", "" }

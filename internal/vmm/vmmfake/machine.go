@@ -51,7 +51,7 @@ type Machine struct {
 	started time.Time
 	host    net.Conn // the channel's host end, returned by Agent
 	guest   net.Conn // the agent's end
-	sys     *system
+	sys     *System
 	serial  *consoleWriter // the console, as the guest writes it
 	console *slog.Logger   // the agent's lines on serial
 
@@ -252,7 +252,7 @@ func (m *Machine) Config() vmm.Config { return m.cfg }
 func (m *Machine) Restored() bool { return m.g.restored }
 
 // State is what the guest's machine operations have recorded so far.
-func (m *Machine) State() State { return m.sys.snapshot() }
+func (m *Machine) State() State { return m.sys.State() }
 
 // Snapshot pauses the guest (requests are no longer delivered, nothing more
 // is sent) and writes the snapshot into dir. The machine stays paused; the

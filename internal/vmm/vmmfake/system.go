@@ -23,6 +23,8 @@ type State struct {
 	// the requests.
 	EntropyBytes int `json:"entropy_bytes"`
 	EntropyCalls int `json:"entropy_calls"`
+	// LastSeed is the last entropy the host added (not kept in snapshots).
+	LastSeed []byte `json:"-"`
 	// Syncs counts disk syncs (a Halt with Sync).
 	Syncs int `json:"syncs"`
 	// Mount is the root the host asked for (nil: not yet).
@@ -31,17 +33,22 @@ type State struct {
 
 var errAlreadyMounted = errors.New("mount: the root is already assembled")
 
-// system is the fake guest's agent.System.
-type system struct {
+// System is the fake guest's agent.System: it only records, in a State.
+// Tests of the agent protocol outside a fake machine use one through
+// [NewSystem].
+type System struct {
 	mu sync.Mutex // guards following
 	st State
 }
 
-var _ agent.System = (*system)(nil)
+var _ agent.System = (*System)(nil)
+
+// NewSystem returns a System that has recorded nothing.
+func NewSystem() *System { return newSystem(State{}, "") }
 
 // newSystem starts from a snapshot's state, or a cold boot's command line.
-func newSystem(from State, cmdline string) *system {
-	s := &system{st: from}
+func newSystem(from State, cmdline string) *System {
+	s := &System{st: from}
 	if s.st.Hostname == "" {
 		s.st.Hostname = cmdlineValue(cmdline, agentproto.CmdlineHostname)
 	}
@@ -52,7 +59,8 @@ func newSystem(from State, cmdline string) *system {
 	return s
 }
 
-func (s *system) snapshot() State {
+// State returns a copy of what the system recorded.
+func (s *System) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.st
@@ -62,46 +70,48 @@ func (s *system) snapshot() State {
 		n.Env = append([]string(nil), n.Env...)
 		st.Net = &n
 	}
+	st.LastSeed = append([]byte(nil), st.LastSeed...)
 	return st
 }
 
-func (s *system) SetHostname(name string) error {
+func (s *System) SetHostname(name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.Hostname = name
 	return nil
 }
 
-func (s *system) SetClock(t time.Time) error {
+func (s *System) SetClock(t time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.Clock = t
 	return nil
 }
 
-func (s *system) ConfigureNet(cfg agentproto.NetConfig) error {
+func (s *System) ConfigureNet(cfg agentproto.NetConfig) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.Net = &cfg
 	return nil
 }
 
-func (s *system) AddEntropy(seed []byte) error {
+func (s *System) AddEntropy(seed []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.EntropyBytes += len(seed)
+	s.st.LastSeed = append([]byte(nil), seed...)
 	s.st.EntropyCalls++
 	return nil
 }
 
-func (s *system) SyncDisks() error {
+func (s *System) SyncDisks() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.Syncs++
 	return nil
 }
 
-func (s *system) MountRoot(m agentproto.Mount) error {
+func (s *System) MountRoot(m agentproto.Mount) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.st.Mount != nil {
@@ -113,4 +123,4 @@ func (s *system) MountRoot(m agentproto.Mount) error {
 
 // WorkspaceLayers: the fake guest has no filesystem of its own, so no
 // workspace layers to read.
-func (s *system) WorkspaceLayers() (upper, lower string) { return "", "" }
+func (s *System) WorkspaceLayers() (upper, lower string) { return "", "" }
