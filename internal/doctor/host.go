@@ -10,7 +10,7 @@ import (
 // Host is what the checks read of the host. A nil field is a fact that
 // cannot be had; its check says so.
 type Host struct {
-	// LookPath finds a program, as exec.LookPath.
+	// LookPath finds a program, as hosttool.Find.
 	LookPath func(name string) (string, error)
 	// QEMUVersion returns what `bin -version` prints.
 	QEMUVersion func(ctx context.Context, bin string) (string, error)

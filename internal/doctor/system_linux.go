@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/hosttool"
 	"isopod/internal/image"
 	"isopod/internal/jail"
 	"isopod/internal/paths"
@@ -28,7 +29,7 @@ import (
 // from the core; the caller sets them.
 func System(p paths.Paths, kernel, agentBin string) Host {
 	return Host{
-		LookPath: exec.LookPath,
+		LookPath: hosttool.Find,
 		QEMUVersion: func(ctx context.Context, bin string) (string, error) {
 			out, err := exec.CommandContext(ctx, bin, "-version").Output()
 			return string(out), err

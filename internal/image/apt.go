@@ -15,6 +15,7 @@ import (
 	"pault.ag/go/debian/dependency"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 )
 
 // ErrNotServed is returned (wrapped, with errdefs.ErrFailedPrecondition)
@@ -23,19 +24,15 @@ var ErrNotServed = errors.New("package version not served by apt")
 
 // Apt runs apt-get and apt-cache. The zero value finds both on PATH.
 type Apt struct {
-	GetBin   string // default: apt-get on PATH
-	CacheBin string // default: apt-cache on PATH
+	GetBin   string // default: apt-get, found by hosttool.Find
+	CacheBin string // default: apt-cache, found by hosttool.Find
 }
 
 func (a *Apt) bin(explicit, name string) (string, error) {
 	if a != nil && explicit != "" {
 		return explicit, nil
 	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found on PATH: %w", name, errdefs.ErrNotSupported)
-	}
-	return p, nil
+	return hosttool.Find(name)
 }
 
 func (a *Apt) getBin() (string, error) {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 	"isopod/internal/paths"
 )
 
@@ -37,9 +38,9 @@ func BuildBaseDebian(ctx context.Context, paths paths.Paths, opts BuildOptions) 
 	if os.Geteuid() != 0 {
 		return BaseInfo{}, fmt.Errorf("building %s runs debootstrap, which needs root: run it as root: %w", FlavorBaseDebian, errdefs.ErrFailedPrecondition)
 	}
-	bin, err := exec.LookPath("debootstrap")
+	bin, err := hosttool.Find("debootstrap")
 	if err != nil {
-		return BaseInfo{}, fmt.Errorf("debootstrap not found: apt-get install debootstrap: %w", errdefs.ErrNotSupported)
+		return BaseInfo{}, fmt.Errorf("building %s: %w", FlavorBaseDebian, err)
 	}
 	mirror := opts.Mirror
 	if mirror == "" {
@@ -104,9 +105,9 @@ func BuildBaseDebian(ctx context.Context, paths paths.Paths, opts BuildOptions) 
 // (updates and security included) and installs DebianPackages without
 // recommends, with /proc mounted for the maintainer scripts.
 func installInChroot(ctx context.Context, log *slog.Logger, root, sources string) error {
-	chroot, err := exec.LookPath("chroot")
+	chroot, err := hosttool.Find("chroot")
 	if err != nil {
-		return fmt.Errorf("chroot not found: %w", errdefs.ErrNotSupported)
+		return err
 	}
 	if err := writeFixed(filepath.Join(root, "etc/apt/sources.list"), []byte(sources), 0o644); err != nil {
 		return err
@@ -190,7 +191,11 @@ func runLogged(log *slog.Logger, what string, cmd *exec.Cmd) error {
 // installedPackages lists every package installed in root with its version
 // and, when debootstrap left the .deb behind, its sha256.
 func installedPackages(ctx context.Context, root string) ([]Pin, error) {
-	out, err := exec.CommandContext(ctx, "dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
+	dpkg, err := hosttool.Find("dpkg-query")
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, dpkg, "--admindir="+filepath.Join(root, "var/lib/dpkg"),
 		"-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\t${Architecture}\n").Output()
 	if err != nil {
 		return nil, fmt.Errorf("listing installed packages: %w", err)

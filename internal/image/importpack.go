@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 )
 
 // writePseudo writes a mksquashfs pseudo file that gives every entry of
@@ -107,9 +107,9 @@ func (u *unpacker) pack(ctx context.Context, pseudo, out string) error {
 	if err := u.setTimes(); err != nil {
 		return err
 	}
-	bin, err := exec.LookPath("mksquashfs")
+	bin, err := hosttool.Find("mksquashfs")
 	if err != nil {
-		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
+		return err
 	}
 	r := u.root.meta
 	args := []string{u.dir, out,

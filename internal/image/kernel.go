@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 	"isopod/internal/knobs"
 	"isopod/internal/paths"
 )
@@ -29,7 +30,7 @@ type FetchOptions struct {
 	// Modules overrides GuestModules (their dependencies are added).
 	Modules []string
 	Logger  *slog.Logger
-	// Apt runs apt-get and apt-cache; nil finds them on PATH.
+	// Apt runs apt-get and apt-cache; nil finds them with hosttool.Find.
 	Apt *Apt
 }
 
@@ -177,7 +178,7 @@ func warnUnpinned(log *slog.Logger, pkg, ver, sha string) {
 
 // aptMissing adds the --from-deb hint when apt is not installed.
 func aptMissing(err error) error {
-	if errors.Is(err, errdefs.ErrNotSupported) {
+	if m := (*hosttool.MissingError)(nil); errors.As(err, &m) {
 		return fmt.Errorf("%w; without apt, download %s_%s_amd64.deb elsewhere and pass --from-deb FILE", err, KernelPin.Package, KernelPin.Version)
 	}
 	return err

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 	"isopod/internal/paths"
 )
 
@@ -59,9 +60,9 @@ func ScratchTemplate(paths paths.Paths, sizeMiB int) (string, error) {
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil
 	}
-	bin, err := exec.LookPath("mkfs.ext4")
+	bin, err := hosttool.Find("mkfs.ext4")
 	if err != nil {
-		return "", fmt.Errorf("mkfs.ext4 not found: apt-get install e2fsprogs: %w", errdefs.ErrNotSupported)
+		return "", fmt.Errorf("making the scratch disk template: %w", err)
 	}
 	f, err := os.CreateTemp(paths.Images(), ".tmp-scratch-")
 	if err != nil {

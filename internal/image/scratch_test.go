@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 )
 
 func allocated(t *testing.T, p string) int64 {
@@ -104,5 +105,17 @@ func TestScratchTemplate(t *testing.T) {
 	t.Logf("CopySparse of the %d MiB template: %s, %d bytes allocated", mib, time.Since(start).Round(time.Microsecond), allocated(t, dst))
 	if out, err := exec.Command("e2fsck", "-fn", dst).CombinedOutput(); err != nil {
 		t.Errorf("e2fsck on the copy: %v\n%s", err, out)
+	}
+}
+
+// TestScratchTemplateOnUserPath: with the PATH a normal user has on
+// Debian (no /usr/sbin, where mkfs.ext4 is), the template is still made.
+func TestScratchTemplateOnUserPath(t *testing.T) {
+	if _, err := hosttool.Find("mkfs.ext4"); err != nil {
+		t.Skip(err)
+	}
+	t.Setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+	if _, err := ScratchTemplate(testPaths(t), MinScratchTemplateMiB); err != nil {
+		t.Errorf("PATH without sbin: %v", err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 	"isopod/internal/paths"
 )
 
@@ -78,9 +78,9 @@ func mksquashfs(ctx context.Context, dir, out string) error {
 // SOURCE_DATE_EPOCH in the environment is not passed on: it would set
 // every file's time to it.
 func MkSquashfs(ctx context.Context, dir, out string, args ...string) error {
-	bin, err := exec.LookPath("mksquashfs")
+	bin, err := hosttool.Find("mksquashfs")
 	if err != nil {
-		return fmt.Errorf("mksquashfs not found: install squashfs-tools (apt-get install squashfs-tools): %w", errdefs.ErrNotSupported)
+		return err
 	}
 	cmd := exec.CommandContext(ctx, bin, append([]string{dir, out}, args...)...)
 	for _, kv := range os.Environ() {

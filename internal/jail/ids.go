@@ -6,10 +6,11 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
+
+	"isopod/internal/hosttool"
 )
 
 // idMode is how the VMM's ids are mapped into its user namespace.
@@ -32,6 +33,9 @@ type idPlan struct {
 	// groups are host gids kept as supplementary groups (the kvm group,
 	// so that /dev/kvm opens); root only.
 	groups []int
+	// mappers are newuidmap and newgidmap (mapHelper), which unshare
+	// runs by name.
+	mappers []string
 }
 
 // planIDs picks the ids: the system user when isopod runs as root, else a
@@ -63,10 +67,10 @@ func planIDs(euid int) (idPlan, []string, error) {
 	}
 	sub, serr := subordinate("/etc/subuid", name, euid)
 	subg, gerr := subordinate("/etc/subgid", name, euid)
-	_, uerr := exec.LookPath("newuidmap")
-	_, gmerr := exec.LookPath("newgidmap")
+	newuidmap, uerr := hosttool.Find("newuidmap")
+	newgidmap, gmerr := hosttool.Find("newgidmap")
 	if serr == nil && gerr == nil && uerr == nil && gmerr == nil {
-		return idPlan{mode: mapHelper, uid: sub, gid: subg}, nil, nil
+		return idPlan{mode: mapHelper, uid: sub, gid: subg, mappers: []string{newuidmap, newgidmap}}, nil, nil
 	}
 	warn := fmt.Sprintf("the VMM runs as your own uid %d inside its jail, because %s: an escape from it would act as you; "+
 		"give %s a subordinate range (`sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 %s`) and install uidmap",

@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"isopod/internal/hosttool"
 )
 
 // childEnv carries a childSpec to the re-executed helper.
@@ -185,6 +187,15 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 	}
 	b, _ := json.Marshal(cs)
 	cmd.Env = []string{childEnv + "=" + string(b)}
+	if j.ids.mode == mapHelper {
+		// unshare runs newuidmap and newgidmap by name: where they were
+		// found (the helper and the VMM ignore PATH).
+		var dirs []string
+		for _, m := range j.ids.mappers {
+			dirs = append(dirs, filepath.Dir(m))
+		}
+		cmd.Env = append(cmd.Env, "PATH="+strings.Join(dirs, ":"))
+	}
 	cmd.ExtraFiles = extra
 	cmd.Stdout, cmd.Stderr = s.Stdout, s.Stderr
 	p.Cmd = cmd
@@ -199,9 +210,9 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 // a descriptor, so the subordinate id needs no access to the directories
 // above it.
 func (j *Jailer) helperCommand(helper string, p *Process) (*exec.Cmd, error) {
-	unshare, err := exec.LookPath("unshare")
+	unshare, err := hosttool.Find("unshare")
 	if err != nil {
-		return nil, failed("util-linux unshare is not installed", "install util-linux")
+		return nil, failed(fmt.Sprintf("util-linux unshare, which maps a subordinate id, cannot be found (%v)", err), hosttool.Install("unshare"))
 	}
 	cmd := exec.Command(unshare,
 		"--user", fmt.Sprintf("--map-users=%d,0,1", j.ids.uid), fmt.Sprintf("--map-groups=%d,0,1", j.ids.gid),
@@ -329,7 +340,11 @@ const addressSpaceSlack = 3 << 30
 // Libraries lists what a dynamically linked program needs to start: the
 // shared libraries ldd names (the loader included) and the loader's cache.
 func Libraries(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).Output()
+	ldd, err := hosttool.Find("ldd")
+	if err != nil {
+		return nil, fmt.Errorf("listing %s's libraries: %w", bin, err)
+	}
+	out, err := exec.Command(ldd, bin).Output()
 	if err != nil {
 		return nil, fmt.Errorf("listing %s's libraries with ldd: %w", bin, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 )
 
 // Layers are read on the host with e2fsprogs' debugfs, without mounting.
@@ -23,15 +23,11 @@ import (
 
 // findDebugfs locates the debugfs binary.
 func findDebugfs() (string, error) {
-	if p, err := exec.LookPath("debugfs"); err == nil {
-		return p, nil
+	p, err := hosttool.Find("debugfs")
+	if err != nil {
+		return "", fmt.Errorf("reading stage layers: %w", err)
 	}
-	for _, p := range []string{"/usr/sbin/debugfs", "/sbin/debugfs"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("reading stage layers needs debugfs (install e2fsprogs): %w", errdefs.ErrNotSupported)
+	return p, nil
 }
 
 // debugfsRun runs cmds against image (read-only, without reading bitmaps)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"isopod/internal/hosttool"
 )
 
 // Account is a normal user a test made.
@@ -30,6 +32,19 @@ type Account struct {
 // tools are what making, using and removing an account needs.
 var tools = []string{"useradd", "userdel", "usermod", "setpriv", "unshare", "newuidmap", "newgidmap"}
 
+// UserPATH is the PATH a normal user's login gets on Debian and its kin:
+// no sbin directory, where e2fsprogs and others put their programs.
+// Command runs everything with it, as a new user would.
+const UserPATH = "/usr/local/bin:/usr/bin:/bin"
+
+// tool is the path of the program name (hosttool.Find), or name itself.
+func tool(name string) string {
+	if p, err := hosttool.Find(name); err == nil {
+		return p
+	}
+	return name
+}
+
 // New makes a normal user named prefix and the test binary's pid, with a
 // subordinate uid and gid range (useradd gives one where /etc/login.defs
 // says so; otherwise New adds one), and removes it, ranges included, when
@@ -41,19 +56,19 @@ func New(t *testing.T, prefix string) Account {
 	if os.Geteuid() != 0 {
 		t.Skip("making a test user needs root")
 	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (shadow-utils, util-linux and uidmap are needed)", tool)
+	for _, name := range tools {
+		if _, err := hosttool.Find(name); err != nil {
+			t.Skipf("%v (shadow-utils, util-linux and uidmap are needed)", err)
 		}
 	}
 	sweep(t, prefix)
 	name := prefix + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("useradd", "--no-create-home", "--home-dir", "/nonexistent",
+	if out, err := exec.Command(tool("useradd"), "--no-create-home", "--home-dir", "/nonexistent",
 		"--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+		if out, err := exec.Command(tool("userdel"), name).CombinedOutput(); err != nil {
 			t.Errorf("userdel %s: %v: %s", name, err, out)
 		}
 		for _, f := range []string{"/etc/subuid", "/etc/subgid"} {
@@ -75,7 +90,7 @@ func New(t *testing.T, prefix string) Account {
 	if !uok || !gok {
 		start := freeSubordinateStart()
 		r := fmt.Sprintf("%d-%d", start, start+65535)
-		if out, err := exec.Command("usermod", "--add-subuids", r, "--add-subgids", r, name).CombinedOutput(); err != nil {
+		if out, err := exec.Command(tool("usermod"), "--add-subuids", r, "--add-subgids", r, name).CombinedOutput(); err != nil {
 			t.Fatalf("usermod --add-subuids %s %s: %v: %s", r, name, err, out)
 		}
 		a.SubUID, a.SubGID = start, start
@@ -83,12 +98,12 @@ func New(t *testing.T, prefix string) Account {
 	return a
 }
 
-// Command runs argv as a, through setpriv, with only env and a PATH in
-// its environment.
+// Command runs argv as a, through setpriv, with only env and UserPATH in
+// its environment (env may set another PATH).
 func (a Account) Command(ctx context.Context, env []string, argv ...string) *exec.Cmd {
 	args := append([]string{"--reuid=" + strconv.Itoa(a.UID), "--regid=" + strconv.Itoa(a.GID), "--init-groups", "--"}, argv...)
-	cmd := exec.CommandContext(ctx, "setpriv", args...)
-	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	cmd := exec.CommandContext(ctx, tool("setpriv"), args...)
+	cmd.Env = append([]string{"PATH=" + UserPATH}, env...)
 	cmd.WaitDelay = 10 * time.Second
 	return cmd
 }
@@ -155,7 +170,7 @@ func sweep(t *testing.T, prefix string) {
 		if !strings.HasPrefix(name, prefix) || err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
 			continue
 		}
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+		if out, err := exec.Command(tool("userdel"), name).CombinedOutput(); err != nil {
 			t.Logf("removing the leftover test user %s: %v: %s", name, err, out)
 		}
 	}

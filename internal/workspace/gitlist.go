@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 )
 
 // repoInfo is what git says of a directory.
@@ -27,7 +28,7 @@ type repoInfo struct {
 
 // gitPath finds the host's git; "" when there is none.
 func gitPath() string {
-	p, err := exec.LookPath("git")
+	p, err := hosttool.Find("git")
 	if err != nil {
 		return ""
 	}

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hosttool"
 	"isopod/internal/jail"
 	"isopod/internal/knobs"
 	"isopod/internal/vmm"
@@ -105,10 +106,9 @@ func New(cfg Config) (*Driver, error) {
 	if bin == "" {
 		bin = DefaultBinary
 	}
-	path, err := exec.LookPath(bin)
+	path, err := hosttool.Find(bin)
 	if err != nil {
-		return nil, fmt.Errorf("qemu: %q not found (install qemu-system-x86 or set %s): %w",
-			bin, knobs.QEMU, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("qemu: %w; or set %s to a QEMU binary: %w", err, knobs.QEMU, errdefs.ErrNotFound)
 	}
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
