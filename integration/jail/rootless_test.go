@@ -42,9 +42,11 @@ func unprivilegedUserNamespaces() error {
 // userHome is a state root for a, in a directory of the test's own: the
 // kernel and images the run needs from the test's private home (hard
 // links, which stay root's and world-readable; copies where a link cannot
-// be made), and the binaries, where a can run them. It returns the root
-// and the directory of the binaries.
-func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
+// be made), the scratch disk templates too where scratch is set (else
+// the run makes its own, as a new user's first run does), and the
+// binaries, where a can run them. It returns the root and the directory
+// of the binaries.
+func userHome(t *testing.T, a testaccount.Account, scratch bool) (home, bin string) {
 	t.Helper()
 	tmp, err := filepath.EvalSymlinks(os.TempDir())
 	if err != nil {
@@ -125,6 +127,9 @@ func userHome(t *testing.T, a testaccount.Account) (home, bin string) {
 		matches, _ := filepath.Glob(filepath.Join(e2e.HomeDir, "images", pattern))
 		for _, m := range matches {
 			if strings.HasSuffix(m, ".ext4") {
+				if !scratch {
+					continue
+				}
 				// A scratch template is large and sparse: link it or let
 				// isopod make the user's own.
 				if real, err := filepath.EvalSymlinks(m); err == nil {
@@ -223,7 +228,7 @@ func TestRootlessRun(t *testing.T) {
 		t.Skipf("unprivileged user namespaces are not allowed here: %v", err)
 	}
 	a := testaccount.New(t, accountPrefix)
-	home, bin := userHome(t, a)
+	home, bin := userHome(t, a, true)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
