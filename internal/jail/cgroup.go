@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,29 +40,48 @@ var v1Controllers = []string{"memory", "pids"}
 
 // planCgroups finds where VMM cgroups can be made: as root, under this
 // process's own cgroup (v1) or the root's isopod group (v2); as a normal
-// user, in a delegated v2 subtree. Without one the VMM gets rlimits and a
-// warning.
-func planCgroups(root string, euid int) (cgroupPlan, []string, error) {
+// user, in a delegated v2 subtree. Without one (for root too: no cgroup
+// filesystem is mounted inside `ip netns exec`, which remounts /sys, nor
+// in many containers) the VMM gets rlimits and a warning that says why.
+func planCgroups(root string, euid int) (cgroupPlan, []string) {
 	own := ownCgroups("/proc/self/cgroup")
+	var why string
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
 		if p, ok := planV2(root, own[""], euid); ok {
-			return p, nil, nil
+			return p, nil
+		}
+		why = fmt.Sprintf("the cgroup v2 hierarchy at %s does not offer the memory and pids controllers", root)
+		if euid != 0 {
+			why = fmt.Sprintf("this user has no delegated cgroup v2 subtree with the memory and pids controllers under %s", root)
 		}
 	} else if euid == 0 {
 		p := cgroupPlan{kind: cgroupV1}
+		var missing []string
 		for _, c := range v1Controllers {
 			dir := filepath.Join(root, c)
 			if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
-				return cgroupPlan{}, nil, failed(fmt.Sprintf("the cgroup v1 %s controller is not mounted at %s", c, dir),
-					"mount it (cgroup v1) or boot with the unified cgroup v2 hierarchy")
+				missing = append(missing, dir)
 			}
 			p.parents = append(p.parents, filepath.Join(dir, own[c], "isopod"))
 		}
-		return p, nil, nil
+		if len(missing) == 0 {
+			return p, nil
+		}
+		why = fmt.Sprintf("neither the unified cgroup v2 hierarchy nor the v1 hierarchy %s is mounted", strings.Join(missing, ", "))
+		if ents, _ := os.ReadDir(root); len(ents) == 0 {
+			why = fmt.Sprintf("no cgroup filesystem is mounted at %s", root)
+		}
+		why += " (`ip netns exec` remounts /sys without them; many containers have none)"
+	} else {
+		why = fmt.Sprintf("a normal user has no cgroup of its own outside a delegated cgroup v2 subtree, and %s holds no cgroup v2 hierarchy", root)
 	}
-	warn := "no cgroup can be had for the VMM (cgroup v1, or no delegated cgroup v2 subtree for this user), " +
-		"so its memory and processes are capped with rlimits instead; run isopod as root, or in a systemd user session on cgroup v2, for cgroup caps"
-	return cgroupPlan{kind: cgroupNone}, []string{warn}, nil
+	fix := "run isopod as root, or in a systemd user session on cgroup v2, for cgroup caps"
+	if euid == 0 {
+		fix = "mount the cgroup v1 memory and pids hierarchies or the unified cgroup v2 one there, for cgroup caps " +
+			"(to run in a network namespace, `nsenter --net=/run/netns/NAME` keeps the host's /sys, where `ip netns exec` does not)"
+	}
+	warn := fmt.Sprintf("no cgroup can be had for the VMM: %s, so its memory and processes are capped with rlimits instead; %s", why, fix)
+	return cgroupPlan{kind: cgroupNone}, []string{warn}
 }
 
 // planV2 finds the parent for VMM cgroups on the unified hierarchy: for
@@ -87,7 +107,7 @@ func planV2(root, own string, euid int) (cgroupPlan, bool) {
 		return cgroupPlan{}, false
 	}
 	for _, c := range []string{"memory", "pids"} {
-		if !strings.Contains(" "+string(ctrls)+" ", " "+c+" ") {
+		if !slices.Contains(strings.Fields(string(ctrls)), c) {
 			return cgroupPlan{}, false
 		}
 	}

@@ -105,10 +105,7 @@ func New(cfg Config) (*Jailer, error) {
 	}
 	j.ids = ids
 	j.warnings = append(j.warnings, warn...)
-	cg, warn, err := planCgroups(cfg.CgroupRoot, os.Geteuid())
-	if err != nil {
-		return nil, err
-	}
+	cg, warn := planCgroups(cfg.CgroupRoot, os.Geteuid())
 	j.cgroups = cg
 	j.warnings = append(j.warnings, warn...)
 	cfg.Logger.Debug("jail ready", "uid", ids.uid, "gid", ids.gid, "cgroups", cg.kind, "warnings", j.warnings)
