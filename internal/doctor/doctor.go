@@ -4,9 +4,10 @@
 // are tested without the host; [System] is the real one.
 //
 // Required checks (a run fails without them): QEMU, the jail (or
-// ISOPOD_JAIL=off), the guest kernel, the initramfs, one base image, disk
-// space. The others (KVM, the guest agent, each base, the warm pool) say
-// what is slower or missing but do not stop a run.
+// ISOPOD_JAIL=off), mkfs.ext4 (the tools check), the guest kernel, the
+// initramfs, one base image, disk space. The others (KVM, the guest agent,
+// each base, the warm pool, the tools besides mkfs.ext4) say what is
+// slower or missing but do not stop a run.
 package doctor
 
 import (
@@ -99,7 +100,7 @@ func Run(ctx context.Context, cfg Config, h Host) *Report {
 	if kvm.OK {
 		r.Accel = "kvm"
 	}
-	r.Checks = append(r.Checks, checkQEMU(ctx, cfg, h), kvm, checkJail(ctx, cfg, h))
+	r.Checks = append(r.Checks, checkQEMU(ctx, cfg, h), kvm, checkJail(ctx, cfg, h), checkTools(h))
 	r.Checks = append(r.Checks, checkImages(cfg, h)...)
 	r.Checks = append(r.Checks, checkDisk(cfg, h), checkWarmPool(ctx, h))
 	failed := r.Failed()

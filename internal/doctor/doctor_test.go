@@ -67,8 +67,8 @@ func TestHealthy(t *testing.T) {
 			t.Errorf("%s: ok %v, fix %q, why %q; want ok, no fix, a why", c.Name, c.OK, c.Fix, c.Why)
 		}
 	}
-	required := map[string]bool{"qemu": true, "jail": true, "kernel": true, "initramfs": true, "base": true, "disk": true}
-	for _, name := range []string{"qemu", "kvm", "jail", "kernel", "agent", "initramfs", "base", "base-min", "base-debian", "disk", "warm_pool"} {
+	required := map[string]bool{"qemu": true, "jail": true, "tools": true, "kernel": true, "initramfs": true, "base": true, "disk": true}
+	for _, name := range []string{"qemu", "kvm", "jail", "tools", "kernel", "agent", "initramfs", "base", "base-min", "base-debian", "disk", "warm_pool"} {
 		if c := check(t, r, name); c.Required != required[name] {
 			t.Errorf("%s: required %v; want %v", name, c.Required, required[name])
 		}
@@ -311,6 +311,53 @@ func TestJailTriesTheRunsQEMU(t *testing.T) {
 		}
 		if c := check(t, r, "jail"); c.OK != true || strings.Contains(c.Why, "QEMU starts in the jail") != tt.found {
 			t.Errorf("jail check %+v; want ok, saying whether QEMU started in it", c)
+		}
+	}
+}
+
+// TestTools: the tools check finds the programs isopod starts; a missing
+// mkfs.ext4 fails it (and the report), a missing optional one is named
+// with its package without failing it.
+func TestTools(t *testing.T) {
+	missing := func(names ...string) func(string) (string, error) {
+		return func(name string) (string, error) {
+			for _, n := range names {
+				if n == name {
+					return "", fmt.Errorf("%s not found on PATH (/usr/bin:/bin) or in /usr/sbin", name)
+				}
+			}
+			return "/usr/sbin/" + name, nil
+		}
+	}
+	for _, tt := range []struct {
+		name     string
+		missing  []string
+		ok       bool
+		why, fix []string
+	}{
+		{"all found", nil, true, []string{"mkfs.ext4 (/usr/sbin/mkfs.ext4)", "debugfs (/usr/sbin/debugfs)"}, nil},
+		{"no mkfs.ext4", []string{"mkfs.ext4"}, false,
+			[]string{"missing: mkfs.ext4, which makes the scratch disk", "not found on PATH (/usr/bin:/bin) or in /usr/sbin"},
+			[]string{"`apt-get install e2fsprogs`", "`dnf install e2fsprogs`"}},
+		{"no debugfs nor git", []string{"debugfs", "git"}, true,
+			[]string{"debugfs, which reads stage layers", "git, which lists"}, []string{"install e2fsprogs", "install git"}},
+	} {
+		h := healthy()
+		h.LookPath = missing(tt.missing...)
+		r := Run(t.Context(), Config{Home: "/h", QEMU: "/usr/bin/qemu-system-x86_64"}, h)
+		c := check(t, r, "tools")
+		if c.OK != tt.ok || !c.Required || r.OK != tt.ok || (c.Fix == "") != (len(tt.fix) == 0) {
+			t.Errorf("%s: check %+v, report ok %v; want ok %v", tt.name, c, r.OK, tt.ok)
+		}
+		for _, s := range tt.why {
+			if !strings.Contains(c.Why, s) {
+				t.Errorf("%s: why %q lacks %q", tt.name, c.Why, s)
+			}
+		}
+		for _, s := range tt.fix {
+			if !strings.Contains(c.Fix, s) {
+				t.Errorf("%s: fix %q lacks %q", tt.name, c.Fix, s)
+			}
 		}
 	}
 }
