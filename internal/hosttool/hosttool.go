@@ -53,10 +53,6 @@ var packages = map[string]pkg{
 	"nft":                {"nftables", "nftables"},
 }
 
-// Package is the Debian package that installs the program name ("" when
-// isopod does not know it).
-func Package(name string) string { return packages[name].debian }
-
 // MissingError says that a program was not found, where it was looked for
 // and which package installs it. It is an errdefs.ErrFailedPrecondition.
 type MissingError struct {
