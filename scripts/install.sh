@@ -12,13 +12,16 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
+# A user's PATH on Debian lacks the sbin directories, where debugfs and
+# debootstrap live: look there too, as isopod itself does.
+have() { command -v "$1" >/dev/null || [ -x "/usr/local/sbin/$1" ] || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
 need_pkgs=()
-command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
-command -v mksquashfs >/dev/null || need_pkgs+=(squashfs-tools)
-command -v debugfs >/dev/null || need_pkgs+=(e2fsprogs)
-command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
-command -v newuidmap >/dev/null || need_pkgs+=(uidmap)   # the VMM jail's subordinate ids
-command -v unshare >/dev/null || need_pkgs+=(util-linux)
+have qemu-system-x86_64 || need_pkgs+=(qemu-system-x86)
+have mksquashfs || need_pkgs+=(squashfs-tools)
+have debugfs || need_pkgs+=(e2fsprogs)
+have debootstrap || need_pkgs+=(debootstrap)
+have newuidmap || need_pkgs+=(uidmap)   # the VMM jail's subordinate ids
+have unshare || need_pkgs+=(util-linux)
 command -v apt-get >/dev/null || { echo "install.sh: apt-get not found; on other hosts install qemu-system-x86_64, squashfs-tools, e2fsprogs by hand and use 'isopod image fetch-kernel --from-deb FILE'" >&2; exit 1; }
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install.sh: installing ${need_pkgs[*]}" >&2
