@@ -92,7 +92,7 @@ func (o *runOptions) complete(cmd *cobra.Command, args []string) error {
 func runFlags(c *cobra.Command, o *runOptions) {
 	req, ws := &o.req, &o.ws
 	f := c.Flags()
-	f.StringVar(&req.Stage, "stage", sandbox.BaseStage, "stage to fork: id, name, label or unique label prefix; base is the empty stage")
+	f.StringVar(&req.Stage, "stage", sandbox.BaseStage, "stage to fork: id, name or label, or a unique prefix of a label or of an id (6 or more hex digits, st- optional); base is the empty stage")
 	f.StringVar(&req.Base, "base", "", "base image: base-min (default), base-debian or an imported one (isopod image ls); a fork keeps its chain's base")
 	f.BoolVar(&req.NoNetwork, "no-network", false, "attach no network interface at all")
 	f.BoolVar(&req.AllowLANEgress, "allow-lan-egress", false, "let the guest reach private (RFC1918, CGNAT, ULA) addresses; insecure")

@@ -45,12 +45,10 @@ func (s *Server) reserve(ctx context.Context, memMiB int) (*sandbox.Ticket, erro
 	return s.cfg.Admission.Reserve(runMemMiB(memMiB))
 }
 
-// runMemMiB is the guest memory a run asks for, its default applied.
+// runMemMiB is the guest memory a run asks for, its default applied (by
+// the core's rule: the request is checked later).
 func runMemMiB(m int) int {
-	if m <= 0 {
-		return sandbox.DefaultMemMiB
-	}
-	return m
+	return sandbox.Request{MemMiB: max(m, 0)}.WithDefaults().MemMiB
 }
 
 // busyText words a refused place for a tool error.

@@ -23,7 +23,7 @@ import (
 // 8 MiB argument is never echoed back.
 //
 // The checker covers the schema keywords the tools use: type, properties,
-// required, additionalProperties, items, minimum, maximum and default. A
+// required, additionalProperties, items, minimum and maximum. A
 // test holds it to the jsonschema package's verdicts on the same inputs.
 
 // maxShown is how many characters of a refused string value a message
@@ -49,9 +49,12 @@ func (r *refusal) Unwrap() error { return errdefs.ErrInvalidArgument }
 type coercion func(args map[string]any)
 
 // checkArgs decodes a tool call's arguments, drops optional ones given as
-// null, applies coerce, checks the result against sc and fills in the
-// schema's defaults. It returns the arguments as JSON for the tool's input
-// type, or a *refusal.
+// null (null means not given), applies coerce and checks the result
+// against sc. It returns the arguments as JSON for the tool's input type,
+// or a *refusal. A schema's defaults are what the tool does without the
+// argument, said for clients; they are not filled in here, but applied
+// once, where the value is used (a run's, by the core as it normalises
+// the request).
 func checkArgs(sc *jsonschema.Schema, raw json.RawMessage, coerce coercion) (json.RawMessage, error) {
 	args := map[string]any{}
 	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
@@ -77,14 +80,6 @@ func checkArgs(sc *jsonschema.Schema, raw json.RawMessage, coerce coercion) (jso
 	}
 	if err := checkValue("", sc, args); err != nil {
 		return nil, err
-	}
-	for name, p := range sc.Properties {
-		if _, given := args[name]; !given && p.Default != nil {
-			var d any
-			if err := json.Unmarshal(p.Default, &d); err == nil {
-				args[name] = d
-			}
-		}
 	}
 	return json.Marshal(args)
 }

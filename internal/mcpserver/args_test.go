@@ -75,10 +75,14 @@ func TestInspectorStyleArguments(t *testing.T) {
 		{"network false", map[string]any{"network": "false"}, func(r sandbox.Request) bool { return r.NoNetwork }},
 		{"network TRUE", map[string]any{"network": " TRUE "}, func(r sandbox.Request) bool { return !r.NoNetwork }},
 		{"network empty", map[string]any{"network": ""}, func(r sandbox.Request) bool { return !r.NoNetwork }},
-		{"allow_hosts []", map[string]any{"allow_hosts": "[]"}, func(r sandbox.Request) bool { return r.DenyEgress && r.AllowHosts != nil }},
+		{"allow_hosts []", map[string]any{"allow_hosts": "[]"}, func(r sandbox.Request) bool {
+			return r.AllowHosts != nil && r.NetworkMode() == sandbox.NetworkFiltered
+		}},
 		{"allow_hosts list", map[string]any{"allow_hosts": `["pypi.org", "*.pythonhosted.org"]`},
 			func(r sandbox.Request) bool { return len(r.AllowHosts) == 2 && r.AllowHosts[1] == "*.pythonhosted.org" }},
-		{"allow_hosts empty text", map[string]any{"allow_hosts": ""}, func(r sandbox.Request) bool { return r.AllowHosts == nil && !r.DenyEgress }},
+		{"allow_hosts empty text", map[string]any{"allow_hosts": ""}, func(r sandbox.Request) bool {
+			return r.AllowHosts == nil && r.NetworkMode() == sandbox.NetworkNAT
+		}},
 		{"allow_cidrs list", map[string]any{"allow_cidrs": `["192.0.2.0/24"]`}, func(r sandbox.Request) bool { return len(r.AllowCIDRs) == 1 }},
 		{"copy_out []", map[string]any{"copy_out": "[]"}, func(r sandbox.Request) bool { return len(r.CopyOut) == 0 }},
 		{"copy_out list", map[string]any{"copy_out": `[{"guest": "/o", "host": "o.txt"}]`},

@@ -17,7 +17,14 @@ import (
 // release of admission) are tested without QEMU.
 func newFakeCore(t testing.TB) (*sandbox.Service, *vmmfake.Driver) {
 	t.Helper()
-	p, kernel := sandboxtest.Root(t, image.FlavorBaseMin, image.FlavorBaseDebian)
+	return newFakeCoreOver(t, image.FlavorBaseMin, image.FlavorBaseDebian)
+}
+
+// newFakeCoreOver is newFakeCore over a state root with only the bases
+// named built.
+func newFakeCoreOver(t testing.TB, bases ...string) (*sandbox.Service, *vmmfake.Driver) {
+	t.Helper()
+	p, kernel := sandboxtest.Root(t, bases...)
 	d, err := vmmfake.New(vmmfake.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,12 +20,13 @@ import (
 // reads, so they carry the semantics.
 type RunArgs struct {
 	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && so a failing step makes the exit code non-zero; /bin/sh is dash on base-debian (no pipefail): for a pipeline whose failure must count, run it under bash -o pipefail -c"`
-	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list. The stage itself is never modified"`
+	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list, or a prefix of one stage's label or of its stage_id (at least 6 hex digits, with or without st-). The stage itself is never modified"`
 	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only), or a base imported from a container image (it needs /bin/sh). A forked stage always uses the base it was made on; see image_list"`
 
-	Network    *bool    `json:"network,omitempty" jsonschema:"give the VM a network card (default true, NAT to the internet); false for untrusted code that needs no network"`
-	AllowHosts []string `json:"allow_hosts,omitempty" jsonschema:"switch to filtered egress: only these host names are reachable (exact or *.suffix, e.g. [\"pypi.org\", \"*.pythonhosted.org\"]). An empty list [] denies everything but records every attempted connection and DNS lookup in the report's egress"`
-	AllowCIDRs []string `json:"allow_cidrs,omitempty" jsonschema:"switch to filtered egress and allow these destination networks (e.g. [\"203.0.113.0/24\"])"`
+	// The two lists are pointers so that absent (nil) and [] differ.
+	Network    *bool     `json:"network,omitempty" jsonschema:"give the VM a network card (default true: NAT to public addresses, unless allow_hosts or allow_cidrs is given); false for untrusted code that needs no network (refused with allow_hosts or allow_cidrs)"`
+	AllowHosts *[]string `json:"allow_hosts,omitempty" jsonschema:"switch to filtered, default-deny egress: only these host names are reachable (exact or *.suffix, e.g. [\"pypi.org\", \"*.pythonhosted.org\"]). Given at all, even as [], the run is filtered; with no rule in allow_hosts or allow_cidrs it denies everything but records every attempted connection and DNS lookup in the report's egress. Absent or null: no filtering from this argument"`
+	AllowCIDRs *[]string `json:"allow_cidrs,omitempty" jsonschema:"switch to filtered, default-deny egress and allow these destination networks (e.g. [\"203.0.113.0/24\"]). Given at all, even as [], the run is filtered; with no rule in allow_hosts or allow_cidrs it denies everything and records every attempt. Absent or null: no filtering from this argument"`
 
 	CommitAs string `json:"commit_as,omitempty" jsonschema:"save the VM's filesystem changes as a stage with this label, only when cmd exits 0. Use <project>/<purpose>, e.g. myproj/deps; fork it later with stage"`
 
@@ -55,7 +57,9 @@ const runDescription = `Run one shell command in a fresh, isolated microVM and d
 
 Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. workspace brings a host directory in (at /workspace, the default cwd) and workspace_out its changes back as a patch; the host tree is never modified. Fork a saved stage with stage. timeout_s covers boot and command together.
 
-Network: on by default (NAT). network=false for untrusted code; allow_hosts (even []) switches to default-deny filtering and the report's egress lists what was allowed and denied.`
+Network: on by default (NAT). network=false for untrusted code; allow_hosts or allow_cidrs, given at all (even []), switches to default-deny filtering (with no rule in either, everything is denied) and the report's egress lists what was allowed and denied.
+
+Base: base-debian unless base or a forked stage says otherwise; on a host where base-debian is not built, a run that names no base uses base-min and its warnings say how to build base-debian.`
 
 // sandboxRun is the sandbox_run handler: refusals first, then a VM place
 // (waiting in line if the host is full), the stage pulled if this host
@@ -92,7 +96,7 @@ func (s *Server) sandboxRun(ctx context.Context, req *mcp.CallToolRequest, in Ru
 	defer stop()
 	rep, reg, err := s.runAdmitted(ctx, &r, ticket, st)
 	if err != nil {
-		return nil, s.toolError(ctx, failure{tool: ToolSandboxRun, stage: r.Stage, base: r.Base}, rf.reword(err))
+		return nil, s.toolError(ctx, failure{tool: ToolSandboxRun, stage: r.Stage, base: cmp.Or(r.Base, r.DefaultBase)}, rf.reword(err))
 	}
 	reg = s.pushCommit(ctx, rep, in.CommitAs, reg, st)
 	stop()
@@ -188,31 +192,24 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		return sandbox.Request{}, bad("cmd", "empty; give the shell command to run, e.g. \"echo hi\"")
 	}
 	r := sandbox.Request{
-		Argv:       []string{"/bin/sh", "-c", in.Cmd},
-		Shell:      true,
-		Stage:      in.Stage,
-		Base:       in.Base,
-		AllowCIDRs: in.AllowCIDRs,
+		Argv:  []string{"/bin/sh", "-c", in.Cmd},
+		Shell: true,
+		Stage: in.Stage,
+		Base:  in.Base,
+		// The core applies it only to a run from the empty stage that
+		// names no base: a fork boots the base its chain was made on.
+		DefaultBase: DefaultBase,
+		// Given at all, even as [], either list makes the run filtered
+		// (the core denies everything when neither holds a rule): a list
+		// keeps that given-ness as a non-nil slice.
+		AllowHosts: given(in.AllowHosts),
+		AllowCIDRs: given(in.AllowCIDRs),
 		VCPUs:      in.VCPUs,
 		MemMiB:     in.MemMiB,
 		ScratchMiB: in.ScratchMiB,
 		TimeoutS:   in.TimeoutS,
 		Cwd:        in.Cwd,
 		CommitAs:   in.CommitAs,
-	}
-	if r.Stage == "" {
-		r.Stage = sandbox.BaseStage
-	}
-	// A fork boots the base its chain was made on; the default applies
-	// only to a run from the empty stage.
-	if r.Base == "" && r.Stage == sandbox.BaseStage {
-		r.Base = DefaultBase
-	}
-	if in.AllowHosts != nil {
-		// allow_hosts: [] alone denies everything (and records it); with
-		// allow_cidrs it only adds no host names.
-		r.AllowHosts = in.AllowHosts
-		r.DenyEgress = len(in.AllowHosts) == 0 && len(in.AllowCIDRs) == 0
 	}
 	if in.Network != nil && !*in.Network {
 		if in.AllowHosts != nil || in.AllowCIDRs != nil {
@@ -250,6 +247,15 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	}
 
 	return r, nil
+}
+
+// given is a list argument as the core takes it: nil when absent, and
+// non-nil, even empty, when given.
+func given(l *[]string) []string {
+	if l == nil {
+		return nil
+	}
+	return append([]string{}, *l...)
 }
 
 // openCopyOut confines copy_out's host destinations: all are checked

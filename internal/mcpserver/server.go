@@ -231,7 +231,7 @@ Use sandbox_run for anything you would not run on the host: it boots a fresh VM,
 
 Nothing persists unless you ask: commit_as="<project>/<purpose>" saves the filesystem changes as a stage (only when the command exits 0); later runs with stage="<project>/<purpose>" fork it. Stages are immutable; fork as often as you like. Chain setup steps with && (or run pipelines under bash -o pipefail -c) so a failed step is not committed.
 
-Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["pypi.org","*.pythonhosted.org"] allows only those hosts; allow_hosts=[] denies everything and records what was attempted.
+Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["pypi.org","*.pythonhosted.org"] allows only those hosts (allow_cidrs, networks); allow_hosts=[] or allow_cidrs=[] alone denies everything and records what was attempted.
 
 stdin_file, copy_out and workspace name files on the server's host and are confined to its host-I/O root (off on a network listener unless its operator allowed them); stdin (text in) and read_files (guest files back in the result) need no host path.
 

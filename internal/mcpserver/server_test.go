@@ -88,17 +88,16 @@ func TestRunArgsMapping(t *testing.T) {
 		check func(t *testing.T, r sandbox.Request)
 	}{
 		{"defaults", map[string]any{"cmd": "echo hi"}, func(t *testing.T, r sandbox.Request) {
-			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Shell: true, Stage: "base", Base: DefaultBase}
+			// The defaults are the core's to apply; the server only says
+			// which base it prefers.
+			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Shell: true, DefaultBase: DefaultBase}
 			r.Stdin = nil
-			// Schema defaults fill in the documented values; they equal the
-			// core's own defaults.
-			want.TimeoutS, want.VCPUs, want.MemMiB = sandbox.DefaultTimeoutS, sandbox.DefaultVCPUs, sandbox.DefaultMemMiB
 			if !reflect.DeepEqual(r, want) {
 				t.Errorf("request = %+v, want %+v", r, want)
 			}
 		}},
 		{"fork keeps the chain's base", map[string]any{"cmd": "true", "stage": "proj/deps"}, func(t *testing.T, r sandbox.Request) {
-			if r.Stage != "proj/deps" || r.Base != "" {
+			if r.Stage != "proj/deps" || r.Base != "" || r.DefaultBase != DefaultBase {
 				t.Errorf("stage %q base %q", r.Stage, r.Base)
 			}
 		}},
@@ -113,13 +112,14 @@ func TestRunArgsMapping(t *testing.T) {
 			}
 		}},
 		{"empty allow_hosts denies and records", map[string]any{"cmd": "true", "allow_hosts": []string{}}, func(t *testing.T, r sandbox.Request) {
-			if !r.DenyEgress || r.NoNetwork || r.AllowHosts == nil || len(r.AllowHosts) != 0 {
-				t.Errorf("request DenyEgress=%v NoNetwork=%v AllowHosts=%#v", r.DenyEgress, r.NoNetwork, r.AllowHosts)
+			n := normalized(t, r)
+			if !n.DenyEgress || n.NetworkMode() != sandbox.NetworkFiltered || r.AllowHosts == nil || len(r.AllowHosts) != 0 {
+				t.Errorf("request DenyEgress=%v mode=%s AllowHosts=%#v", n.DenyEgress, n.NetworkMode(), r.AllowHosts)
 			}
 		}},
 		{"empty allow_hosts with allow_cidrs allows those networks", map[string]any{"cmd": "true", "allow_hosts": []string{}, "allow_cidrs": []string{"192.0.2.0/24"}}, func(t *testing.T, r sandbox.Request) {
-			if r.DenyEgress || len(r.AllowCIDRs) != 1 {
-				t.Errorf("request DenyEgress=%v AllowCIDRs=%v; want the networks allowed, not deny-all", r.DenyEgress, r.AllowCIDRs)
+			if n := normalized(t, r); n.DenyEgress || len(n.AllowCIDRs) != 1 || n.NetworkMode() != sandbox.NetworkFiltered {
+				t.Errorf("request DenyEgress=%v AllowCIDRs=%v; want the networks allowed, not deny-all", n.DenyEgress, n.AllowCIDRs)
 			}
 		}},
 		{"allow_hosts filters", map[string]any{"cmd": "true", "allow_hosts": []string{"pypi.org"}, "allow_cidrs": []string{"10.0.0.0/8"}}, func(t *testing.T, r sandbox.Request) {

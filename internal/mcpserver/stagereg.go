@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/store"
 )
 
 // Stages on demand. With a stage registry (--stage-registry REGISTRY/REPO),
@@ -48,17 +48,15 @@ type RegistryResult struct {
 	PushError string   `json:"push_error,omitempty"`
 }
 
-var stageIDPattern = regexp.MustCompile(`^st-[0-9a-f]{16}$`)
-
 // registryTag is the tag a stage reference is found under: a full stage
 // id as it is; anything else but an id prefix is taken for a label
 // (labelTag). A name is not in the registry: looked for as a label, it is
 // not found.
 func registryTag(ref string) (string, bool) {
 	switch {
-	case stageIDPattern.MatchString(ref):
+	case store.IDPattern.MatchString(ref):
 		return ref, true
-	case strings.HasPrefix(ref, "st-"):
+	case strings.HasPrefix(ref, store.IDPrefix):
 		return "", false
 	}
 	return labelTag(ref), true

@@ -31,12 +31,12 @@ type NoArgs struct{}
 
 // StageRefArgs names one stage.
 type StageRefArgs struct {
-	Reference string `json:"reference" jsonschema:"the stage: its label (e.g. myproj/deps), its name, or its stage_id (a unique prefix is enough)"`
+	Reference string `json:"reference" jsonschema:"the stage: its label (e.g. myproj/deps), its name or its stage_id; or a prefix of one stage's label, or of its stage_id of at least 6 hex digits, with or without st- (st-839ef0 or 839ef0). A prefix that fits several stages is refused, naming them"`
 }
 
 // VMGCArgs configures vm_gc.
 type VMGCArgs struct {
-	KeepLast int `json:"keep_last" jsonschema:"how many of the newest VM records to keep (default 20); 0 keeps none. A VM whose VMM still runs, or whose run is still going, is always kept"`
+	KeepLast *int `json:"keep_last,omitempty" jsonschema:"how many of the newest VM records to keep (default 20); 0 keeps none. A VM whose VMM still runs, or whose run is still going, is always kept"`
 }
 
 func boolp(b bool) *bool { return &b }
@@ -161,16 +161,21 @@ func (s *Server) addHousekeepingTools() {
 	})
 
 	gcSchema := inputSchema[VMGCArgs]()
-	gcSchema.Required = nil
-	gcSchema.Properties["keep_last"].Default = mustJSON(DefaultGCKeepLast)
-	gcSchema.Properties["keep_last"].Minimum = floatp(0)
+	keep := gcSchema.Properties["keep_last"]
+	keep.Type, keep.Types = "integer", nil
+	keep.Default = mustJSON(DefaultGCKeepLast)
+	keep.Minimum = floatp(0)
 	addTool(s, &mcp.Tool{
 		Name:        ToolVMGC,
 		Title:       "Garbage-collect VM records",
 		Description: "Kill orphaned VMM processes and delete all but the newest keep_last VM records (their logs); keep_last 0 keeps none. A VM still running is always kept. The server also does this at start-up and every 20 runs.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolp(true), IdempotentHint: true, OpenWorldHint: boolp(false)},
 	}, gcSchema, nil, func(ctx context.Context, _ *mcp.CallToolRequest, in VMGCArgs) (*VMGCResult, error) {
-		res, err := s.cfg.Core.VMGC(ctx, in.KeepLast)
+		keepLast := DefaultGCKeepLast
+		if in.KeepLast != nil {
+			keepLast = *in.KeepLast
+		}
+		res, err := s.cfg.Core.VMGC(ctx, keepLast)
 		if err != nil {
 			return nil, s.toolError(ctx, failure{tool: ToolVMGC}, err)
 		}

@@ -30,7 +30,7 @@ const (
 
 // filteredRequest reports whether req asks for filtered egress.
 func filteredRequest(req Request) bool {
-	return req.DenyEgress || len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0
+	return req.NetworkMode() == NetworkFiltered
 }
 
 // startFilteredNetwork starts a filtered run's network: the stack with the

@@ -2,11 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/image"
 	"isopod/internal/store"
 )
 
@@ -71,10 +74,13 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 			flavor = f
 		}
 	}
+	var base baseImage
+	var err error
 	if flavor == "" {
-		flavor = DefaultBase
+		base, pl.warnings, err = s.defaultBase(req.DefaultBase)
+	} else {
+		base, err = s.baseFor(flavor, pl.chain)
 	}
-	base, err := s.baseFor(flavor, pl.chain)
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +111,32 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 		return nil, err
 	}
 	return pl, nil
+}
+
+// defaultBase is the base of a run from the empty stage that names none:
+// preferred, the front end's default (empty: DefaultBase), or, when that
+// is not usable here (not built, or stale) but DefaultBase is, DefaultBase
+// with a warning that names the command that builds preferred. When
+// neither is usable, the error is preferred's, which names that command.
+func (s *Service) defaultBase(preferred string) (baseImage, []string, error) {
+	if preferred == "" {
+		preferred = DefaultBase
+	}
+	b, err := s.lookupBase(preferred)
+	if err == nil || preferred == DefaultBase || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return b, nil, err
+	}
+	fallback, ferr := s.lookupBase(DefaultBase)
+	if ferr != nil {
+		return baseImage{}, nil, err
+	}
+	why := "is not built"
+	if _, serr := os.Stat(image.BasePath(s.opts.Paths, preferred)); serr == nil {
+		why = "is stale"
+	}
+	s.log.Info("default base not usable; using the fallback", "base", preferred, "fallback", DefaultBase, "err", err)
+	return fallback, []string{fmt.Sprintf("no base was named and the default base %s %s on this host, so this run used %s (busybox only); "+
+		"to run on %s, build it on the host: isopod image build %s", preferred, why, DefaultBase, preferred, preferred)}, nil
 }
 
 // planChain resolves a forked stage's chain into pl and returns the chain's

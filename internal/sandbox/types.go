@@ -53,14 +53,26 @@ type Request struct {
 	// runs), refused before boot over a base without /bin/sh.
 	Shell bool
 	Stage string // default "base"
-	Base  string // default base-min; must agree with a forked stage's chain
+	// Base is the base a run from the empty stage boots, named by the
+	// caller: it must be usable here, and must agree with a forked stage's
+	// chain (a fork boots its chain's base).
+	Base string
+	// DefaultBase is the front end's default for a run from the empty
+	// stage that names no Base (empty: DefaultBase, base-min). When it is
+	// not usable here (not built, or stale), the run boots base-min
+	// instead and its report warns, naming the command that builds it.
+	DefaultBase string
 
+	// The network (see NetworkMode): NoNetwork removes the NIC; otherwise
+	// a run gets NAT, or filtered egress when DenyEgress is set or either
+	// list is non-nil. A non-nil empty list asks for filtered egress too
+	// (the way MCP's allow_hosts: [] does): with no rule in either list,
+	// it denies everything, as DenyEgress.
 	NoNetwork      bool
 	AllowLANEgress bool
-	// Filtered egress: any of these switches the run to default-deny.
-	AllowHosts []string
-	AllowCIDRs []string
-	DenyEgress bool
+	AllowHosts     []string
+	AllowCIDRs     []string
+	DenyEgress     bool
 
 	VCPUs      int
 	MemMiB     int

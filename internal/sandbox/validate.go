@@ -138,30 +138,72 @@ func CheckSize(field string, v int) error {
 	return fmt.Errorf("sandbox: %q is not a size field", field)
 }
 
+// Normalize fills req's defaults and checks every field against this
+// host, as Run does before anything starts; the request it returns is the
+// one that runs. A front end may call it first, to refuse a request
+// before it queues for a place or to learn the sizes it will get; Run
+// normalises again, to the same request.
+func Normalize(req Request) (Request, error) {
+	return normalize(req, readHostLimits())
+}
+
+// WithDefaults returns r with the stage and the sizes it leaves zero set to
+// their defaults. It is the one place these defaults are applied:
+// Normalize starts with it, and a front end that must know a size before
+// the request is checked (the memory it reserves) asks it.
+func (r Request) WithDefaults() Request {
+	if r.Stage == "" {
+		r.Stage = BaseStage
+	}
+	if r.VCPUs == 0 {
+		r.VCPUs = DefaultVCPUs
+	}
+	if r.MemMiB == 0 {
+		r.MemMiB = DefaultMemMiB
+	}
+	if r.TimeoutS == 0 {
+		r.TimeoutS = DefaultTimeoutS
+	}
+	return r
+}
+
+// The networks a run can have (see Request.NetworkMode).
+const (
+	NetworkNone     = "none"
+	NetworkNAT      = "nat"
+	NetworkFiltered = "filtered"
+)
+
+// NetworkMode says which network r asks for: NetworkNone with NoNetwork;
+// NetworkFiltered with DenyEgress or either allow list given, even empty;
+// otherwise NetworkNAT.
+func (r Request) NetworkMode() string {
+	switch {
+	case r.NoNetwork:
+		return NetworkNone
+	case r.DenyEgress || r.AllowHosts != nil || r.AllowCIDRs != nil:
+		return NetworkFiltered
+	}
+	return NetworkNAT
+}
+
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
 func normalize(req Request, h hostLimits) (Request, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return req, invalid("no command: give the program and its arguments after --")
 	}
-	if req.Stage == "" {
-		req.Stage = BaseStage
-	}
-	if req.VCPUs == 0 {
-		req.VCPUs = DefaultVCPUs
-	}
-	if req.MemMiB == 0 {
-		req.MemMiB = DefaultMemMiB
-	}
-	if req.TimeoutS == 0 {
-		req.TimeoutS = DefaultTimeoutS
-	}
+	req = req.WithDefaults()
 	for _, check := range []func(Request) error{
 		func(r Request) error { return checkSizes(r, h) }, checkIO, checkEgress,
 	} {
 		if err := check(req); err != nil {
 			return req, err
 		}
+	}
+	if !req.NoNetwork && req.NetworkMode() == NetworkFiltered && len(req.AllowHosts) == 0 && len(req.AllowCIDRs) == 0 {
+		// Filtered egress without a rule allows nothing: say so plainly.
+		req.DenyEgress = true
 	}
 	if req.CommitAs != "" {
 		if err := validLabel(req.CommitAs); err != nil {
@@ -225,8 +267,7 @@ func checkIO(req Request) error {
 // checkEgress checks the network switches against each other and the
 // filtered-egress rules.
 func checkEgress(req Request) error {
-	filtered := req.DenyEgress || len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0
-	if req.NoNetwork && (filtered || req.AllowLANEgress) {
+	if req.NoNetwork && (req.DenyEgress || req.AllowHosts != nil || req.AllowCIDRs != nil || req.AllowLANEgress) {
 		return invalid("--no-network cannot be combined with --allow-host, --allow-cidr, --deny-egress or --allow-lan-egress: a run has no NIC or a filtered one, pick one")
 	}
 	if req.DenyEgress && (len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0) {

@@ -172,3 +172,49 @@ func TestCheckSizeRefusesZero(t *testing.T) {
 		t.Error("CheckSize accepted an unknown field")
 	}
 }
+
+// TestNormalizeEgress: a list given at all, even empty, makes the run
+// filtered; with no rule in either list it denies everything.
+func TestNormalizeEgress(t *testing.T) {
+	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	for _, tt := range []struct {
+		name    string
+		req     Request
+		mode    string
+		denyAll bool
+		refused string
+	}{
+		{"nothing", Request{}, NetworkNAT, false, ""},
+		{"lan egress", Request{AllowLANEgress: true}, NetworkNAT, false, ""},
+		{"no network", Request{NoNetwork: true}, NetworkNone, false, ""},
+		{"deny egress", Request{DenyEgress: true}, NetworkFiltered, true, ""},
+		{"empty hosts", Request{AllowHosts: []string{}}, NetworkFiltered, true, ""},
+		{"empty cidrs", Request{AllowCIDRs: []string{}}, NetworkFiltered, true, ""},
+		{"both empty", Request{AllowHosts: []string{}, AllowCIDRs: []string{}}, NetworkFiltered, true, ""},
+		{"empty hosts, a cidr", Request{AllowHosts: []string{}, AllowCIDRs: []string{"192.0.2.0/24"}}, NetworkFiltered, false, ""},
+		{"a host, empty cidrs", Request{AllowHosts: []string{"pypi.org"}, AllowCIDRs: []string{}}, NetworkFiltered, false, ""},
+		{"deny egress, empty cidrs", Request{DenyEgress: true, AllowCIDRs: []string{}}, NetworkFiltered, true, ""},
+		{"no network, empty cidrs", Request{NoNetwork: true, AllowCIDRs: []string{}}, "", false, "--no-network cannot be combined"},
+		{"no network, empty hosts", Request{NoNetwork: true, AllowHosts: []string{}}, "", false, "--no-network cannot be combined"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.req.Argv = []string{"true"}
+			got, err := normalize(tt.req, host)
+			if tt.refused != "" {
+				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.refused) {
+					t.Errorf("got %v; want invalid_argument mentioning %q", err, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.NetworkMode() != tt.mode || got.DenyEgress != tt.denyAll {
+				t.Errorf("mode %s deny-all %v; want %s %v", got.NetworkMode(), got.DenyEgress, tt.mode, tt.denyAll)
+			}
+			if filteredRequest(got) != (tt.mode == NetworkFiltered) {
+				t.Errorf("filteredRequest = %v for mode %s", filteredRequest(got), tt.mode)
+			}
+		})
+	}
+}

@@ -63,7 +63,7 @@ func ValidateLabel(label string) error {
 		return bad("starts with '-'; labels must not look like flags")
 	case label == BaseRef:
 		return bad("is reserved for the empty stage; choose another")
-	case idPattern.MatchString(label):
+	case IDPattern.MatchString(label):
 		return bad("looks like a stage id; choose a name")
 	}
 	for _, r := range label {

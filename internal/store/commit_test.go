@@ -40,7 +40,7 @@ func TestHashLayerIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !idPattern.MatchString(got) {
+		if !IDPattern.MatchString(got) {
 			t.Fatalf("id %q is not st- and 16 hex digits", got)
 		}
 		return got

@@ -17,59 +17,6 @@ import (
 	"isopod/internal/knobs"
 )
 
-// Resolve finds the stage ref names. It tries, in order: an exact stage id,
-// an exact vanity name, an exact label, then a label prefix matching one
-// stage only. "base" resolves to the empty stage: a zero Meta whose IsBase
-// reports true (no layers). An ambiguous prefix is errdefs.ErrInvalidArgument
-// listing the candidates; no match is errdefs.ErrNotFound.
-func (s *Store) Resolve(ref string) (Meta, error) {
-	if ref == "" {
-		return Meta{}, fmt.Errorf("empty stage reference: give an id, name or label (see `isopod stage list`), or %q: %w",
-			BaseRef, errdefs.ErrInvalidArgument)
-	}
-	if ref == BaseRef {
-		return Meta{}, nil
-	}
-	if idPattern.MatchString(ref) {
-		m, err := s.readMeta(ref)
-		if err == nil || !errors.Is(err, errdefs.ErrNotFound) {
-			return m, err
-		}
-	}
-	all, err := s.List()
-	if err != nil {
-		return Meta{}, err
-	}
-	for _, m := range all {
-		if m.Name == ref {
-			return m, nil
-		}
-	}
-	for _, m := range all {
-		if m.Label == ref {
-			return m, nil
-		}
-	}
-	var cands []Meta
-	for _, m := range all {
-		if strings.HasPrefix(m.Label, ref) {
-			cands = append(cands, m)
-		}
-	}
-	switch len(cands) {
-	case 0:
-		return Meta{}, fmt.Errorf("no stage matches %q (see `isopod stage list`): %w", ref, errdefs.ErrNotFound)
-	case 1:
-		return cands[0], nil
-	}
-	names := make([]string, len(cands))
-	for i, m := range cands {
-		names[i] = fmt.Sprintf("%s (%s)", m.Label, m.ID)
-	}
-	return Meta{}, fmt.Errorf("stage reference %q is ambiguous; it prefixes the labels %s: give more of the label, or an id: %w",
-		ref, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
-}
-
 // CheckBase checks that every stage in chain was made over the base the
 // run will use. A different flavor is errdefs.ErrInvalidArgument and cannot
 // be overridden. A different build of the flavor (base_sha256 differing

@@ -34,9 +34,9 @@ var nouns = []string{
 
 // baseName returns the un-suffixed vanity name for a stage id.
 func baseName(id string) string {
-	raw, err := hex.DecodeString(strings.TrimPrefix(id, "st-"))
+	raw, err := hex.DecodeString(strings.TrimPrefix(id, IDPrefix))
 	if err != nil || len(raw) < 8 {
-		return "nameless-" + strings.TrimPrefix(id, "st-")
+		return "nameless-" + strings.TrimPrefix(id, IDPrefix)
 	}
 	a := uint32(raw[0])<<24 | uint32(raw[1])<<16 | uint32(raw[2])<<8 | uint32(raw[3])
 	n := uint32(raw[4])<<24 | uint32(raw[5])<<16 | uint32(raw[6])<<8 | uint32(raw[7])

@@ -26,7 +26,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -53,8 +52,6 @@ const (
 	// remove it.
 	gcMinAge = time.Minute
 )
-
-var idPattern = regexp.MustCompile(`^st-[0-9a-f]{16}$`)
 
 // Options configures a Store.
 type Options struct {
@@ -184,7 +181,7 @@ func (s *Store) readMeta(id string) (Meta, error) {
 
 // Get returns the meta of stage id.
 func (s *Store) Get(id string) (Meta, error) {
-	if !idPattern.MatchString(id) {
+	if !IDPattern.MatchString(id) {
 		return Meta{}, fmt.Errorf("stage id %q: want st- and 16 hex digits: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return s.readMeta(id)
@@ -200,7 +197,7 @@ func (s *Store) List() ([]Meta, error) {
 	}
 	var out []Meta
 	for _, e := range ents {
-		if !e.IsDir() || !idPattern.MatchString(e.Name()) {
+		if !e.IsDir() || !IDPattern.MatchString(e.Name()) {
 			continue
 		}
 		m, err := s.readMeta(e.Name())

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -47,8 +46,6 @@ type PullResult struct {
 	ElapsedMS     int64         `json:"elapsed_ms"`
 	Warnings      []string      `json:"warnings,omitempty"`
 }
-
-var stageIDPattern = regexp.MustCompile(`^st-[0-9a-f]{16}$`)
 
 // PullRef parses a pull source; it must name a tag or a digest.
 func PullRef(src string) (name.Reference, error) {
@@ -147,9 +144,9 @@ func checkConfig(cfg StageConfig, m *v1.Manifest) error {
 	}
 	parent := ""
 	for i, r := range cfg.Chain {
-		hexID := strings.TrimPrefix(r.ID, "st-")
+		hexID := strings.TrimPrefix(r.ID, store.IDPrefix)
 		switch {
-		case !stageIDPattern.MatchString(r.ID):
+		case !store.IDPattern.MatchString(r.ID):
 			return bad("stage id %q", r.ID)
 		case r.Parent != parent:
 			return bad("stage %s has parent %q, the chain says %q", r.ID, r.Parent, parent)
