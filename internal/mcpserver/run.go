@@ -20,7 +20,7 @@ import (
 // reads, so they carry the semantics.
 type RunArgs struct {
 	Cmd   string `json:"cmd" jsonschema:"shell command to run inside the VM, as /bin/sh -c CMD; chain steps with && so a failing step makes the exit code non-zero; /bin/sh is dash on base-debian (no pipefail): for a pipeline whose failure must count, run it under bash -o pipefail -c"`
-	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list, or a prefix of one stage's label or of its stage_id (at least 6 hex digits, with or without st-). The stage itself is never modified"`
+	Stage string `json:"stage,omitempty" jsonschema:"stage to fork: \"base\" (default) is the clean base; otherwise a label such as myproj/deps, a stage name or a stage_id from stage_list, or a prefix of one stage's label or of its stage_id (at least 4 hex digits, with or without st-). The stage itself is never modified"`
 	Base  string `json:"base,omitempty" jsonschema:"base image when stage is \"base\": base-debian (default; python3/pip, node/npm, git, gcc, make, curl) or base-min (busybox only), or a base imported from a container image (it needs /bin/sh). A forked stage always uses the base it was made on; see image_list"`
 
 	// The two lists are pointers so that absent (nil) and [] differ.

@@ -43,7 +43,7 @@ func TestStageIDPrefix(t *testing.T) {
 
 	short := rep.StageID[:len(store.IDPrefix)+store.MinIDPrefix-1]
 	res = s.call(t, ctx, ToolStageInfo, map[string]any{"reference": short}, nil)
-	if text := resultText(res); !res.IsError || !strings.Contains(text, "at least 6 hex digits") || !strings.Contains(text, "refused") {
+	if text := resultText(res); !res.IsError || !strings.Contains(text, "at least 4 hex digits") || !strings.Contains(text, "refused") {
 		t.Errorf("stage_info %q: %s", short, text)
 	}
 }

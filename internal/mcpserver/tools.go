@@ -31,7 +31,7 @@ type NoArgs struct{}
 
 // StageRefArgs names one stage.
 type StageRefArgs struct {
-	Reference string `json:"reference" jsonschema:"the stage: its label (e.g. myproj/deps), its name or its stage_id; or a prefix of one stage's label, or of its stage_id of at least 6 hex digits, with or without st- (st-839ef0 or 839ef0). A prefix that fits several stages is refused, naming them"`
+	Reference string `json:"reference" jsonschema:"the stage: its label (e.g. myproj/deps), its name or its stage_id; or a prefix of one stage's label, or of its stage_id of at least 4 hex digits, with or without st- (st-839ef or 839ef). A prefix that fits several stages is refused, naming them"`
 }
 
 // VMGCArgs configures vm_gc.

@@ -19,7 +19,7 @@ var IDPattern = regexp.MustCompile(`^st-[0-9a-f]{16}$`)
 
 // MinIDPrefix is the fewest hex digits of a stage id that Resolve takes
 // for a prefix of one, given with or without IDPrefix.
-const MinIDPrefix = 6
+const MinIDPrefix = 4
 
 // maxCandidates is how many stages an ambiguous reference's error lists.
 const maxCandidates = 5

@@ -68,7 +68,7 @@ func TestResolveIDPrefix(t *testing.T) {
 			[]string{"ambiguous", "twin/a (st-abcdef0100000000)", "twin/b (st-abcdef0200000000)"}},
 		{"ambiguous bare prefix", "abcdef0", errdefs.ErrInvalidArgument, []string{"ambiguous", "twin/a", "twin/b"}},
 		{"st- and too few hex digits", deps.ID[:len(IDPrefix)+MinIDPrefix-1], errdefs.ErrInvalidArgument,
-			[]string{"too short", "at least 6 hex digits"}},
+			[]string{"too short", "at least 4 hex digits"}},
 		{"too few bare hex digits", hexID[:MinIDPrefix-1], errdefs.ErrNotFound, []string{"no stage matches"}},
 		{"no such id", "st-0000000", errdefs.ErrNotFound, []string{"no stage matches", "isopod stage list"}},
 		{"more digits than an id", hexID + "0", errdefs.ErrNotFound, nil},
