@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -35,13 +36,18 @@ func (c *conn) streamFile(m *agentproto.Msg) (size, sent int64, mode uint32, err
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(DefaultCwd, path)
 	}
-	// O_NONBLOCK keeps a FIFO from blocking the open; it is refused below.
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	// A path that does not name a regular file is the caller's mistake,
+	// said with the file's type; it is looked at before it is opened.
+	if fi, err := os.Stat(path); err != nil {
+		return 0, 0, 0, openErr(path, err)
+	} else if !fi.Mode().IsRegular() {
+		return 0, 0, 0, notRegular(path, fi.Mode())
+	}
+	// O_NONBLOCK keeps a FIFO put there meanwhile from blocking the open;
+	// it is refused below.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			err = fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
-		}
-		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
+		return 0, 0, 0, openErr(path, &os.PathError{Op: "open", Path: path, Err: err})
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
@@ -50,11 +56,7 @@ func (c *conn) streamFile(m *agentproto.Msg) (size, sent int64, mode uint32, err
 		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		what := "not a regular file"
-		if fi.IsDir() {
-			what = "a directory"
-		}
-		return 0, 0, 0, fmt.Errorf("copy out %s: is %s; only regular files can be copied out: %w", path, what, errdefs.ErrInvalidArgument)
+		return 0, 0, 0, notRegular(path, fi.Mode())
 	}
 	size = fi.Size()
 	if m.MaxBytes > 0 && size > m.MaxBytes {
@@ -65,6 +67,48 @@ func (c *conn) streamFile(m *agentproto.Msg) (size, sent int64, mode uint32, err
 		return 0, 0, 0, fmt.Errorf("copy out %s: %w", path, err)
 	}
 	return size, sent, uint32(fi.Mode().Perm()), nil
+}
+
+// openErr says why path cannot be read, classed: a path that does not
+// exist (or runs through a file) is not found, one that cannot name a
+// file (too long, a loop of links) is invalid.
+func openErr(path string, err error) error {
+	reason := err.Error()
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		reason = pe.Err.Error()
+	}
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("copy out %s: %s (the guest has no such file when the command ends): %w", path, reason, errdefs.ErrNotFound)
+	case errors.Is(err, unix.ENAMETOOLONG), errors.Is(err, unix.ELOOP), errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("copy out %s: %s: %w", path, reason, errdefs.ErrInvalidArgument)
+	}
+	return fmt.Errorf("copy out %s: %w", path, err)
+}
+
+// notRegular refuses a path that names something other than a regular
+// file, naming what it is.
+func notRegular(path string, mode fs.FileMode) error {
+	return fmt.Errorf("copy out %s: is %s, not a regular file; only regular files can be copied out (have the command write what you want into a file): %w",
+		path, fileType(mode), errdefs.ErrInvalidArgument)
+}
+
+// fileType names the type of a file that is not regular.
+func fileType(mode fs.FileMode) string {
+	switch {
+	case mode.IsDir():
+		return "a directory"
+	case mode&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case mode&fs.ModeSocket != 0:
+		return "a socket"
+	case mode&fs.ModeCharDevice != 0:
+		return "a character device"
+	case mode&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "a special file"
 }
 
 // sendData sends the first size bytes of f as chunks that say where they

@@ -3,6 +3,8 @@ package agent
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
 )
 
 // memFile is an in-memory io.WriterAt that records the size of every
@@ -70,22 +73,38 @@ func TestCopyOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	noLimit := agentclient.CopyLimits{MaxData: agentclient.NoLimit}
+	sock := filepath.Join(dir, "sock")
+	if l, err := net.Listen("unix", sock); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Cleanup(func() { l.Close() })
+	}
 	bad := []struct {
 		name, path string
 		lim        agentclient.CopyLimits
 		want       string
+		class      error
 	}{
-		{"missing", filepath.Join(dir, "nope"), noLimit, filepath.Join(dir, "nope") + ": no such file or directory"},
-		{"directory", dir, noLimit, "is a directory"},
-		{"fifo", fifo, noLimit, "not a regular file"},
-		{"over the limit", bigPath, agentclient.CopyLimits{MaxSize: 1000, MaxData: agentclient.NoLimit}, "over the limit of 1000"},
-		{"negative limit", bigPath, agentclient.CopyLimits{MaxSize: -1, MaxData: agentclient.NoLimit}, "negative"},
+		{"missing", filepath.Join(dir, "nope"), noLimit, filepath.Join(dir, "nope") + ": no such file or directory", errdefs.ErrNotFound},
+		{"under a file", filepath.Join(bigPath, "x"), noLimit, "not a directory", errdefs.ErrNotFound},
+		{"directory", dir, noLimit, "is a directory", errdefs.ErrInvalidArgument},
+		{"fifo", fifo, noLimit, "is a FIFO, not a regular file", errdefs.ErrInvalidArgument},
+		{"socket", sock, noLimit, "is a socket, not a regular file", errdefs.ErrInvalidArgument},
+		{"char device", "/dev/null", noLimit, "is a character device", errdefs.ErrInvalidArgument},
+		{"name too long", filepath.Join(dir, strings.Repeat("n", 300)), noLimit, "file name too long", errdefs.ErrInvalidArgument},
+		{"over the limit", bigPath, agentclient.CopyLimits{MaxSize: 1000, MaxData: agentclient.NoLimit}, "over the limit of 1000", errdefs.ErrInvalidArgument},
+		{"negative limit", bigPath, agentclient.CopyLimits{MaxSize: -1, MaxData: agentclient.NoLimit}, "negative", errdefs.ErrInvalidArgument},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
 			got, done, err := c.copyOut(tt.path, tt.lim)
 			if err == nil || done != nil || !strings.Contains(err.Error(), tt.want) || len(got.b) != 0 {
 				t.Errorf("got %+v, %v after %d bytes; want an error containing %q", done, err, len(got.b), tt.want)
+			}
+			// The class crosses the protocol: the host tells a caller's
+			// mistake from its own failure.
+			if !errors.Is(err, tt.class) {
+				t.Errorf("error %v is of class %s; want %v", err, errdefs.Class(err), tt.class)
 			}
 		})
 	}

@@ -210,7 +210,11 @@ func (c *conn) replyOK(id uint64) { c.reply(&agentproto.Msg{ID: id, Kind: agentp
 
 func (c *conn) replyErr(id uint64, err error) {
 	c.log.Debug("request failed", "id", id, "err", err)
-	c.reply(&agentproto.Msg{ID: id, Kind: agentproto.KindError, Error: err.Error()}, nil)
+	m := &agentproto.Msg{ID: id, Kind: agentproto.KindError, Error: err.Error()}
+	if class := errdefs.Class(err); class != "internal" {
+		m.Class = class
+	}
+	c.reply(m, nil)
 }
 
 // spawn runs a request handler in its own goroutine so the reader never

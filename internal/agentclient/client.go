@@ -218,7 +218,7 @@ func (c *Client) roundTrip(ctx context.Context, m *agentproto.Msg, payload []byt
 		return frame{}, fmt.Errorf("%s: %w", m.Kind, err)
 	}
 	if f.msg.Kind == agentproto.KindError {
-		return frame{}, fmt.Errorf("guest: %s: %s", m.Kind, f.msg.Error)
+		return frame{}, replyErr("guest: "+string(m.Kind)+": ", f.msg)
 	}
 	return f, nil
 }

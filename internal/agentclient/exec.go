@@ -87,7 +87,7 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*agentproto.ExecDone,
 			}
 			return f.msg.Done, writeErr
 		case agentproto.KindError:
-			return nil, fmt.Errorf("guest: exec: %s", f.msg.Error)
+			return nil, replyErr("guest: exec: ", f.msg)
 		}
 	}
 }
@@ -179,7 +179,7 @@ func (c *Client) CopyOut(ctx context.Context, path string, lim CopyLimits, w io.
 			}
 			return f.msg.File, nil
 		case agentproto.KindError:
-			return nil, fmt.Errorf("copy-out %s: guest: %s", path, f.msg.Error)
+			return nil, replyErr("copy-out "+path+": guest: ", f.msg)
 		}
 	}
 }

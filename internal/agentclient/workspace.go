@@ -40,7 +40,7 @@ func (c *Client) WorkspaceChanges(ctx context.Context, max int, fn func(agentpro
 		case agentproto.KindOK:
 			return nil
 		case agentproto.KindError:
-			return fmt.Errorf("workspace changes: guest: %s", f.msg.Error)
+			return replyErr("workspace changes: guest: ", f.msg)
 		}
 	}
 }

@@ -128,6 +128,11 @@ type Msg struct {
 	Sync     bool            `json:"sync,omitempty"` // on KindHalt
 
 	Error string `json:"error,omitempty"`
+	// Class is the class of a KindError's failure, named as the host's
+	// error classes are (invalid_argument, not_found, failed_precondition,
+	// ...), so that the host can tell a caller's mistake from its own;
+	// absent for a failure of the agent itself.
+	Class string `json:"class,omitempty"`
 }
 
 // Hello is the handshake body.

@@ -43,3 +43,15 @@ func Class(err error) string {
 	}
 	return "internal"
 }
+
+// FromClass is the class named by Class's name (as a peer that cannot
+// share errors sends it), or nil for "internal", "" and names it does not
+// know.
+func FromClass(name string) error {
+	for _, e := range []error{ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported} {
+		if Class(e) == name {
+			return e
+		}
+	}
+	return nil
+}

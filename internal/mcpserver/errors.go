@@ -112,7 +112,10 @@ func (s *Server) toolError(ctx context.Context, f failure, err error) error {
 		return errors.New(refusalText(f.tool, err))
 	}
 	class := errdefs.Class(err)
-	fix := s.fix(ctx, f, class)
+	fix := copyOutFix(err, class)
+	if fix == "" {
+		fix = s.fix(ctx, f, class)
+	}
 	s.log.Info("tool failed", "tool", f.tool, "class", class, "err", err)
 	return fmt.Errorf("%s failed (%s): %s. Fix: %s", f.tool, class, mcpWords.Replace(plain(err)), fix)
 }
@@ -172,6 +175,22 @@ func (s *Server) baseHint(ctx context.Context, base string) string {
 		return fmt.Sprintf("base %s %s: %s", base, why, hint)
 	}
 	return fmt.Sprintf("there is no base named %s; image_list shows the bases this host has", base)
+}
+
+// copyOutFix names the next step after a copy-out (copy_out, read_files)
+// that failed once the command had run, or "" for other failures.
+func copyOutFix(err error, class string) string {
+	var coe *sandbox.CopyOutError
+	if !errors.As(err, &coe) {
+		return ""
+	}
+	switch class {
+	case "not_found":
+		return "the command ran, but the guest file named above did not exist when it ended: check the path (absolute, inside the VM) or have cmd create it, and call again."
+	case "failed_precondition":
+		return "the host file named above was not ready to be written (a FIFO needs its reader running before the call); fix that on the host and call again."
+	}
+	return ""
 }
 
 // fixFor names the generic next step for an error class.

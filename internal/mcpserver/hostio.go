@@ -238,8 +238,9 @@ func (h HostIO) checkReadable(arg string, w *walked) error {
 
 // ResolveCopyOut resolves a copy_out host destination beneath the root
 // without creating anything, and returns the path the core will write.
-// The destination must be new or a regular file; its missing parents
-// (created by OpenCopyOut) are allowed.
+// The destination must be new, a regular file, or a character device or
+// FIFO (written straight through); its missing parents (created by
+// OpenCopyOut) are allowed.
 func (h HostIO) ResolveCopyOut(arg string) (string, error) {
 	w, err := h.copyOutWalk(arg, walkCheck)
 	if err != nil {
@@ -274,10 +275,17 @@ func (h HostIO) copyOutWalk(arg string, mode walkMode) (*walked, error) {
 	if err != nil {
 		return nil, err
 	}
-	if w.file != nil && w.st.Mode&unix.S_IFMT != unix.S_IFREG {
-		w.close()
-		return nil, fmt.Errorf("copy_out host path %q resolves to %s, which exists and is not a regular file (%s); name a new or regular file: %w",
-			arg, w.path, kindOf(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
+	// A character device or a FIFO is written straight through (the core
+	// never renames a file onto it); anything else that is not a regular
+	// file is refused.
+	switch w.st.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFCHR, unix.S_IFIFO:
+	default:
+		if w.file != nil {
+			w.close()
+			return nil, fmt.Errorf("copy_out host path %q resolves to %s, which exists and is %s; name a new or regular file, a character device or a FIFO: %w",
+				arg, w.path, kindOf(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
+		}
 	}
 	return w, nil
 }

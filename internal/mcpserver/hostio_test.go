@@ -127,6 +127,9 @@ func sameSnapshot(t *testing.T, before, after map[string]string) {
 func TestResolveCopyOut(t *testing.T) {
 	h := newHostTree(t)
 	p := h.policy()
+	if err := syscall.Mknod(filepath.Join(h.root, "sock"), syscall.S_IFSOCK|0o600, 0); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		arg  string
@@ -155,7 +158,9 @@ func TestResolveCopyOut(t *testing.T) {
 		{"dotdot below a missing dir", "newdir/../x", "", []string{`".." below a directory that does not exist`}},
 		{"into the state dir", ".isopod/credentials.json", "", []string{"state directory", h.home}},
 		{"into the state dir via a link", "home-link/x", "", []string{"state directory"}},
-		{"a FIFO", "fifo", "", []string{"a FIFO"}},
+		// A FIFO is written straight through, as a device is.
+		{"a FIFO", "fifo", filepath.Join(h.root, "fifo"), nil},
+		{"a socket", "sock", "", []string{"a socket", "a character device or a FIFO"}},
 		{"a directory", "sub", "", []string{"a directory"}},
 		{"a file as a parent", "ok.txt/x", "", []string{"not a directory"}},
 		{"tilde", "~/x", "", []string{`"~" is not expanded`}},
@@ -272,8 +277,17 @@ func TestReadStdinFileDevice(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "character device") {
 		t.Fatalf("ReadStdinFile(device) = %v, want a refusal naming a character device", err)
 	}
-	if _, err := h.policy().ResolveCopyOut("null"); err == nil {
-		t.Fatal("ResolveCopyOut(device) accepted a device node")
+	// copy_out writes a character device straight through, never a block
+	// device.
+	if _, err := h.policy().ResolveCopyOut("null"); err != nil {
+		t.Errorf("ResolveCopyOut(character device): %v; want it accepted, to be written through", err)
+	}
+	blk := filepath.Join(h.root, "blk")
+	if err := syscall.Mknod(blk, syscall.S_IFBLK|0o600, 7<<8|250); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.policy().ResolveCopyOut("blk"); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "a block device") {
+		t.Errorf("ResolveCopyOut(block device) = %v; want a refusal naming a block device", err)
 	}
 }
 

@@ -68,6 +68,9 @@ func prepareReadFiles(r *sandbox.Request, guests []string) (*readFiles, error) {
 		if !strings.HasPrefix(g, "/") {
 			return nil, &refusal{fmt.Sprintf("read_files[%d]", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(g))}
 		}
+		if err := sandbox.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
+			return nil, err
+		}
 	}
 	tmp, err := os.MkdirTemp("", "isopod-mcp-read-")
 	if err != nil {

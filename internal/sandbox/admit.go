@@ -23,6 +23,9 @@ func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Re
 	if err != nil {
 		return req, nil, nil, err
 	}
+	if err := checkFrames(req, pl); err != nil {
+		return req, nil, nil, err
+	}
 	for _, c := range req.CopyOut {
 		// A destination given by its directory's descriptor was checked
 		// by the caller, relative to it; its path may name another place.

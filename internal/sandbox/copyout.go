@@ -8,11 +8,26 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 )
+
+// CopyOutError is a copy-out that failed after the command ran: the guest
+// file could not be read (of the class the guest gave: not_found for a
+// missing file), or the host destination could not be written.
+type CopyOutError struct {
+	Guest, Host string
+	Err         error
+}
+
+func (e *CopyOutError) Error() string {
+	return fmt.Sprintf("--copy-out %s:%s: %v", e.Guest, e.Host, e.Err)
+}
+
+func (e *CopyOutError) Unwrap() error { return e.Err }
 
 // stagedFile writes a host destination without ever leaving it half-written:
 // bytes go to a sibling ".NAME.isopod-PID-N.part" and are renamed onto the
@@ -57,7 +72,8 @@ func isStagingName(name string, pid int) bool {
 }
 
 // checkDestination refuses a destination that cannot be written safely
-// before any VM starts: an existing symlink, a directory, or a missing parent.
+// before any VM starts: an existing symlink, a directory, a block device
+// or socket, a missing or read-only parent.
 func checkDestination(dest string) error { return checkDestinationFor("copy-out", dest) }
 
 // checkDestinationFor is checkDestination for the request field what
@@ -73,14 +89,37 @@ func checkDestinationFor(what, dest string) error {
 		return fmt.Errorf("%s: host path %s is a symlink; isopod writes only the path you name, never through a link: %w", what, dest, errdefs.ErrInvalidArgument)
 	case err == nil && st.IsDir():
 		return fmt.Errorf("%s: host path %s is a directory; name the file to write: %w", what, dest, errdefs.ErrInvalidArgument)
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s: %w", what, err)
+	case err == nil:
+		if err := throughType(what, dest, uint32(st.Sys().(*syscall.Stat_t).Mode)); err != nil {
+			return err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		// A name too long, a file used as a directory: the path is wrong.
+		return fmt.Errorf("%s: host path %s: %w: %w", what, dest, pathReason(err), errdefs.ErrInvalidArgument)
 	}
 	parent := filepath.Dir(dest)
 	if st, err := os.Stat(parent); err != nil || !st.IsDir() {
 		return fmt.Errorf("%s: directory %s does not exist; create it first: %w", what, parent, errdefs.ErrInvalidArgument)
 	}
+	// A device or FIFO is written in place; anything else is staged in
+	// its directory.
+	target := parent
+	if st != nil && (st.Mode()&fs.ModeCharDevice != 0 || st.Mode()&fs.ModeNamedPipe != 0) {
+		target = dest
+	}
+	if err := unix.Access(target, unix.W_OK); err != nil {
+		return fmt.Errorf("%s: cannot write %s (%v); name a path you can write: %w", what, target, err, errdefs.ErrInvalidArgument)
+	}
 	return nil
+}
+
+// pathReason is the bare reason of a path error.
+func pathReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // newStagedFile stages a write of dest. dir, when set, is the destination's
@@ -101,7 +140,7 @@ func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error
 		}
 		d, err := os.OpenFile(filepath.Dir(dest), os.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
-			return nil, fmt.Errorf("copy-out: opening the directory of %s: %w", dest, err)
+			return nil, fmt.Errorf("opening the directory of %s: %w", dest, err)
 		}
 		s.dir = d
 	} else {
@@ -115,7 +154,7 @@ func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error
 	fd, err := unix.Openat(int(s.dir.Fd()), s.part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		s.dir.Close()
-		return nil, fmt.Errorf("copy-out: staging %s: %w", dest, err)
+		return nil, fmt.Errorf("staging %s: %w", dest, err)
 	}
 	s.f = os.NewFile(uintptr(fd), s.part)
 	return s, nil
@@ -125,7 +164,7 @@ func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error
 func dupFile(f *os.File) (*os.File, error) {
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("copy-out: %w", err)
+		return nil, err
 	}
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
@@ -134,7 +173,8 @@ func (s *stagedFile) WriteAt(p []byte, off int64) (int, error) { return s.f.Writ
 
 // Commit sets the file's size (the guest's holes past the last data stay
 // holes), gives it its masked mode and renames it onto the destination,
-// refusing a symlink or directory that appeared there meanwhile.
+// refusing anything but a regular file that appeared there meanwhile (a
+// symlink, a directory, a device or FIFO, which a rename would replace).
 func (s *stagedFile) Commit(size int64, mode fs.FileMode) error {
 	err := s.f.Truncate(size)
 	if err == nil {
@@ -145,17 +185,16 @@ func (s *stagedFile) Commit(size int64, mode fs.FileMode) error {
 	}
 	if err != nil {
 		s.Abort()
-		return fmt.Errorf("copy-out: %w", err)
+		return err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstatat(int(s.dir.Fd()), s.name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil &&
-		(st.Mode&unix.S_IFMT == unix.S_IFLNK || st.Mode&unix.S_IFMT == unix.S_IFDIR) {
+	if err := unix.Fstatat(int(s.dir.Fd()), s.name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
 		s.Abort()
-		return fmt.Errorf("copy-out: host path %s became a symlink or directory; refusing to replace it: %w", s.dest, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("host path %s became %s; refusing to replace it: %w", s.dest, nodeKind(st.Mode), errdefs.ErrInvalidArgument)
 	}
 	if err := unix.Renameat(int(s.dir.Fd()), s.part, int(s.dir.Fd()), s.name); err != nil {
 		s.Abort()
-		return fmt.Errorf("copy-out: publishing %s: %w", s.dest, err)
+		return fmt.Errorf("publishing %s: %w", s.dest, err)
 	}
 	s.done = true
 	s.dir.Close()

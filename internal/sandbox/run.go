@@ -270,9 +270,9 @@ func (r *run) copyOut(ctx context.Context) error {
 		budget = DefaultCopyOutMaxData
 	}
 	for _, c := range r.req.CopyOut {
-		sf, err := r.stage(c)
+		sf, err := r.stage(cctx, c)
 		if err != nil {
-			return err
+			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
 		fd, err := r.client.CopyOut(cctx, c.Guest, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget}, sf)
 		if err != nil {
@@ -281,12 +281,12 @@ func (r *run) copyOut(ctx context.Context) error {
 			if cctx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
 			}
-			return fmt.Errorf("--copy-out %s:%s: %w", c.Guest, c.Host, err)
+			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
 		err = sf.Commit(fd.Bytes, fs.FileMode(fd.Mode))
 		r.unstage()
 		if err != nil {
-			return err
+			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
 		budget -= fd.Data
 		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
@@ -297,8 +297,15 @@ func (r *run) copyOut(ctx context.Context) error {
 }
 
 // stage creates c's staging file, recorded first in the VM record so that
-// `isopod vm gc` removes it should this process die during the copy.
-func (r *run) stage(c CopyOut) (*stagedFile, error) {
+// `isopod vm gc` removes it should this process die during the copy; a
+// device or FIFO at c.Host is opened instead, to be written through,
+// within ctx.
+func (r *run) stage(ctx context.Context, c CopyOut) (copyDest, error) {
+	if t, err := openThrough(ctx, c.Host, c.HostDir); err != nil {
+		return nil, err
+	} else if t != nil {
+		return t, nil
+	}
 	part := stagingName(filepath.Base(c.Host))
 	r.dir.rec.Staging = []string{filepath.Join(filepath.Dir(c.Host), part)}
 	writeRecord(r.dir.path, r.dir.rec)

@@ -70,6 +70,8 @@ func (e *ArgError) Unwrap() error { return errdefs.ErrInvalidArgument }
 // CLIFlag names a request field as the isopod run flag that sets it.
 func CLIFlag(field string) string {
 	switch field {
+	case "argv":
+		return "the command (after --)"
 	case "allow_hosts":
 		return "--allow-host"
 	case "allow_cidrs":

@@ -69,7 +69,7 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 	if err := r.fetchChanged(ctx, changes, content, maxPatch); err != nil {
 		return workspace.PatchStats{}, err
 	}
-	sf, err := r.stage(CopyOut{Host: w.Out, HostDir: w.OutDir})
+	sf, err := r.stage(ctx, CopyOut{Host: w.Out, HostDir: w.OutDir})
 	if err != nil {
 		return workspace.PatchStats{}, err
 	}

@@ -1,0 +1,91 @@
+package sandbox
+
+import (
+	"cmp"
+	"strings"
+
+	"isopod/internal/agentproto"
+)
+
+// What the guest protocol can carry, checked before any VM starts: a
+// request over it would boot a VM only to fail when it is sent. The limits
+// are agentproto's (one request is one frame).
+
+// checkFrames refuses a run whose command (argv, env and cwd, with the
+// base image's env, which travel in one exec request) or whose guest paths
+// the guest protocol cannot carry.
+func checkFrames(req Request, pl *plan) error {
+	argvField := "argv"
+	if req.Shell {
+		argvField = "cmd"
+	}
+	for _, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return argError(argvField, nil, "contains a NUL byte, which no program can receive")
+		}
+	}
+	cwd := req.Cwd
+	if req.Workspace != nil {
+		if err := CheckGuestPath("workspace", req.Workspace.Guest); err != nil {
+			return err
+		}
+		cwd = cmp.Or(cwd, req.Workspace.Guest)
+	}
+	if req.Cwd != "" {
+		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
+			return err
+		}
+	}
+	for _, c := range req.CopyOut {
+		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
+			return err
+		}
+	}
+	cwd = cmp.Or(cwd, pl.cwd)
+	sizes := map[string]int{
+		argvField: agentproto.EncodedLens(req.Argv),
+		"env":     agentproto.EncodedLens(req.Env),
+		"cwd":     agentproto.EncodedLen(cwd),
+	}
+	base := agentproto.EncodedLens(pl.env)
+	total := sizes[argvField] + sizes["env"] + sizes["cwd"] + base
+	if total <= agentproto.MaxRequestStrings {
+		return nil
+	}
+	// The caller's field that takes the most is the one to shorten.
+	field := argvField
+	if sizes["env"] > sizes[field] {
+		field = "env"
+	}
+	value := ""
+	if field == "env" {
+		value = largestEnv(req.Env)
+	}
+	return argError(field, value, "the command, its env and cwd travel to the guest in one request, which carries at most %d bytes of them as the guest protocol encodes them (JSON, escapes included); they take %d: the command %d, env %d, cwd %d and the base image's env %d. Pass large data on stdin or in a file instead",
+		agentproto.MaxRequestStrings, total, sizes[argvField], sizes["env"], sizes["cwd"], base)
+}
+
+// largestEnv names the largest of env's entries by its key.
+func largestEnv(env []string) string {
+	var best string
+	for _, kv := range env {
+		if len(kv) > len(best) {
+			best = kv
+		}
+	}
+	k, _, _ := strings.Cut(best, "=")
+	return k
+}
+
+// CheckGuestPath refuses a guest path, of the request field field, that
+// the guest cannot take: one longer than its PATH_MAX or holding a NUL
+// byte. The front ends check their own path arguments with it.
+func CheckGuestPath(field, p string) error {
+	if strings.IndexByte(p, 0) >= 0 {
+		return argError(field, nil, "the guest path contains a NUL byte")
+	}
+	if len(p) >= agentproto.MaxPath {
+		return argError(field, nil, "the guest path is %d bytes; the guest takes paths of at most %d bytes", len(p), agentproto.MaxPath-1)
+	}
+	return nil
+}
