@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
@@ -366,30 +365,6 @@ func (w *walker) file(sfd, dst int, rel, name string, st *unix.Stat_t) error {
 	})
 	w.bytes -= shrunk
 	return err
-}
-
-// stageFile copies the data src held at its stat fst into a new file name
-// in the staging directory dst, with its mode and time, and returns how
-// many bytes fewer than fst's size it copied (a file that shrank).
-func stageFile(src *os.File, dst int, rel, name string, fst *unix.Stat_t) (int64, error) {
-	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	f := os.NewFile(uintptr(out), rel)
-	defer f.Close()
-	// Copy what the file held at its stat; *os.File uses copy_file_range.
-	n, err := io.Copy(f, io.LimitReader(src, fst.Size))
-	if err != nil {
-		return 0, fmt.Errorf("copying %s: %w", rel, err)
-	}
-	if err := unix.Fchmod(out, fst.Mode&0o777); err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	if err := f.Close(); err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	return fst.Size - n, setTime(dst, name, rel, fst.Mtim)
 }
 
 func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error {
