@@ -370,6 +370,7 @@ func TestPackWithoutGit(t *testing.T) {
 		symlink(t, p, filepath.Join(bin, tool))
 	}
 	t.Setenv("PATH", bin)
+	write(t, filepath.Join(repo, ".git/credentials"), "https://u:"+secretToken+"@github.com\n", 0o600)
 
 	if _, err := pack(t, repo, Options{}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "git is not installed") {
 		t.Errorf("a repository without git: got %v; want a failed precondition", err)
@@ -378,7 +379,7 @@ func TestPackWithoutGit(t *testing.T) {
 		t.Errorf("a directory deep in a repository without git: got %v; want a failed precondition", err)
 	}
 	tr := mustPack(t, repo, Options{All: true})
-	if want := []string{"(the whole file: git is not installed to read it)"}; !reflect.DeepEqual(tr.CredentialsRemoved, want) {
+	if want := []string{"(the whole file: git is not installed to read it)", ".git/credentials (a credential store, left out)"}; !reflect.DeepEqual(tr.CredentialsRemoved, want) {
 		t.Errorf("CredentialsRemoved = %q; want %q", tr.CredentialsRemoved, want)
 	}
 	got := unpack(t, tr.Image)

@@ -73,8 +73,8 @@ type walker struct {
 	files, bytes, gitBytes int64
 	over                   bool
 	skipped                map[string]int
-	// configs are the copied files named config or config.worktree, for
-	// the credential scrub.
+	// configs are the copied files and symlinks named config or
+	// config.worktree, for the credential scrub.
 	configs []string
 	// nested lists a nested repository (a directory git named itself);
 	// nil when git's rules are off.
@@ -356,9 +356,7 @@ func (w *walker) file(sfd, dst int, rel, name string, st *unix.Stat_t) error {
 		src.Close()
 		return err
 	}
-	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
-		w.configs = append(w.configs, rel)
-	}
+	w.noteConfig(rel)
 	shrunk, err := w.jobs.run(func() (int64, error) {
 		defer src.Close()
 		return stageFile(src, dst, rel, name, &fst)
@@ -383,7 +381,16 @@ func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error 
 	if err := unix.Symlinkat(target, dst, name); err != nil {
 		return fmt.Errorf("staging %s: %w", rel, err)
 	}
+	w.noteConfig(rel)
 	return setTime(dst, name, rel, st.Mtim)
+}
+
+// noteConfig notes rel for the credential scrub when it is named like a
+// repository's config.
+func (w *walker) noteConfig(rel string) {
+	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
+		w.configs = append(w.configs, rel)
+	}
 }
 
 // readlinkat reads a link's target, however long.
