@@ -29,6 +29,9 @@ func TestPatchLinkDirSwaps(t *testing.T) {
 	g.file(Added, "link-in/a.txt", "was a link\n", 0o644)
 	g.dir(Added, "link-in/deeper")
 	g.file(Added, "link-in/deeper/b.txt", "below it\n", 0o755)
+	// Git judges no path below a link of the host's: this one, which it
+	// would ignore elsewhere, is carried.
+	g.file(Added, "link-in/x.log", "carried\n", 0o644)
 	g.remove("linkdir-out")
 	g.dir(Added, "linkdir-out")
 	g.file(Added, "linkdir-out/secret.txt", "not the host's\n", 0o644)
@@ -46,9 +49,9 @@ func TestPatchLinkDirSwaps(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Patch: %v", err)
 	}
-	// Added: the three new files and five links (sub/deep among them);
+	// Added: the four new files and five links (sub/deep among them);
 	// deleted: two links and sub/deep/more.txt; modified: link-out.
-	want := PatchStats{Added: 8, Modified: 1, Deleted: 3, Bytes: int64(patch.Len()),
+	want := PatchStats{Added: 9, Modified: 1, Deleted: 3, Bytes: int64(patch.Len()),
 		LinksOut: []string{"abs", "link-out", "sub/climb"}}
 	if !reflect.DeepEqual(stats, want) {
 		t.Errorf("stats = %+v; want %+v", stats, want)
