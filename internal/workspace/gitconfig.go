@@ -114,7 +114,7 @@ func (s *scrub) config(rel string) error {
 	if rel != ".git/config" {
 		label = rel + ": "
 	}
-	x := &expansion{top: rel, gitDir: gitDirOf(rel)}
+	x := &expansion{gitDir: gitDirOf(rel)}
 	if s.git == "" {
 		s.credentialFiles(rel, x.gitDir, nil)
 		if _, err := removeBeneath(s.root, rel); err != nil {

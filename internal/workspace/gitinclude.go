@@ -36,8 +36,7 @@ var storeNames = []string{"credentials", ".git-credentials"}
 
 // expansion is the inlining of one repository config's includes.
 type expansion struct {
-	top    string // the config, as the copy names it
-	gitDir string // its git directory: includes may name files below it
+	gitDir string // the config's git directory: includes may name files below it
 	count  int    // files inlined so far
 }
 
@@ -83,6 +82,9 @@ func (s *scrub) expand(x *expansion, from string, entries []configEntry, depth i
 		if why == "" {
 			var err error
 			if sub, err = s.read(target); err != nil {
+				if s.ctx.Err() != nil {
+					return nil, false, s.ctx.Err()
+				}
 				why = "git cannot read " + target + " as a config"
 			}
 		}
@@ -95,7 +97,7 @@ func (s *scrub) expand(x *expansion, from string, entries []configEntry, depth i
 		for i := range sub {
 			sub[i].from = target + ": "
 		}
-		sub, _, err := s.expand(x, target, sub, depth+1, append(chain, target))
+		sub, _, err := s.expand(x, target, sub, depth+1, append(chain[:len(chain):len(chain)], target))
 		if err != nil {
 			return nil, false, err
 		}
