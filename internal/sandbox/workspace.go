@@ -60,8 +60,9 @@ type WorkspaceReport struct {
 	// Skipped counts what the copy left out by kind (socket, fifo,
 	// device, unreadable).
 	Skipped map[string]int `json:"skipped,omitempty"`
-	// CredentialsRemoved names the git settings removed from the copy
-	// (names, never values).
+	// CredentialsRemoved names the git settings, include lines and files
+	// (included ones, credential stores) removed from the copy (names,
+	// never values).
 	CredentialsRemoved []string `json:"credentials_removed,omitempty"`
 	// Changed and PatchBytes describe the patch written to Out; LeftOut
 	// counts changes under .git, which no patch carries.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -125,4 +126,79 @@ func filesBeneath(root int, rel string) ([]origEntry, error) {
 		}
 	}
 	return out, nil
+}
+
+// inParent runs f on the directory holding rel's last component, open as
+// O_PATH, and that component; f may add and remove entries there even when
+// the directory is read-only, and the directory keeps its mode and time.
+func inParent(root int, rel string, f func(dir int, name string) error) error {
+	fd, name, err := openParent(root, rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var dir unix.Stat_t
+	if err := unix.Fstat(fd, &dir); err != nil {
+		return err
+	}
+	// An O_PATH descriptor's directory is changed through its name in
+	// /proc.
+	self := "/proc/self/fd/" + strconv.Itoa(fd)
+	if dir.Mode&0o200 == 0 {
+		if err := unix.Chmod(self, dir.Mode&0o7777|0o200); err != nil {
+			return err
+		}
+		defer unix.Chmod(self, dir.Mode&0o7777)
+	}
+	if err := f(fd, name); err != nil {
+		return err
+	}
+	return unix.UtimesNano(self, []unix.Timespec{dir.Mtim, dir.Mtim})
+}
+
+// removeBeneath removes the file or symlink rel of the staging copy and
+// returns the bytes it held.
+func removeBeneath(root int, rel string) (int64, error) {
+	var size int64
+	err := inParent(root, rel, func(dir int, name string) error {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			return fmt.Errorf("%s is a directory", rel)
+		case unix.S_IFREG:
+			size = st.Size
+		}
+		return unix.Unlinkat(dir, name, 0)
+	})
+	return size, err
+}
+
+// replaceBeneath puts a regular file holding body, with the mode perm and
+// the time mtime, in place of the file or symlink rel of the staging copy
+// (never writing through a link).
+func replaceBeneath(root int, rel string, body []byte, perm uint32, mtime unix.Timespec) error {
+	return inParent(root, rel, func(dir int, name string) error {
+		if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+		fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), rel)
+		_, err = f.Write(body)
+		if err == nil {
+			err = unix.Fchmod(fd, perm)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return setTime(dir, name, rel, mtime)
+	})
 }

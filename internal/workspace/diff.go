@@ -61,6 +61,11 @@ func (t *Tree) Patch(ctx context.Context, changes []Change, w io.Writer) (PatchS
 		return PatchStats{}, err
 	}
 	stats := PatchStats{LeftOut: p.leftOut, Ignored: p.ignored}
+	for _, pt := range p.puts {
+		if pt.mode.Type() == fs.ModeSymlink && linkLeaves(t.Prefix, pt.rel, pt.target) {
+			stats.LinksOut = append(stats.LinksOut, pt.rel)
+		}
+	}
 	if len(p.dels) == 0 && len(p.puts) == 0 {
 		return stats, nil
 	}

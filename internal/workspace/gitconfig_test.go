@@ -40,8 +40,7 @@ func TestStripUserinfo(t *testing.T) {
 func TestScrubConfig(t *testing.T) {
 	t.Parallel()
 	needTools(t, "git")
-	path := filepath.Join(t.TempDir(), "config")
-	write(t, path, `[core]
+	path := stageConfig(t, `[core]
 	repositoryformatversion = 0
 	bare
 [remote "origin"]
@@ -65,10 +64,7 @@ func TestScrubConfig(t *testing.T) {
 [alias]
 	quoted = "!echo \"a\\tb\" ; # not a comment"
 `, 0o640)
-	removed, err := scrubConfig(t.Context(), gitPath(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	removed := scrubStaged(t, path)
 	want := []string{
 		"remote.origin.url (user info)",
 		"http.https://github.com/.extraheader",
@@ -117,14 +113,38 @@ func TestScrubConfig(t *testing.T) {
 func TestScrubConfigClean(t *testing.T) {
 	t.Parallel()
 	needTools(t, "git")
-	path := filepath.Join(t.TempDir(), "config")
 	body := "# a comment\n[core]\n\tbare = false\n[remote \"origin\"]\n\turl = git@github.com:o/r.git\n"
-	write(t, path, body, 0o644)
-	removed, err := scrubConfig(t.Context(), gitPath(), path)
-	if err != nil || removed != nil {
-		t.Fatalf("scrubConfig = %q, %v; want nothing removed", removed, err)
+	path := stageConfig(t, body, 0o644)
+	if removed := scrubStaged(t, path); removed != nil {
+		t.Fatalf("scrubConfigs = %q; want nothing removed", removed)
 	}
 	if b, _ := os.ReadFile(path); string(b) != body {
 		t.Errorf("a clean config was rewritten:\n%s", b)
 	}
+}
+
+// stageConfig writes body as .git/config of a new staging copy holding a
+// git directory, and returns the config's path.
+func stageConfig(t *testing.T, body string, mode os.FileMode) string {
+	t.Helper()
+	stage := t.TempDir()
+	write(t, filepath.Join(stage, ".git/HEAD"), "ref: refs/heads/main\n", 0o644)
+	if err := os.Mkdir(filepath.Join(stage, ".git/objects"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(stage, ".git/config")
+	write(t, path, body, mode)
+	return path
+}
+
+// scrubStaged cleans the config stageConfig wrote and returns what it
+// removed.
+func scrubStaged(t *testing.T, path string) []string {
+	t.Helper()
+	stage := filepath.Dir(filepath.Dir(path))
+	sc, err := scrubConfigs(t.Context(), gitPath(), stage, "", []string{".git/config"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc.names
 }

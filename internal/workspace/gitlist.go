@@ -161,8 +161,12 @@ func nestedLister(git string) func(ctx context.Context, fd int) (*sel, error) {
 // checkIgnored asks git which of paths (relative to the directory open as
 // fd) its rules ignore. The index is not consulted (--no-index): the paths
 // asked about are absent from the copy, so not tracked files git could see,
-// and a path in a submodule would make git refuse the whole question.
+// and a path in a submodule would make git refuse the whole question. A
+// path below a symlink of the tree (a directory the guest made where a link
+// was) is not asked about, since git refuses the whole question for it, and
+// counts as not ignored: the host holds no file there for it to clash with.
 func checkIgnored(ctx context.Context, git string, fd int, paths []string) (map[string]bool, error) {
+	paths = notBeyondLinks(fd, paths)
 	if len(paths) == 0 {
 		return nil, nil
 	}
@@ -182,6 +186,37 @@ func checkIgnored(ctx context.Context, git string, fd int, paths []string) (map[
 		}
 	}
 	return ignored, nil
+}
+
+// notBeyondLinks returns the paths none of whose directories is a symlink
+// in the tree open as fd.
+func notBeyondLinks(fd int, paths []string) []string {
+	link := map[string]bool{} // by directory, whether it is a symlink
+	beyond := func(p string) bool {
+		for i := 0; i < len(p); i++ {
+			if p[i] != '/' {
+				continue
+			}
+			dir := p[:i]
+			l, ok := link[dir]
+			if !ok {
+				st, err := lstatBeneath(fd, dir)
+				l = err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
+				link[dir] = l
+			}
+			if l {
+				return true
+			}
+		}
+		return false
+	}
+	kept := paths[:0:0]
+	for _, p := range paths {
+		if !beyond(p) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 // gitAbove reports whether the directory open as fd, or one above it,

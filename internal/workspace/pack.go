@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -97,10 +98,13 @@ func Pack(ctx context.Context, dir *os.File, work string, o Options) (_ *Tree, r
 	if err := countSpecials(ctx, git, root, w, t.Skipped); err != nil {
 		return nil, err
 	}
-	t.Files, t.Bytes = w.files, w.bytes
-	if t.CredentialsRemoved, err = scrubConfigs(ctx, git, t.stage(), w.configs); err != nil {
+	host, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(root))
+	sc, err := scrubConfigs(ctx, git, t.stage(), host, w.configs)
+	if err != nil {
 		return nil, err
 	}
+	t.Files, t.Bytes = w.files-sc.files, w.bytes-sc.bytes
+	t.CredentialsRemoved = sc.names
 	t.CopyTime = time.Since(start)
 
 	start = time.Now()

@@ -3,7 +3,9 @@
 package workspace
 
 import (
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -368,6 +370,7 @@ func TestPackWithoutGit(t *testing.T) {
 		symlink(t, p, filepath.Join(bin, tool))
 	}
 	t.Setenv("PATH", bin)
+	write(t, filepath.Join(repo, ".git/credentials"), "https://u:"+secretToken+"@github.com\n", 0o600)
 
 	if _, err := pack(t, repo, Options{}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "git is not installed") {
 		t.Errorf("a repository without git: got %v; want a failed precondition", err)
@@ -376,7 +379,7 @@ func TestPackWithoutGit(t *testing.T) {
 		t.Errorf("a directory deep in a repository without git: got %v; want a failed precondition", err)
 	}
 	tr := mustPack(t, repo, Options{All: true})
-	if want := []string{"(the whole file: git is not installed to read it)"}; !reflect.DeepEqual(tr.CredentialsRemoved, want) {
+	if want := []string{"(the whole file: git is not installed to read it)", ".git/credentials (a credential store, left out)"}; !reflect.DeepEqual(tr.CredentialsRemoved, want) {
 		t.Errorf("CredentialsRemoved = %q; want %q", tr.CredentialsRemoved, want)
 	}
 	got := unpack(t, tr.Image)
@@ -388,4 +391,71 @@ func TestPackWithoutGit(t *testing.T) {
 	if _, err := tr.Patch(t.Context(), []Change{{Path: "a", Kind: Deleted}}, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Patch without git: got %v; want a failed precondition", err)
 	}
+}
+
+// TestPackKeepsHoles checks sparse files stay sparse in the copy, holding
+// the same bytes there and in the image.
+func TestPackKeepsHoles(t *testing.T) {
+	t.Parallel()
+	needTools(t, "mksquashfs", "unsquashfs")
+	dir := t.TempDir()
+	p := filepath.Join(dir, "sparse.img")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	data := strings.Repeat("data", 1024)
+	for _, off := range []int64{0, 8 << 20, size - 4096} {
+		if _, err := f.WriteAt([]byte(data), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	write(t, filepath.Join(dir, "trailing-hole"), data, 0o644)
+	if err := os.Truncate(filepath.Join(dir, "trailing-hole"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if allocated(t, p) > 1<<20 {
+		t.Skip("the test directory's filesystem keeps no holes")
+	}
+	tr := mustPack(t, dir, Options{All: true})
+	if tr.Bytes != size+1<<20 {
+		t.Errorf("Bytes = %d; want the files' sizes, %d", tr.Bytes, size+1<<20)
+	}
+	for _, name := range []string{"sparse.img", "trailing-hole"} {
+		staged := filepath.Join(tr.dir, "tree", name)
+		if a := allocated(t, staged); a > 1<<20 {
+			t.Errorf("the copy of %s takes %d bytes; want its holes kept", name, a)
+		}
+		if got, want := sum(t, staged), sum(t, filepath.Join(dir, name)); got != want {
+			t.Errorf("the copy of %s differs from the original", name)
+		}
+	}
+	got := filepath.Join(unpack(t, tr.Image), "sparse.img")
+	if fi, err := os.Stat(got); err != nil || fi.Size() != size || sum(t, got) != sum(t, p) {
+		t.Errorf("sparse.img in the image: %v, %v; want the original's bytes", fi, err)
+	}
+}
+
+// allocated is the space a file takes on disk.
+func allocated(t *testing.T, p string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+func sum(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", sha256.Sum256(b))
 }

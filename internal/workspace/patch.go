@@ -75,6 +75,11 @@ type PatchStats struct {
 	Ignored int
 	// Bytes is the patch's size.
 	Bytes int64
+	// LinksOut names, in path order, the symlinks the patch makes whose
+	// target leaves the repository (or the tree, outside git): absolute,
+	// or climbing above its top with "..", judged by the target's text.
+	// Applying the patch makes links the host may then follow.
+	LinksOut []string
 }
 
 // put is a file or symlink the new tree holds.
@@ -299,6 +304,17 @@ func (pl *planner) checkWay(q string) error {
 		}
 	}
 	return nil
+}
+
+// linkLeaves reports whether a symlink at rel (below prefix, the tree's
+// place in its repository) whose target is target points outside the
+// repository, judged by the text alone.
+func linkLeaves(prefix, rel, target string) bool {
+	if path.IsAbs(target) {
+		return true
+	}
+	p := path.Join(path.Dir(prefix+rel), target)
+	return p == ".." || strings.HasPrefix(p, "../")
 }
 
 func modeName(m fs.FileMode) string {

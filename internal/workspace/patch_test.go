@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -130,7 +131,7 @@ func TestPatch(t *testing.T) {
 		t.Fatalf("Patch: %v", err)
 	}
 	want := PatchStats{Added: 7, Modified: 6, Deleted: 4, LeftOut: 1, Ignored: 2, Bytes: int64(patch.Len())}
-	if stats != want {
+	if !reflect.DeepEqual(stats, want) {
 		t.Errorf("stats = %+v; want %+v", stats, want)
 	}
 	if !strings.Contains(patch.String(), "GIT binary patch") {

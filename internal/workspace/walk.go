@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
@@ -74,8 +73,8 @@ type walker struct {
 	files, bytes, gitBytes int64
 	over                   bool
 	skipped                map[string]int
-	// configs are the copied files named config or config.worktree, for
-	// the credential scrub.
+	// configs are the copied files and symlinks named config or
+	// config.worktree, for the credential scrub.
 	configs []string
 	// nested lists a nested repository (a directory git named itself);
 	// nil when git's rules are off.
@@ -357,39 +356,13 @@ func (w *walker) file(sfd, dst int, rel, name string, st *unix.Stat_t) error {
 		src.Close()
 		return err
 	}
-	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
-		w.configs = append(w.configs, rel)
-	}
+	w.noteConfig(rel)
 	shrunk, err := w.jobs.run(func() (int64, error) {
 		defer src.Close()
 		return stageFile(src, dst, rel, name, &fst)
 	})
 	w.bytes -= shrunk
 	return err
-}
-
-// stageFile copies the data src held at its stat fst into a new file name
-// in the staging directory dst, with its mode and time, and returns how
-// many bytes fewer than fst's size it copied (a file that shrank).
-func stageFile(src *os.File, dst int, rel, name string, fst *unix.Stat_t) (int64, error) {
-	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	f := os.NewFile(uintptr(out), rel)
-	defer f.Close()
-	// Copy what the file held at its stat; *os.File uses copy_file_range.
-	n, err := io.Copy(f, io.LimitReader(src, fst.Size))
-	if err != nil {
-		return 0, fmt.Errorf("copying %s: %w", rel, err)
-	}
-	if err := unix.Fchmod(out, fst.Mode&0o777); err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	if err := f.Close(); err != nil {
-		return 0, fmt.Errorf("staging %s: %w", rel, err)
-	}
-	return fst.Size - n, setTime(dst, name, rel, fst.Mtim)
 }
 
 func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error {
@@ -408,7 +381,16 @@ func (w *walker) symlink(sfd, dst int, rel, name string, st *unix.Stat_t) error 
 	if err := unix.Symlinkat(target, dst, name); err != nil {
 		return fmt.Errorf("staging %s: %w", rel, err)
 	}
+	w.noteConfig(rel)
 	return setTime(dst, name, rel, st.Mtim)
+}
+
+// noteConfig notes rel for the credential scrub when it is named like a
+// repository's config.
+func (w *walker) noteConfig(rel string) {
+	if strings.HasSuffix("/"+rel, "/config") || strings.HasSuffix("/"+rel, "/config.worktree") {
+		w.configs = append(w.configs, rel)
+	}
 }
 
 // readlinkat reads a link's target, however long.

@@ -9,13 +9,16 @@
 // In a git work tree the copy holds what git would see (tracked files, and
 // untracked files that are not ignored) and the repository's .git, less the
 // credentials its config may hold; elsewhere, or with [Options.All], it
-// holds everything.
+// holds everything. A repository config's includes are inlined (those
+// naming files in its git directory) or dropped (the others), and the
+// included files and credential stores left out: see gitinclude.go.
 //
 // The tree is read through directory descriptors, one component at a time,
 // and no symlink is ever followed: a link is copied as a link (one that
 // points outside the tree dangles in the guest), and a directory swapped for
 // a link during the copy is not entered. Git's file list only chooses names.
-// Sockets, FIFOs and devices are skipped and counted.
+// Sockets, FIFOs and devices are skipped and counted. A sparse file keeps
+// its holes.
 //
 // After the run, [Tree.Patch] turns what the guest reports changed
 // ([Change]) into a git patch against the staging copy, which `git apply`
@@ -118,8 +121,12 @@ type Tree struct {
 	Skipped map[string]int
 	// CredentialsRemoved names what was removed from the copy's git
 	// configuration: key names, never values ("credential.helper",
-	// "remote.origin.url (user info)"); a config other than .git/config is
-	// named first (".git/modules/lib/config: ...").
+	// "remote.origin.url (user info)"), include lines ("include.path
+	// (inlined: .git/team.inc)", "include.path (outside the git
+	// directory, dropped)"), and files left out (".git/team.inc
+	// (included, left out)", ".git/credentials (a credential store, left
+	// out)"). A setting of a file other than .git/config is named after
+	// it (".git/modules/lib/config: ...", ".git/team.inc: ...").
 	CredentialsRemoved []string
 	// Git says the copy followed git's rules (tracked and untracked,
 	// not-ignored files, and .git when the directory is the top level).
