@@ -79,9 +79,9 @@ func TestStalledAndBrokenRegistries(t *testing.T) {
 
 	reg.setHook(hangOn("/manifests/"))
 	failsWith(t, env, 20*time.Second, "unavailable", knobs.RegistryStallS, "stage", "pull", reg.ref("stages/x:st-0011223344556677"))
-	failsWith(t, env, 20*time.Second, "unavailable", "sent nothing for 1s", "image", "import", src, "--name", "stall")
+	failsWith(t, env, 20*time.Second, "unavailable", "no answer from the registry in 1s", "image", "import", src, "--name", "stall")
 	reg.setHook(hangOn("/v2/"))
-	failsWith(t, env, 20*time.Second, "unavailable", "sent nothing for 1s", "image", "import", src, "--name", "stall")
+	failsWith(t, env, 20*time.Second, "unavailable", "no answer from the registry in 1s", "image", "import", src, "--name", "stall")
 	reg.setHook(dribbleOn("/blobs/" + onlyLayerBlob(t, img)))
 	failsWith(t, env, 20*time.Second, "unavailable", "under the floor of 10 KiB/s", "image", "import", src, "--name", "stall")
 

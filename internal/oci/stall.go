@@ -42,16 +42,28 @@ type StallError struct {
 	Request string // method and URL, without the query
 	Moved   int64  // bytes moved over the last window
 	Stall   Stall
+	// Unanswered: the response's headers had not come (the error then
+	// reaches the caller inside a *url.Error, which names the request).
+	Unanswered bool
 }
 
 func (e *StallError) Error() string {
-	if e.Moved == 0 {
-		return fmt.Sprintf("%s: the registry sent nothing for %s (no data, or no answer to the request): it or the network is stalled; "+
-			"try again later (%s sets how long isopod waits)", e.Request, e.Stall.Window, knobs.RegistryStallS)
+	var msg string
+	switch {
+	case e.Unanswered && e.Moved == 0:
+		msg = fmt.Sprintf("no answer from the registry in %s", e.Stall.Window)
+	case e.Moved == 0:
+		msg = fmt.Sprintf("%s: the registry sent nothing for %s", e.Request, e.Stall.Window)
+	case e.Unanswered:
+		msg = fmt.Sprintf("only %d bytes sent in %s and no answer yet", e.Moved, e.Stall.Window)
+	default:
+		msg = fmt.Sprintf("%s: only %d bytes moved in %s", e.Request, e.Moved, e.Stall.Window)
 	}
-	return fmt.Sprintf("%s: only %d bytes moved in %s, under the floor of %d KiB/s: the registry or the network is too slow; "+
-		"try again later (%s and %s set the window and the floor)", e.Request, e.Moved, e.Stall.Window, e.Stall.MinRate>>10,
-		knobs.RegistryStallS, knobs.RegistryMinKiBps)
+	if e.Moved == 0 {
+		return msg + fmt.Sprintf(": the registry or the network is stalled; try again later (%s sets how long isopod waits)", knobs.RegistryStallS)
+	}
+	return msg + fmt.Sprintf(", under the floor of %d KiB/s: the registry or the network is too slow; try again later (%s and %s set the window and the floor)",
+		e.Stall.MinRate>>10, knobs.RegistryStallS, knobs.RegistryMinKiBps)
 }
 
 func (e *StallError) Unwrap() error { return errdefs.ErrUnavailable }
@@ -91,12 +103,19 @@ func (w *watch) stop() {
 	})
 }
 
-// err is the stall that ended the request, if one did.
-func (w *watch) err() error {
-	if e := w.fired.Load(); e != nil {
-		return e
+// err is the stall that ended the request, if one did; unanswered says
+// it ended before the response's headers came.
+func (w *watch) err(unanswered bool) error {
+	e := w.fired.Load()
+	if e == nil {
+		return nil
 	}
-	return nil
+	if unanswered {
+		c := *e
+		c.Unanswered = true
+		return &c
+	}
+	return e
 }
 
 type sample struct {
@@ -157,7 +176,7 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	b.w.add(n)
 	if err != nil && b.response {
-		if serr := b.w.err(); serr != nil {
+		if serr := b.w.err(false); serr != nil {
 			return n, serr
 		}
 		if err == io.EOF {

@@ -77,8 +77,8 @@ func TestStalledRequestsFail(t *testing.T) {
 			if took > 3*fastStall.Window {
 				t.Errorf("the stall was noticed after %s; want about %s", took, fastStall.Window)
 			}
-			if (se.Moved > 0) != c.moved || !strings.Contains(se.Error(), "/v2/x/blobs/sha256:00") {
-				t.Errorf("stall %q (moved %d)", se, se.Moved)
+			if (se.Moved > 0) != c.moved || !strings.Contains(err.Error(), "/v2/x/blobs/sha256:00") || strings.Count(err.Error(), "/v2/x/blobs") != 1 {
+				t.Errorf("stall %q (moved %d); want the request named once", err, se.Moved)
 			}
 		})
 	}

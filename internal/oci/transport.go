@@ -23,7 +23,7 @@ func (t *watchTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(r)
 	if err != nil {
 		w.stop()
-		if serr := w.err(); serr != nil {
+		if serr := w.err(true); serr != nil {
 			return nil, serr
 		}
 		return nil, err
