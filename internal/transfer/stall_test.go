@@ -77,6 +77,7 @@ func TestStalledRegistryFailsUnavailable(t *testing.T) {
 		{"a manifest's headers", isGet("/manifests/"), hang, false},
 		{"a manifest's body", isGet("/manifests/"), dribble, false},
 		{"a layer blob", isGet("/blobs/" + layer), dribble, false},
+		{"a HEAD", func(r *http.Request) bool { return r.Method == http.MethodHead }, hang, true},
 		{"an upload", isPut, hang, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
