@@ -74,6 +74,14 @@ func TestStalledRegistryFailsUnavailable(t *testing.T) {
 		push  bool
 	}{
 		{"the first request", func(r *http.Request) bool { return r.URL.Path == "/v2/" }, hang, false},
+		{"the credential exchange", func(r *http.Request) bool { return true }, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/token" {
+				hang(w, r)
+				return
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+`/token",service="test"`)
+			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED"}]}`, http.StatusUnauthorized)
+		}, false},
 		{"a manifest's headers", isGet("/manifests/"), hang, false},
 		{"a manifest's body", isGet("/manifests/"), dribble, false},
 		{"a layer blob", isGet("/blobs/" + layer), dribble, false},
