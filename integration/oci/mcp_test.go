@@ -18,7 +18,13 @@ import (
 // startMCP starts the built isopod-mcp and connects the SDK's client.
 func startMCP(t *testing.T) *mcp.ClientSession {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"))
+	return startMCPWith(t)
+}
+
+// startMCPWith starts the built isopod-mcp with args.
+func startMCPWith(t *testing.T, args ...string) *mcp.ClientSession {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), args...)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent"))
 	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-oci-test", Version: "0"}, nil)

@@ -44,6 +44,8 @@ type testRegistry struct {
 	tamper string
 	// uploads counts the blob uploads finished, by digest.
 	uploads map[string]int
+	// hook, when set, serves the requests it returns true for.
+	hook func(w http.ResponseWriter, req *http.Request, inner http.Handler) bool
 }
 
 func startRegistry(t testing.TB) *testRegistry {
@@ -52,8 +54,11 @@ func startRegistry(t testing.TB) *testRegistry {
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
-		user, pass, tamper := r.user, r.pass, r.tamper
+		user, pass, tamper, hook := r.user, r.pass, r.tamper, r.hook
 		r.mu.Unlock()
+		if hook != nil && hook(w, req, inner) {
+			return
+		}
 		if user != "" {
 			if u, p, ok := req.BasicAuth(); !ok || u != user || p != pass {
 				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
@@ -91,6 +96,12 @@ func (r *testRegistry) requireAuth(user, pass string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.user, r.pass = user, pass
+}
+
+func (r *testRegistry) setHook(h func(w http.ResponseWriter, req *http.Request, inner http.Handler) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hook = h
 }
 
 func (r *testRegistry) tamperWith(digest string) {

@@ -13,9 +13,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
+	"isopod/internal/oci"
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
@@ -53,6 +55,10 @@ type Settings struct {
 	// ReadyVMs: ISOPOD_READY_VMS, the ready VMs per hot shape a
 	// long-lived front end keeps (default DefaultReadyVMs; 0 none).
 	ReadyVMs int
+	// RegistryStall: ISOPOD_REGISTRY_STALL_S and ISOPOD_REGISTRY_MIN_KIBPS,
+	// how little a registry request may move before it fails (default
+	// oci.DefaultStall).
+	RegistryStall oci.Stall
 	// LongLived is set by a front end that serves many runs (isopod-mcp):
 	// it gets ready VMs and builds missing snapshots in the background,
 	// and must close the Service.
@@ -72,7 +78,8 @@ type Settings struct {
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile, knobs.MCPWorkspace} {
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile, knobs.MCPWorkspace,
+		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
 		if v, ok := lookup(k); ok {
 			s.raw[k] = v
 		}
@@ -133,7 +140,31 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		}
 		s.ReadyVMs = n
 	}
+	if s.RegistryStall, err = parseStall(s.raw[knobs.RegistryStallS], s.raw[knobs.RegistryMinKiBps]); err != nil {
+		return s, err
+	}
 	return s, nil
+}
+
+// parseStall reads the registry stall window (whole seconds, 1 to 3600)
+// and throughput floor (KiB/s, 0 for none); empty keeps a default.
+func parseStall(window, floor string) (oci.Stall, error) {
+	st := oci.DefaultStall
+	if v := strings.TrimSpace(window); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 3600 {
+			return st, fmt.Errorf("%s=%q: want a number of seconds from 1 to 3600: %w", knobs.RegistryStallS, v, errdefs.ErrInvalidArgument)
+		}
+		st.Window = time.Duration(n) * time.Second
+	}
+	if v := strings.TrimSpace(floor); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > 1<<20 {
+			return st, fmt.Errorf("%s=%q: want a number of KiB/s (0: no floor, only silence counts): %w", knobs.RegistryMinKiBps, v, errdefs.ErrInvalidArgument)
+		}
+		st.MinRate = n << 10
+	}
+	return st, nil
 }
 
 // parseJail reads ISOPOD_JAIL: 1/on (confined, the default), 0/off
@@ -205,6 +236,7 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		Jail:          s.Jail,
 		NoWarmPool:    s.NoWarmPool,
 		WarmPoolBytes: s.WarmPoolBytes,
+		RegistryStall: s.RegistryStall,
 	}
 	if s.LongLived {
 		o.ReadyVMs, o.BackgroundSnapshots, o.HoldVM = s.ReadyVMs, true, s.HoldVM

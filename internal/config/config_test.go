@@ -2,11 +2,14 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
+	"isopod/internal/oci"
 	"isopod/internal/sandbox"
 )
 
@@ -55,6 +58,42 @@ func TestJail(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%s=%q: error %q does not say %q", knobs.Jail, tt.value, err, w)
 			}
+		}
+	}
+}
+
+func TestRegistryStall(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		window, floor string // "" leaves the variable out
+		want          oci.Stall
+		bad           string // the variable a refusal names
+	}{
+		{"", "", oci.Stall{Window: 60 * time.Second, MinRate: 10 << 10}, ""},
+		{"1", "", oci.Stall{Window: time.Second, MinRate: 10 << 10}, ""},
+		{" 5 ", "0", oci.Stall{Window: 5 * time.Second}, ""},
+		{"", "64", oci.Stall{Window: 60 * time.Second, MinRate: 64 << 10}, ""},
+		{"0", "", oci.Stall{}, knobs.RegistryStallS},
+		{"1.5", "", oci.Stall{}, knobs.RegistryStallS},
+		{"", "-1", oci.Stall{}, knobs.RegistryMinKiBps},
+		{"", "fast", oci.Stall{}, knobs.RegistryMinKiBps},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		if tt.window != "" {
+			vars[knobs.RegistryStallS] = tt.window
+		}
+		if tt.floor != "" {
+			vars[knobs.RegistryMinKiBps] = tt.floor
+		}
+		s, err := Load(env(vars))
+		if tt.bad == "" {
+			if err != nil || s.RegistryStall != tt.want {
+				t.Errorf("%q/%q: stall %+v, err %v; want %+v", tt.window, tt.floor, s.RegistryStall, err, tt.want)
+			}
+			continue
+		}
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), tt.bad) {
+			t.Errorf("%q/%q: err %v; want a refusal naming %s", tt.window, tt.floor, err, tt.bad)
 		}
 	}
 }

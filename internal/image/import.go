@@ -147,19 +147,34 @@ type importer struct {
 	opts ImportOptions
 	log  *slog.Logger
 
-	rawConfig []byte
-	config    *v1.ConfigFile
-	layers    []ImageLayer
-	total     int64
+	rawConfig    []byte
+	configDigest string // the manifest's config digest; empty for an archive
+	config       *v1.ConfigFile
+	layers       []ImageLayer
+	total        int64
 }
 
 // inspect reads and checks the manifest and config, before any layer
 // moves.
 func (im *importer) inspect() error {
 	img, src := im.si.img, im.src.String()
-	raw, err := img.RawConfigFile()
+	var m *v1.Manifest
+	if im.si.manifest {
+		if err := checkRaw(img.RawManifest, im.si.digest, "manifest "+im.si.digest.String()); err != nil {
+			return err
+		}
+		var err error
+		if m, err = img.Manifest(); err != nil {
+			return fmt.Errorf("%s: its manifest: %v: %w", src, err, errdefs.ErrInvalidArgument)
+		}
+		if m.Config.MediaType != types.DockerConfigJSON && m.Config.MediaType != types.OCIConfigJSON {
+			return fmt.Errorf("%s is not a container image: its config is %q: %w", src, m.Config.MediaType, errdefs.ErrInvalidArgument)
+		}
+		im.configDigest = m.Config.Digest.String()
+	}
+	raw, err := im.readConfig(m)
 	if err != nil {
-		return oci.Classify(err, src+": config")
+		return err
 	}
 	cf, err := v1.ParseConfigFile(bytes.NewReader(raw))
 	if err != nil {
@@ -172,21 +187,8 @@ func (im *importer) inspect() error {
 	for _, d := range cf.RootFS.DiffIDs {
 		im.layers = append(im.layers, ImageLayer{DiffID: d.String()})
 	}
-	if !im.si.manifest {
+	if m == nil {
 		return nil
-	}
-	if err := checkRaw(img.RawManifest, im.si.digest, "manifest "+im.si.digest.String()); err != nil {
-		return err
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return oci.Classify(err, src+": manifest")
-	}
-	if m.Config.MediaType != types.DockerConfigJSON && m.Config.MediaType != types.OCIConfigJSON {
-		return fmt.Errorf("%s is not a container image: its config is %q: %w", src, m.Config.MediaType, errdefs.ErrInvalidArgument)
-	}
-	if err := oci.CheckBytes(raw, m.Config.Digest, "config "+m.Config.Digest.String()); err != nil {
-		return err
 	}
 	if len(m.Layers) != len(cf.RootFS.DiffIDs) {
 		return fmt.Errorf("%s: the manifest has %d layers and the config %d: %w", src, len(m.Layers), len(cf.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
@@ -279,8 +281,9 @@ func (im *importer) build(ctx context.Context, work, id string) (BaseInfo, error
 	if im.si.manifest {
 		isrc.Digest = im.si.digest.String()
 	}
-	if cd, err := im.si.img.ConfigName(); err == nil {
-		isrc.ConfigDigest = cd.String()
+	isrc.ConfigDigest = im.configDigest
+	if !im.si.manifest {
+		isrc.ConfigDigest = strings.TrimPrefix(im.si.identity, "config:")
 	}
 	im.log.Info("image unpacked and packed", "source", isrc.Source, "layers", len(ls), "bytes", u.bytes,
 		"squashfs", fi.Size(), "skipped", len(u.skipped), "elapsed", time.Since(start).Round(time.Millisecond))

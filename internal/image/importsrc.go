@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -108,7 +107,14 @@ func (s importSource) open(ctxOpts []remote.Option) (sourceImage, error) {
 			if err != nil {
 				return sourceImage{}, oci.Classify(err, "image "+s.ref.Name())
 			}
-			return pickPlatform(idx, s.String())
+			im, err := idx.IndexManifest()
+			if err != nil {
+				return sourceImage{}, fmt.Errorf("%s: reading the index: %v: %w", s, err, errdefs.ErrInvalidArgument)
+			}
+			return pickPlatform(im, s.String(), func(d v1.Descriptor) (v1.Image, error) {
+				img, err := idx.Image(d.Digest)
+				return img, oci.Classify(err, s.String()+" linux/amd64")
+			})
 		case desc.MediaType.IsSchema1():
 			return sourceImage{}, fmt.Errorf("%s is a Docker schema 1 manifest, which import does not read: push it again with a current client: %w", s, errdefs.ErrNotSupported)
 		case desc.MediaType.IsImage():
@@ -130,6 +136,9 @@ func (s importSource) open(ctxOpts []remote.Option) (sourceImage, error) {
 			}
 			tag = &t
 		}
+		if err := checkArchive(s.path); err != nil {
+			return sourceImage{}, err
+		}
 		img, err := tarball.ImageFromPath(s.path, tag)
 		if err != nil {
 			return sourceImage{}, fmt.Errorf("reading docker-save archive %s: %v: %w", s.path, err, errdefs.ErrInvalidArgument)
@@ -147,73 +156,18 @@ func notAnImage(src string, mt types.MediaType) error {
 	return fmt.Errorf("%s is not a container image (its manifest is %q): %w", src, mt, errdefs.ErrInvalidArgument)
 }
 
-// openLayout finds the tagged manifest of an OCI image layout; with no
-// tag, the layout's only one.
-func (s importSource) openLayout() (sourceImage, error) {
-	idx, err := layout.ImageIndexFromPath(s.path)
-	if err != nil {
-		return sourceImage{}, fmt.Errorf("reading OCI layout %s: %v: %w", s.path, err, errdefs.ErrInvalidArgument)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return sourceImage{}, fmt.Errorf("reading OCI layout %s: %v: %w", s.path, err, errdefs.ErrInvalidArgument)
-	}
-	var found []v1.Descriptor
-	var tags []string
-	for _, d := range im.Manifests {
-		t := d.Annotations["org.opencontainers.image.ref.name"]
-		if t != "" {
-			tags = append(tags, t)
-		}
-		if s.tag == "" || t == s.tag {
-			found = append(found, d)
-		}
-	}
-	switch {
-	case len(found) == 0 && s.tag != "":
-		return sourceImage{}, fmt.Errorf("OCI layout %s has no image tagged %q (tags: %s): %w", s.path, s.tag, strings.Join(tags, ", "), errdefs.ErrNotFound)
-	case len(found) == 0:
-		return sourceImage{}, fmt.Errorf("OCI layout %s holds no image: %w", s.path, errdefs.ErrNotFound)
-	case len(found) > 1:
-		return sourceImage{}, fmt.Errorf("OCI layout %s holds %d images: name one, oci:%s:TAG (tags: %s): %w",
-			s.path, len(found), s.path, strings.Join(tags, ", "), errdefs.ErrInvalidArgument)
-	}
-	d := found[0]
-	switch {
-	case d.MediaType.IsIndex():
-		child, err := idx.ImageIndex(d.Digest)
-		if err != nil {
-			return sourceImage{}, fmt.Errorf("reading OCI layout %s: %v: %w", s.path, err, errdefs.ErrInvalidArgument)
-		}
-		if err := checkRaw(child.RawManifest, d.Digest, "index "+d.Digest.String()); err != nil {
-			return sourceImage{}, err
-		}
-		return pickPlatform(child, s.String())
-	case d.MediaType.IsImage():
-		img, err := idx.Image(d.Digest)
-		if err != nil {
-			return sourceImage{}, fmt.Errorf("reading OCI layout %s: %v: %w", s.path, err, errdefs.ErrInvalidArgument)
-		}
-		return sourceImage{img: img, identity: d.Digest.String(), digest: d.Digest, manifest: true}, nil
-	}
-	return sourceImage{}, notAnImage(s.String(), d.MediaType)
-}
-
-// pickPlatform takes the linux/amd64 image of an index.
-func pickPlatform(idx v1.ImageIndex, src string) (sourceImage, error) {
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return sourceImage{}, fmt.Errorf("%s: reading the index: %w", src, err)
-	}
+// pickPlatform takes the linux/amd64 image of an index, which open
+// opens by its descriptor.
+func pickPlatform(im *v1.IndexManifest, src string, open func(v1.Descriptor) (v1.Image, error)) (sourceImage, error) {
 	var have []string
 	for _, d := range im.Manifests {
 		if d.Platform == nil {
 			continue
 		}
 		if d.Platform.OS == linuxAMD64.OS && d.Platform.Architecture == linuxAMD64.Architecture && d.MediaType.IsImage() {
-			img, err := idx.Image(d.Digest)
+			img, err := open(d)
 			if err != nil {
-				return sourceImage{}, oci.Classify(err, src+" linux/amd64")
+				return sourceImage{}, err
 			}
 			return sourceImage{img: img, identity: d.Digest.String(), digest: d.Digest, manifest: true}, nil
 		}
@@ -223,6 +177,43 @@ func pickPlatform(idx v1.ImageIndex, src string) (sourceImage, error) {
 	}
 	return sourceImage{}, fmt.Errorf("%s has no linux/amd64 image (it has %s); isopod's guests are linux/amd64: %w",
 		src, strings.Join(have, ", "), errdefs.ErrNotSupported)
+}
+
+// readConfig reads the image's config: as the blob m names, through the
+// cap and checked against its digest while it streams; from a docker-save
+// archive (m nil), whose configs checkArchive has capped and whose config
+// digest is the image's identity, as the archive reader gives it.
+func (im *importer) readConfig(m *v1.Manifest) ([]byte, error) {
+	src := im.src.String()
+	if m == nil {
+		raw, err := im.si.img.RawConfigFile()
+		if err != nil {
+			return nil, fmt.Errorf("%s: its config: %v: %w", src, err, errdefs.ErrInvalidArgument)
+		}
+		return raw, nil
+	}
+	what := "config " + m.Config.Digest.String()
+	if err := oci.CheckSize(m.Config.Size, what); err != nil {
+		return nil, fmt.Errorf("%s: %w", src, err)
+	}
+	l, err := im.si.img.LayerByDigest(m.Config.Digest)
+	if err != nil {
+		return nil, oci.Classify(err, src+": config")
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, oci.Classify(err, src+": config")
+	}
+	defer rc.Close()
+	v, err := oci.NewVerifier(rc, m.Config.Digest, m.Config.Size, what)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := oci.ReadCapped(v, what)
+	if err != nil {
+		return nil, oci.Classify(err, src)
+	}
+	return raw, nil
 }
 
 // checkRaw verifies raw bytes read through get against want.

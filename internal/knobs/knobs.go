@@ -25,3 +25,11 @@ const (
 // credential helpers give registry credentials (image import, stage push
 // and pull); default ~/.docker.
 const DockerConfig = "DOCKER_CONFIG"
+
+// Registry stalls: a registry request (image import, stage push and pull)
+// that moves no data for RegistryStallS seconds, or less than
+// RegistryMinKiBps KiB a second over that window, fails as unavailable.
+const (
+	RegistryStallS   = "ISOPOD_REGISTRY_STALL_S"   // the window in seconds (default 60)
+	RegistryMinKiBps = "ISOPOD_REGISTRY_MIN_KIBPS" // the floor in KiB/s (default 10; 0: only silence counts)
+)

@@ -30,7 +30,7 @@ type RunArgs struct {
 
 	CommitAs string `json:"commit_as,omitempty" jsonschema:"save the VM's filesystem changes as a stage with this label, only when cmd exits 0. Use <project>/<purpose>, e.g. myproj/deps; fork it later with stage"`
 
-	TimeoutS   int `json:"timeout_s,omitempty" jsonschema:"wall-clock limit in seconds for boot plus command (default 120, at most 3600); on expiry the report has timed_out true"`
+	TimeoutS   int `json:"timeout_s,omitempty" jsonschema:"wall-clock limit in seconds for boot plus command (default 120, at most 3600); on expiry the report has timed_out true. A stage pulled from the server's stage registry first counts too"`
 	VCPUs      int `json:"vcpus,omitempty" jsonschema:"virtual CPUs (default 1)"`
 	MemMiB     int `json:"mem_mib,omitempty" jsonschema:"guest memory in MiB (default 512)"`
 	ScratchMiB int `json:"scratch_mib,omitempty" jsonschema:"size in MiB of the writable layer (default 1024); raise it for big installs"`

@@ -1,11 +1,13 @@
 package mcpserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -123,7 +125,10 @@ func (f *flights) do(ctx context.Context, key string, fn func() (string, bool, e
 }
 
 // ensureStage pulls the stage r forks when this host lacks it and the
-// registry has it, and points r at it by id.
+// registry has it, and points r at it by id. The pull counts against the
+// call's timeout_s: a call stops waiting for it at that deadline (the
+// pull goes on for the others that wait, and the stage it brings stays),
+// and the run gets what is left.
 func (s *Server) ensureStage(ctx context.Context, r *sandbox.Request, st *runStatus) (*RegistryResult, error) {
 	tr, ok := s.cfg.Core.(stageTransfer)
 	if s.cfg.StageRegistry == "" || !ok || r.Stage == "" || r.Stage == sandbox.BaseStage {
@@ -140,8 +145,11 @@ func (s *Server) ensureStage(ctx context.Context, r *sandbox.Request, st *runSta
 	st.setPhase("pulling stage " + r.Stage + " from " + ref)
 	defer st.setPhase("")
 	t0 := time.Now()
+	budget := time.Duration(cmp.Or(r.TimeoutS, sandbox.DefaultTimeoutS)) * time.Second
+	wctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
 	want := r.Stage
-	id, pulled, shared, err := s.pulls.do(ctx, ref, func() (string, bool, error) {
+	id, pulled, shared, err := s.pulls.do(wctx, ref, func() (string, bool, error) {
 		// A pull that ended just before this one began has published it.
 		if info, err := s.cfg.Core.StageInfo(s.life, want); err == nil {
 			return info.Stage.ID, false, nil
@@ -153,10 +161,16 @@ func (s *Server) ensureStage(ctx context.Context, r *sandbox.Request, st *runSta
 		s.log.Info("stage pulled", "stage", res.Stage.ID, "ref", ref, "bytes", res.BytesReceived, "ms", res.ElapsedMS)
 		return res.Stage.ID, true, nil
 	})
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, fmt.Errorf("stage %q is not on this host, and its pull from %s did not finish within timeout_s (%s): "+
+			"the pull goes on, and a call made after it ends finds the stage here; call again later, or raise timeout_s: %w",
+			want, ref, budget, errdefs.ErrUnavailable)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stage %q is not on this host, and pulling it from %s failed: %w", want, ref, err)
 	}
 	r.Stage = id
+	r.TimeoutS = max(1, int(math.Ceil((budget - time.Since(t0)).Seconds())))
 	if !pulled {
 		return nil, nil
 	}

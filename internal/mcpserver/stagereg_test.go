@@ -27,6 +27,8 @@ type transferCore struct {
 
 	pulls    atomic.Int32
 	pushFail error
+	// gate, when set, holds every pull until it is closed.
+	gate chan struct{}
 }
 
 func newTransferCore(repo string) *transferCore {
@@ -46,6 +48,9 @@ func (c *transferCore) StageInfo(_ context.Context, ref string) (*sandbox.StageI
 func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.StagePullResult, error) {
 	c.pulls.Add(1)
 	time.Sleep(100 * time.Millisecond) // long enough for calls to meet
+	if c.gate != nil {
+		<-c.gate
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.registry[ref]
@@ -126,5 +131,64 @@ func TestPushCommits(t *testing.T) {
 	}
 	if _, err := New(Config{Core: core, PushCommits: true}); err == nil {
 		t.Error("PushCommits without a registry was accepted")
+	}
+}
+
+// TestStagePullWaitsAtMostTimeout: calls that need a stage whose pull does
+// not end stop waiting at their own timeout_s, unavailable, while the one
+// pull goes on; once it ends, a call finds the stage here. A call whose
+// pull ends in time runs with what is left of its timeout_s.
+func TestStagePullWaitsAtMostTimeout(t *testing.T) {
+	core := newTransferCore("reg.test/isopod/stages")
+	id := "st-00112233445566cc"
+	core.registry[id] = id
+	core.gate = make(chan struct{})
+	var ran atomic.Int32
+	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+		ran.Store(int32(req.TimeoutS))
+		code := 0
+		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+	}
+	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, timeout := range []int{1, 2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			res := s.call(t, ctx, ToolSandboxRun, map[string]any{"cmd": "true", "stage": id, "timeout_s": timeout}, nil)
+			took, msg := time.Since(start), resultText(res)
+			if !res.IsError || !strings.Contains(msg, "(unavailable)") || !strings.Contains(msg, fmt.Sprintf("timeout_s (%ds)", timeout)) {
+				t.Errorf("timeout_s %d: %s; want an unavailable error naming timeout_s", timeout, msg)
+			}
+			if want := time.Duration(timeout) * time.Second; took < want || took > want+5*time.Second {
+				t.Errorf("timeout_s %d: answered after %s", timeout, took)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := core.pulls.Load(); n != 1 {
+		t.Errorf("%d pulls; want the one both calls waited for", n)
+	}
+	close(core.gate)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := core.StageInfo(ctx, id); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pull the calls gave up on did not go on")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := reportOf(t, s.call(t, ctx, ToolSandboxRun, map[string]any{"cmd": "true", "stage": id, "timeout_s": 5}, nil)); r.Registry != nil || ran.Load() != 5 {
+		t.Errorf("a call after the pull: registry %+v, ran with timeout_s %d; want the stage found here and all 5 s", r.Registry, ran.Load())
+	}
+	core.registry["st-00112233445566dd"] = "st-00112233445566dd"
+	r := reportOf(t, s.call(t, ctx, ToolSandboxRun, map[string]any{"cmd": "true", "stage": "st-00112233445566dd", "timeout_s": 5}, nil))
+	if r.Registry == nil || r.Registry.Pulled == "" || ran.Load() != 5 {
+		t.Errorf("a pull of about 100 ms: registry %+v, ran with timeout_s %d; want 5 (what is left, rounded up)", r.Registry, ran.Load())
 	}
 }

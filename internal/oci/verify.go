@@ -23,8 +23,8 @@ type DigestError struct {
 }
 
 func (e *DigestError) Error() string {
-	return fmt.Sprintf("%s does not match its digest: want %s, got %s; the source is damaged or was tampered with, nothing was kept",
-		e.What, e.Want, e.Got)
+	return fmt.Sprintf("%s does not match its digest: want %s, got %s; the source is damaged or was tampered with, and nothing was kept: "+
+		"push or save it again from an intact copy, or fetch it from another source", e.What, e.Want, e.Got)
 }
 
 func (e *DigestError) Unwrap() error { return errdefs.ErrFailedPrecondition }

@@ -15,9 +15,10 @@ import (
 type Progress = oci.Progress
 
 // registry is how the core talks to registries: Docker's credentials from
-// the configured directory, nothing stored.
+// the configured directory, nothing stored, and the configured stall
+// bounds.
 func (s *Service) registry() oci.Client {
-	return oci.Client{Keychain: oci.Keychain{Dir: s.opts.DockerConfig}, UserAgent: "isopod/" + s.opts.Version}
+	return oci.Client{Keychain: oci.Keychain{Dir: s.opts.DockerConfig}, UserAgent: "isopod/" + s.opts.Version, Stall: s.opts.RegistryStall}
 }
 
 // ImageImportOptions are `isopod image import`'s flags.

@@ -8,6 +8,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/jail"
+	"isopod/internal/oci"
 	"isopod/internal/paths"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/qemu"
@@ -38,6 +39,10 @@ type Options struct {
 	// credentials image import and stage transfers use (DOCKER_CONFIG,
 	// else ~/.docker); empty: anonymous.
 	DockerConfig string
+	// RegistryStall is how little a registry request may move before it
+	// fails as unavailable (ISOPOD_REGISTRY_STALL_S,
+	// ISOPOD_REGISTRY_MIN_KIBPS); zero: oci.DefaultStall.
+	RegistryStall oci.Stall
 	// NoWarmPool makes every run boot cold and builds no snapshot
 	// (ISOPOD_WARM_POOL=off).
 	NoWarmPool bool

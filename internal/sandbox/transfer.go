@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -80,7 +81,10 @@ var pulls singleflight.Group
 // @DIGEST), its chain and, when this host lacks it, its base. Layers
 // already here are not fetched again; every layer's id and full digest are
 // checked against its bytes. Concurrent pulls of the same source in this
-// process share one transfer (their progress goes to the first caller).
+// process share one transfer (their progress goes to the first caller);
+// a caller stops waiting for it at its own deadline (unavailable), and the
+// transfer goes on for the others. A registry that stalls fails it (see
+// oci.Stall).
 func (s *Service) StagePull(ctx context.Context, source string, o StagePullOptions) (*StagePullResult, error) {
 	ref, err := transfer.PullRef(source)
 	if err != nil {
@@ -105,6 +109,10 @@ func (s *Service) StagePull(ctx context.Context, source string, o StagePullOptio
 	select {
 	case r = <-ch:
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("the pull of %s did not end before the caller's deadline (it goes on for the calls sharing it, "+
+				"and keeps what it brings): %w: %w", ref.Name(), ctx.Err(), errdefs.ErrUnavailable)
+		}
 		return nil, ctx.Err()
 	}
 	if r.Err != nil {

@@ -50,8 +50,7 @@ const (
 	// BaseTagPrefix and a content id tag a base artifact.
 	BaseTagPrefix = "base-"
 
-	stageSchema   = 1
-	maxConfigSize = 4 << 20
+	stageSchema = 1
 )
 
 // StageConfig is a stage artifact's config.
@@ -174,10 +173,11 @@ func blobExists(ctx context.Context, repo name.Repository, d v1.Hash, opts []rem
 	return true, nil
 }
 
-// fetchSmall fetches a small blob (a config) and checks its digest.
+// fetchSmall fetches a small blob (a config) and checks its size and
+// digest.
 func fetchSmall(repo name.Repository, d v1.Descriptor, opts []remote.Option) ([]byte, error) {
-	if d.Size > maxConfigSize || d.Size < 0 {
-		return nil, fmt.Errorf("config blob %s is %d bytes, over %d: %w", d.Digest, d.Size, maxConfigSize, errdefs.ErrInvalidArgument)
+	if err := oci.CheckSize(d.Size, "config "+d.Digest.String()); err != nil {
+		return nil, err
 	}
 	l, err := remote.Layer(repo.Digest(d.Digest.String()), opts...)
 	if err != nil {
@@ -192,7 +192,7 @@ func fetchSmall(repo name.Repository, d v1.Descriptor, opts []remote.Option) ([]
 	if err != nil {
 		return nil, err
 	}
-	b, err := io.ReadAll(v)
+	b, err := oci.ReadCapped(v, "config "+d.Digest.String())
 	if err != nil {
 		return nil, oci.Classify(err, "config "+d.Digest.String())
 	}

@@ -84,6 +84,8 @@ type testRegistry struct {
 	mu   sync.Mutex // guards following
 	puts map[string]int
 	bad  string
+	// hook, when set, serves the requests it returns true for.
+	hook func(w http.ResponseWriter, req *http.Request, inner http.Handler) bool
 }
 
 func startRegistry(t *testing.T) *testRegistry {
@@ -94,8 +96,11 @@ func startRegistry(t *testing.T) *testRegistry {
 		if d := req.URL.Query().Get("digest"); req.Method == http.MethodPut && d != "" {
 			r.puts[d]++
 		}
-		bad := r.bad
+		bad, hook := r.bad, r.hook
 		r.mu.Unlock()
+		if hook != nil && hook(w, req, inner) {
+			return
+		}
 		if bad != "" && req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/blobs/"+bad) {
 			rec := httptest.NewRecorder()
 			inner.ServeHTTP(rec, req)
@@ -110,6 +115,12 @@ func startRegistry(t *testing.T) *testRegistry {
 	t.Cleanup(srv.Close)
 	r.host = strings.TrimPrefix(srv.URL, "http://")
 	return r
+}
+
+func (r *testRegistry) setHook(h func(w http.ResponseWriter, req *http.Request, inner http.Handler) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hook = h
 }
 
 func (r *testRegistry) uploads() map[string]int {
