@@ -70,7 +70,7 @@ func (s *Store) LayerDigest(ctx context.Context, m Meta) (string, error) {
 	if m.Digest != "" {
 		return m.Digest, nil
 	}
-	_, d, _, err := hashLayerFull(ctx, s.LayerPath(m.ID), m.Parent, m.BaseFlavor)
+	_, d, _, err := HashLayer(ctx, s.LayerPath(m.ID), m.Parent, m.BaseFlavor)
 	return d, err
 }
 
@@ -124,7 +124,7 @@ func (s *Store) Receive(ctx context.Context, req ReceiveRequest) (Meta, error) {
 			return Meta{}, fmt.Errorf("receiving stage %s: its parent: %w", req.ID, err)
 		}
 	}
-	id, digest, size, err := hashLayerFull(ctx, req.Layer, req.Parent, req.BaseFlavor)
+	id, digest, size, err := HashLayer(ctx, req.Layer, req.Parent, req.BaseFlavor)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -228,7 +228,7 @@ func (s *Store) receiveMeta(all []Meta, req ReceiveRequest, size, allocated int6
 		created = time.Now().UTC()
 	}
 	return Meta{
-		ID: req.ID, Name: pickName(req.ID, taken), Label: label, Parent: req.Parent, Chain: chain,
+		ID: req.ID, Name: StageName(req.ID, taken), Label: label, Parent: req.Parent, Chain: chain,
 		BaseFlavor: req.BaseFlavor, BaseSHA256: req.BaseSHA256, Digest: req.Digest,
 		SizeBytes: size, AllocatedBytes: allocated, Created: created, CreatedUnix: created.Unix(),
 		Argv: append([]string{}, req.Argv...), IsopodVersion: req.IsopodVersion,
