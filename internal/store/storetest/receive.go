@@ -110,6 +110,8 @@ func testReceiveRefusals(t *testing.T, tg Target) {
 		t.Fatalf("List = %v after refused receives; want nothing", l)
 	}
 
+	testReceiveOtherFlavor(t, src, dst, root)
+
 	MustCommit(t, dst, Req(Layer(t, 3), root.Label, ""))
 	_, err = dst.Receive(t.Context(), ReceiveReq(root, Send(t, src, dst, root.ID)))
 	wantErr(t, "Receive under a taken label", err, errdefs.ErrAlreadyExists)
@@ -118,6 +120,34 @@ func testReceiveRefusals(t *testing.T, tg Target) {
 	m, err := dst.Receive(t.Context(), req)
 	if want := root.Label + "@" + root.ID; err != nil || m.Label != want {
 		t.Errorf("Receive with a label fallback = %q, %v; want %q", m.Label, err, want)
+	}
+}
+
+// testReceiveOtherFlavor checks that a received stage keeps its parent's
+// base flavor, as a committed one must: root is in src, and dst lacks it.
+func testReceiveOtherFlavor(t *testing.T, src, dst store.Interface, root store.Meta) {
+	t.Helper()
+	if _, err := dst.Receive(t.Context(), ReceiveReq(root, Send(t, src, dst, root.ID))); err != nil {
+		t.Fatalf("Receive(%s): %v", root.Label, err)
+	}
+	dir, release, err := dst.TempDir()
+	if err != nil {
+		t.Fatalf("TempDir: %v", err)
+	}
+	defer release()
+	layer := filepath.Join(dir, "layer")
+	if err := os.Rename(Layer(t, 4), layer); err != nil {
+		t.Fatal(err)
+	}
+	id, digest, _, err := store.HashLayer(t.Context(), layer, root.ID, "base-debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dst.Receive(t.Context(), store.ReceiveRequest{Layer: layer, ID: id, Digest: digest, Label: "mixed",
+		Parent: root.ID, BaseFlavor: "base-debian", BaseSHA256: SHA})
+	wantErr(t, "Receive over a parent of another base flavor", err, errdefs.ErrInvalidArgument)
+	if _, err := dst.Remove(t.Context(), root.ID); err != nil {
+		t.Fatalf("Remove(%s): %v", root.Label, err)
 	}
 }
 
