@@ -37,7 +37,7 @@ type Target struct {
 	New func(t *testing.T) store.Interface
 	// Interrupt leaves in s what a commit killed before it published
 	// leaves behind, old enough for GC to take, and returns the name GC
-	// reports removing.
+	// reports removing. Nil skips the GC check.
 	Interrupt func(t *testing.T, s store.Interface) string
 	// Age makes dir, a temporary directory of s from TempDir, old enough
 	// that GC would take it were it not in use. Nil: GC does not look at
