@@ -184,7 +184,7 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 		return Meta{}, tm, err
 	}
 	t0 := time.Now()
-	id, digest, size, err := hashLayerFull(ctx, req.Scratch, req.Parent, req.BaseFlavor)
+	id, digest, size, err := HashLayer(ctx, req.Scratch, req.Parent, req.BaseFlavor)
 	if err != nil {
 		return Meta{}, tm, err
 	}
@@ -321,7 +321,7 @@ func (s *Store) stageMeta(all []Meta, req CommitRequest, id, digest string, size
 	now := time.Now().UTC()
 	return Meta{
 		ID:             id,
-		Name:           pickName(id, taken),
+		Name:           StageName(id, taken),
 		Label:          req.Label,
 		Parent:         req.Parent,
 		Chain:          chain,

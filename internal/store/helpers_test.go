@@ -281,3 +281,9 @@ func startHelper(t *testing.T, s *Store, locks, scratch, label, goFile string, s
 		return string(b)
 	}
 }
+
+// hashLayer is HashLayer without the digest.
+func hashLayer(ctx context.Context, path, parent, flavor string) (id string, size int64, err error) {
+	id, _, size, err = HashLayer(ctx, path, parent, flavor)
+	return id, size, err
+}

@@ -126,27 +126,21 @@ func walkData(ctx context.Context, f *os.File, size int64, fn func(off int64, da
 	return nil
 }
 
-// hashLayer returns the stage id for the layer at path over the given parent
-// and base flavor: "st-" and the first 16 hex digits of BLAKE3 over a
-// canonical encoding that does not depend on how the file is stored (holes
-// and zero blocks hash the same):
+// DigestPrefix starts a stage's full digest (Meta.Digest).
+const DigestPrefix = "blake3:"
+
+// HashLayer returns the stage id and full digest of the layer at path over
+// the given parent and base flavor, and the layer's size. The digest is
+// DigestPrefix and 64 hex digits of BLAKE3 over a canonical encoding that
+// does not depend on how the file is stored (holes and zero blocks hash the
+// same); the id is "st-" and its first 16 digits:
 //
 //	"isopod-stage-v1\0" parent "\0" flavor "\0" size(u64le)
 //	then for every non-zero 4 KiB block: offset(u64le) bytes
 //
 // The parent and flavor are part of it because the same layer means a
 // different filesystem over a different chain.
-func hashLayer(ctx context.Context, path, parent, flavor string) (id string, size int64, err error) {
-	id, _, size, err = hashLayerFull(ctx, path, parent, flavor)
-	return id, size, err
-}
-
-// DigestPrefix starts a stage's full digest (Meta.Digest).
-const DigestPrefix = "blake3:"
-
-// hashLayerFull is hashLayer that also returns the whole hash, as
-// DigestPrefix and 64 hex digits: the id is its first 16 digits.
-func hashLayerFull(ctx context.Context, path, parent, flavor string) (id, digest string, size int64, err error) {
+func HashLayer(ctx context.Context, path, parent, flavor string) (id, digest string, size int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", "", 0, fmt.Errorf("opening scratch layer: %w", err)

@@ -43,9 +43,9 @@ func baseName(id string) string {
 	return adjectives[a%uint32(len(adjectives))] + "-" + nouns[n%uint32(len(nouns))]
 }
 
-// pickName returns id's vanity name, suffixed as needed so it differs from
+// StageName returns id's vanity name, suffixed as needed so it differs from
 // every name and label in taken.
-func pickName(id string, taken map[string]bool) string {
+func StageName(id string, taken map[string]bool) string {
 	name := baseName(id)
 	if !taken[name] {
 		return name

@@ -23,8 +23,8 @@ func TestVanityNames(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := pickName(id, tc.taken); got != tc.want {
-				t.Errorf("pickName = %q, want %q", got, tc.want)
+			if got := StageName(id, tc.taken); got != tc.want {
+				t.Errorf("StageName = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -70,7 +70,7 @@ func (s *Store) LayerDigest(ctx context.Context, m Meta) (string, error) {
 	if m.Digest != "" {
 		return m.Digest, nil
 	}
-	_, d, _, err := hashLayerFull(ctx, s.LayerPath(m.ID), m.Parent, m.BaseFlavor)
+	_, d, _, err := HashLayer(ctx, s.LayerPath(m.ID), m.Parent, m.BaseFlavor)
 	return d, err
 }
 
@@ -114,7 +114,8 @@ type ReceiveRequest struct {
 // are computed again from the bytes, with the parent and base flavor, and
 // must be the ones the sender gave: a layer is never stored under an id
 // it does not hash to. A stage already present is returned as it is.
-// The parent must be present.
+// The parent must be present and made over the same base flavor (a chain
+// keeps one, as Commit requires).
 func (s *Store) Receive(ctx context.Context, req ReceiveRequest) (Meta, error) {
 	if m, err := s.Get(req.ID); err == nil {
 		return m, nil
@@ -124,7 +125,7 @@ func (s *Store) Receive(ctx context.Context, req ReceiveRequest) (Meta, error) {
 			return Meta{}, fmt.Errorf("receiving stage %s: its parent: %w", req.ID, err)
 		}
 	}
-	id, digest, size, err := hashLayerFull(ctx, req.Layer, req.Parent, req.BaseFlavor)
+	id, digest, size, err := HashLayer(ctx, req.Layer, req.Parent, req.BaseFlavor)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -192,19 +193,20 @@ func (s *Store) Receive(ctx context.Context, req ReceiveRequest) (Meta, error) {
 // receiveMeta decides, under the store lock, the meta of a received
 // stage; existing says it appeared meanwhile, and m is that stage.
 func (s *Store) receiveMeta(all []Meta, req ReceiveRequest, size, allocated int64) (m Meta, existing bool, err error) {
-	chain := []string{req.ID}
+	var parent *Meta
 	taken := map[string]bool{}
-	for _, m := range all {
+	for i, m := range all {
 		if m.ID == req.ID {
 			return m, true, nil
 		}
 		if m.ID == req.Parent {
-			chain = append(append([]string(nil), m.Chain...), req.ID)
+			parent = &all[i]
 		}
 		taken[m.Name], taken[m.Label] = true, true
 	}
-	if len(chain) > MaxChainDepth {
-		return Meta{}, false, fmt.Errorf("stage %s would make a chain of %d layers; the limit is %d: %w", req.ID, len(chain), MaxChainDepth, errdefs.ErrInvalidArgument)
+	chain, err := receivedChain(req, parent)
+	if err != nil {
+		return Meta{}, false, err
 	}
 	label := req.Label
 	if err := ValidateLabel(label); err != nil {
@@ -228,9 +230,30 @@ func (s *Store) receiveMeta(all []Meta, req ReceiveRequest, size, allocated int6
 		created = time.Now().UTC()
 	}
 	return Meta{
-		ID: req.ID, Name: pickName(req.ID, taken), Label: label, Parent: req.Parent, Chain: chain,
+		ID: req.ID, Name: StageName(req.ID, taken), Label: label, Parent: req.Parent, Chain: chain,
 		BaseFlavor: req.BaseFlavor, BaseSHA256: req.BaseSHA256, Digest: req.Digest,
 		SizeBytes: size, AllocatedBytes: allocated, Created: created, CreatedUnix: created.Unix(),
 		Argv: append([]string{}, req.Argv...), IsopodVersion: req.IsopodVersion,
 	}, false, nil
+}
+
+// receivedChain returns the chain of a received stage over parent (nil
+// when req has none, or when it is gone): the parent must be present and
+// made over the same base flavor, and the chain within MaxChainDepth.
+func receivedChain(req ReceiveRequest, parent *Meta) ([]string, error) {
+	if req.Parent == "" {
+		return []string{req.ID}, nil
+	}
+	if parent == nil {
+		return nil, fmt.Errorf("receiving stage %s: its parent %s: %w", req.ID, req.Parent, errdefs.ErrNotFound)
+	}
+	if parent.BaseFlavor != req.BaseFlavor {
+		return nil, fmt.Errorf("stage %s was made over base flavor %q but its parent %s over %q; a chain keeps one base flavor: %w",
+			req.ID, req.BaseFlavor, parent, parent.BaseFlavor, errdefs.ErrInvalidArgument)
+	}
+	chain := append(append([]string(nil), parent.Chain...), req.ID)
+	if len(chain) > MaxChainDepth {
+		return nil, fmt.Errorf("stage %s would make a chain of %d layers; the limit is %d: %w", req.ID, len(chain), MaxChainDepth, errdefs.ErrInvalidArgument)
+	}
+	return chain, nil
 }

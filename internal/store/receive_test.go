@@ -100,6 +100,15 @@ func TestReceiveRefusesBytesThatAreNotTheStage(t *testing.T) {
 	}
 }
 
+// TestReceiveParentGoneMeanwhile: a parent removed between Receive's first
+// look and its decision under the lock is refused, not dropped from the
+// chain.
+func TestReceiveParentGoneMeanwhile(t *testing.T) {
+	r := ReceiveRequest{ID: "st-00000000000000bb", Label: "tip", Parent: "st-00000000000000aa", BaseFlavor: testFlavor}
+	_, _, err := newStore(t).receiveMeta(nil, r, 4096, 4096)
+	wantErr(t, err, errdefs.ErrNotFound, r.Parent)
+}
+
 func TestDecodeLayerRefusesMalformedStreams(t *testing.T) {
 	run := func(off, n uint64) []byte {
 		var b [16]byte

@@ -32,12 +32,8 @@ const maxCandidates = 5
 // is errdefs.ErrNotFound. "base" resolves to the empty stage: a zero Meta
 // whose IsBase reports true (no layers).
 func (s *Store) Resolve(ref string) (Meta, error) {
-	if ref == "" {
-		return Meta{}, fmt.Errorf("empty stage reference: give an id, name or label (see `isopod stage list`), or %q: %w",
-			BaseRef, errdefs.ErrInvalidArgument)
-	}
-	if ref == BaseRef {
-		return Meta{}, nil
+	if ref == "" || ref == BaseRef {
+		return Match(ref, nil)
 	}
 	if IDPattern.MatchString(ref) {
 		m, err := s.readMeta(ref)
@@ -49,8 +45,21 @@ func (s *Store) Resolve(ref string) (Meta, error) {
 	if err != nil {
 		return Meta{}, err
 	}
+	return Match(ref, all)
+}
+
+// Match is Resolve over the stages all: it finds the one ref names, by
+// exact id, vanity name or label, then by a prefix of a label or an id.
+func Match(ref string, all []Meta) (Meta, error) {
+	switch ref {
+	case "":
+		return Meta{}, fmt.Errorf("empty stage reference: give an id, name or label (see `isopod stage list`), or %q: %w",
+			BaseRef, errdefs.ErrInvalidArgument)
+	case BaseRef:
+		return Meta{}, nil
+	}
 	for _, m := range all {
-		if m.Name == ref {
+		if m.ID == ref || m.Name == ref {
 			return m, nil
 		}
 	}

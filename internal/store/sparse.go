@@ -35,9 +35,17 @@ const MaxLayerBytes int64 = 64 << 30
 
 // EncodeLayer writes stage id's layer as a sparse layer stream.
 func (s *Store) EncodeLayer(ctx context.Context, id string, w io.Writer) error {
-	f, err := os.Open(s.LayerPath(id))
-	if err != nil {
+	if err := EncodeFile(ctx, s.LayerPath(id), w); err != nil {
 		return fmt.Errorf("stage %s: %w", id, err)
+	}
+	return nil
+}
+
+// EncodeFile writes the layer file at path as a sparse layer stream.
+func EncodeFile(ctx context.Context, path string, w io.Writer) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -57,7 +65,7 @@ func (s *Store) EncodeLayer(ctx context.Context, id string, w io.Writer) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("encoding stage %s: %w", id, err)
+		return fmt.Errorf("encoding: %w", err)
 	}
 	binary.LittleEndian.PutUint64(hdr[:8], sparseEnd)
 	binary.LittleEndian.PutUint64(hdr[8:], 0)

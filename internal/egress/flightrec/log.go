@@ -59,6 +59,42 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// Defaults returns c with its zero fields given their defaults: Start
+// now, MaxEvents DefaultMaxEvents, Mode ModeNAT.
+func (c Config) Defaults() Config {
+	if c.Start.IsZero() {
+		c.Start = time.Now()
+	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = DefaultMaxEvents
+	}
+	if c.Mode == "" {
+		c.Mode = ModeNAT
+	}
+	return c
+}
+
+// Shape returns ev as a recorder configured by c keeps it, which is what a
+// reader of its file gets back: TS counted from c.Start to ev.Time (now,
+// when zero), and Time cleared; in ModeFiltered sanitised (the host as
+// egress.RecordHost shows it, see sanitise) and without DurationMS, which
+// egress.jsonl does not carry; in ModeNAT its variable-size fields
+// trimmed.
+func (c Config) Shape(ev Event) Event {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	ev.TS = ev.Time.Sub(c.Start).Milliseconds()
+	ev.Time = time.Time{}
+	if c.Mode == ModeFiltered {
+		ev = sanitise(ev)
+		ev.DurationMS = 0
+	} else {
+		trim(&ev)
+	}
+	return ev
+}
+
 // Log is a Recorder that appends one JSON object per event to a file and
 // keeps [Totals] and, in ModeFiltered, the report's egress block. It holds
 // no more events in memory than the report shows, and each event is
@@ -80,15 +116,7 @@ func Open(cfg Config) (*Log, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Start.IsZero() {
-		cfg.Start = time.Now()
-	}
-	if cfg.MaxEvents == 0 {
-		cfg.MaxEvents = DefaultMaxEvents
-	}
-	if cfg.Mode == "" {
-		cfg.Mode = ModeNAT
-	}
+	cfg = cfg.Defaults()
 	flag := os.O_APPEND
 	if cfg.Mode == ModeFiltered {
 		flag = os.O_TRUNC
@@ -107,16 +135,11 @@ func Open(cfg Config) (*Log, error) {
 // Record implements Recorder. Write errors are logged once; the totals stay
 // right regardless.
 func (l *Log) Record(ev Event) {
-	if ev.Time.IsZero() {
-		ev.Time = time.Now()
-	}
-	ev.TS = ev.Time.Sub(l.cfg.Start).Milliseconds()
+	ev = l.cfg.Shape(ev)
 	var line any
 	if l.rep != nil {
-		ev = sanitise(ev)
 		line = ev.ledgerLine()
 	} else {
-		trim(&ev)
 		line = ev.natLine()
 	}
 	l.mu.Lock()
