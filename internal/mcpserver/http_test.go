@@ -99,7 +99,7 @@ func TestListenRules(t *testing.T) {
 		{[]string{"--push-commits"}, "--stage-registry"},
 	}
 	for _, tc := range tests {
-		f, err := parseFlags(tc.args, io.Discard)
+		f, err := parseFlags(tc.args)
 		if err == nil {
 			err = f.check()
 		}
