@@ -80,7 +80,7 @@ func addTool[In, Out any](s *Server, t *mcp.Tool, in *jsonschema.Schema, coerce 
 }
 
 func errorResult(text string) *mcp.CallToolResult {
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: shortText(text)}}}
 }
 
 // inputSchema infers In's schema.

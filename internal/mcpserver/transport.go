@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -222,19 +221,18 @@ func (c *lineConn) reply(id json.RawMessage, code int64, message string) {
 		Error   jsonrpc.Error   `json:"error"`
 	}{"2.0", id, jsonrpc.Error{Code: code, Message: message}})
 	if err := c.writeLine(b); err != nil {
-		c.log.Debug("answering a refused line", "err", err)
+		c.log.Debug("writing an error response", "err", err)
 	}
-	c.log.Warn("refused a message", "code", code, "why", message)
 }
 
-// capError shortens an error response's message to maxErrorMessage,
-// keeping its code.
+// capError shortens an error response's message (see shortText), keeping
+// its code.
 func capError(resp *jsonrpc.Response) *jsonrpc.Response {
 	msg := resp.Error.Error()
-	if len(msg) <= maxErrorMessage {
+	short := &jsonrpc.Error{Message: shortText(msg)}
+	if short.Message == msg {
 		return resp
 	}
-	short := &jsonrpc.Error{Message: strings.ToValidUTF8(msg[:maxErrorMessage], "") + "... (message cut)"}
 	var we *jsonrpc.Error
 	if errors.As(resp.Error, &we) {
 		short.Code, short.Data = we.Code, we.Data
