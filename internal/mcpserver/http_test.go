@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,10 +169,18 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	if n := len(core.requests()); n != 0 {
 		t.Errorf("%d refused calls reached the core", n)
 	}
+	hostArgs := []string{"stdin_file", "copy_out", "workspace", "workspace_all", "workspace_out"}
+	if got := runProperties(t, s); slices.ContainsFunc(hostArgs, func(a string) bool { return got[a] }) {
+		t.Errorf("without --host-io-root the schema offers host paths: %v", got)
+	}
 	// An operator's root turns them on, confined as on stdio.
 	hostIO, _ = RemoteHostIO(none, tree.root, tree.home)
 	h2 := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s2 := mustConnectHTTP(t, h2.url, runToken)
+	if got := runProperties(t, s2); !slices.ContainsFunc(hostArgs, func(a string) bool { return got[a] }) ||
+		slices.ContainsFunc(hostArgs, func(a string) bool { return !got[a] }) {
+		t.Errorf("with --host-io-root the schema lacks host paths: %v", got)
+	}
 	if res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": "ok.txt"}, nil); res.IsError {
 		t.Errorf("stdin_file under --host-io-root: %s", resultText(res))
 	}
@@ -179,6 +188,24 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	if !res.IsError || !strings.Contains(resultText(res), knobs.MCPHostIORoot) && !strings.Contains(resultText(res), "--host-io-root") {
 		t.Errorf("stdin_file outside --host-io-root: %s", resultText(res))
 	}
+}
+
+// runProperties lists the arguments sandbox_run's schema offers.
+func runProperties(t *testing.T, s *session) map[string]bool {
+	t.Helper()
+	res, err := s.cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, tl := range res.Tools {
+		if tl.Name == ToolSandboxRun {
+			for p := range tl.InputSchema.(map[string]any)["properties"].(map[string]any) {
+				got[p] = true
+			}
+		}
+	}
+	return got
 }
 
 func TestHTTPReadFilesBinary(t *testing.T) {
