@@ -39,6 +39,9 @@ type StdioTransport struct {
 	Reader io.ReadCloser
 	Writer io.Writer
 	Logger *slog.Logger // nil: discard
+
+	mu   sync.Mutex
+	conn *lineConn // once connected
 }
 
 var _ mcp.Transport = (*StdioTransport)(nil)
@@ -54,8 +57,35 @@ func (t *StdioTransport) Connect(context.Context) (mcp.Connection, error) {
 		incoming: make(chan readResult), closed: make(chan struct{}),
 		inflight: map[jsonrpc.ID]bool{}, cancelled: map[jsonrpc.ID]bool{},
 	}
+	t.mu.Lock()
+	t.conn = c
+	t.mu.Unlock()
 	go c.readLoop()
 	return c, nil
+}
+
+// shutdown answers every call in flight with codeShuttingDown; their
+// responses, when the handlers return, are not sent.
+func (t *StdioTransport) shutdown() {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	var ids []jsonrpc.ID
+	for id := range c.inflight {
+		if !c.cancelled[id] {
+			c.cancelled[id] = true
+			ids = append(ids, id)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range ids {
+		raw, _ := json.Marshal(id.Raw())
+		c.writeError(raw, codeShuttingDown, shutdownText)
+	}
 }
 
 type readResult struct {
@@ -212,6 +242,12 @@ func readLine(br *bufio.Reader, limit int) ([]byte, error) {
 // reply writes an error response for a line that never reached the SDK.
 // id is the request's id when it could be read, else null.
 func (c *lineConn) reply(id json.RawMessage, code int64, message string) {
+	c.writeError(id, code, message)
+	c.log.Warn("refused a message", "code", code, "why", message)
+}
+
+// writeError writes an error response; id null when nil.
+func (c *lineConn) writeError(id json.RawMessage, code int64, message string) {
 	if id == nil {
 		id = json.RawMessage("null")
 	}
