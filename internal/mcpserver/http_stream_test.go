@@ -27,6 +27,9 @@ type tap struct {
 	mu        sync.Mutex
 	cuts      int
 	exchanges []*exchange
+	// cutAt says when to cut a response that is to be cut (default: once
+	// it holds a whole event with an id).
+	cutAt func(body string) bool
 }
 
 // exchange is one request and what the server answered.
@@ -60,7 +63,11 @@ func (tp *tap) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ex.status = resp.StatusCode
-	resp.Body = &tapBody{ex: ex, r: resp.Body}
+	cutAt := tp.cutAt
+	if cutAt == nil {
+		cutAt = hasIDEvent
+	}
+	resp.Body = &tapBody{ex: ex, r: resp.Body, cutAt: cutAt}
 	return resp, nil
 }
 
@@ -73,6 +80,7 @@ func (tp *tap) all() []*exchange {
 type tapBody struct {
 	ex     *exchange
 	r      io.ReadCloser
+	cutAt  func(string) bool
 	once   sync.Once
 	dropAt bool
 }
@@ -84,7 +92,7 @@ func (b *tapBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.r.Read(p)
 	b.ex.body.Write(p[:n])
-	b.dropAt = b.ex.cut && hasIDEvent(b.ex.body.String())
+	b.dropAt = b.ex.cut && b.cutAt(b.ex.body.String())
 	if err != nil {
 		b.end()
 	}
@@ -365,5 +373,34 @@ func TestHTTPShutdownAnswersCallsInFlight(t *testing.T) {
 				t.Errorf("the run ended with %v; want it cancelled", err)
 			}
 		})
+	}
+}
+
+// TestHTTPDisconnectCancelsUnder2026: under the 2026-07-28 protocol (the
+// Go client's default), which has no resumption, the POST is the call: a
+// client that goes away cancels its run.
+func TestHTTPDisconnectCancelsUnder2026(t *testing.T) {
+	core := newBlockingCore()
+	h := startHTTP(t, Config{Core: core, ProgressInterval: time.Hour}, nil)
+	tp := &tap{next: http.DefaultTransport, cuts: 1, cutAt: func(body string) bool { return strings.Contains(body, "\n\n") }}
+	s, err := connectHTTPAs(t, h.url, runToken, tp, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &mcp.CallToolParams{Name: ToolSandboxRun, Arguments: map[string]any{"cmd": "sleep 600"}}
+	p.SetProgressToken("p")
+	go s.cs.CallTool(context.Background(), p)
+	select {
+	case err := <-core.ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the run ended with %v; want it cancelled", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run went on after its client went away")
+	}
+	for _, ex := range tp.all() {
+		if ex.method == "GET" && ex.lastEventID != "" {
+			t.Errorf("the client resumed with Last-Event-ID %s under 2026-07-28", ex.lastEventID)
+		}
 	}
 }
