@@ -158,6 +158,9 @@ func (g *gate) serveCall(w http.ResponseWriter, r *http.Request, key callKey, m 
 	}
 	go g.run(key, call, cancel, r)
 	call.stream.follow(r.Context(), w, 0, true)
+	if r.Context().Err() != nil && call.stream.resumable && !call.stream.over() {
+		g.s.log.Info("the client went away; the call goes on and may be resumed", "principal", key.principal, "id", key.id)
+	}
 }
 
 // run serves the call on its stream; whatever happens to the call, its

@@ -183,6 +183,13 @@ func (cs *callStream) finish() {
 	cs.store.finished(cs, keep)
 }
 
+// over reports whether the call was answered or has ended.
+func (cs *callStream) over() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.answered || cs.finished
+}
+
 // spent reports whether nothing after event after will come.
 func (cs *callStream) spent(after int) bool {
 	cs.mu.Lock()
