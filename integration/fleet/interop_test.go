@@ -63,7 +63,10 @@ func TestTypeScriptClientOverHTTP(t *testing.T) {
 			Structured mcpserver.RunResult
 			Progress   []string
 		}
-		Cancel struct{ Error string }
+		Cancel struct {
+			Error  string
+			VMGone bool
+		}
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 		t.Fatalf("%v\n%s", err, stdout.String())
@@ -81,8 +84,8 @@ func TestTypeScriptClientOverHTTP(t *testing.T) {
 	if len(out.Run.Progress) == 0 {
 		t.Error("no progress notification reached the TypeScript client")
 	}
-	if out.Cancel.Error == "completed" {
-		t.Error("the aborted call completed")
+	if out.Cancel.Error == "completed" || !out.Cancel.VMGone {
+		t.Errorf("the aborted call: %+v; want it cancelled and its VM gone", out.Cancel)
 	}
 	if !waitFor(30*time.Second, func() bool { return len(e2e.VMMsOf(s.home)) == 0 }) {
 		t.Errorf("QEMU %v still runs 30 s after the TypeScript client aborted", e2e.VMMsOf(s.home))

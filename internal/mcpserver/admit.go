@@ -15,12 +15,14 @@ import (
 // sees the call, so that a busy host answers 503; the handler then finds
 // the ticket in its context. On stdio the handler takes it itself.
 
-// httpCall is what the HTTP gate knows of one tools/call: the request's
-// lifetime (which ends when the client goes away, or when a
-// notifications/cancelled names the call) and the place it reserved.
+// httpCall is what the HTTP gate knows of one call: its lifetime (which
+// ends when a notifications/cancelled names the call, when the server
+// stops, or under the 2026-07-28 protocol when its POST ends), the place
+// it reserved, and the stream its answer is recorded on.
 type httpCall struct {
 	ctx    context.Context
 	ticket *sandbox.Ticket
+	stream *callStream
 }
 
 type httpCallKey struct{}

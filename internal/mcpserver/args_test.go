@@ -167,7 +167,7 @@ func TestCheckerAgreesWithJSONSchema(t *testing.T) {
 // TestRunSchema: sandbox_run's published schema carries its defaults and
 // bounds, and plain types.
 func TestRunSchema(t *testing.T) {
-	s := connect(t, Config{Core: &scriptedCore{}, NoStartupGC: true})
+	s := connect(t, Config{Core: &scriptedCore{}, HostIO: newHostTree(t).policy(), NoStartupGC: true})
 	res, err := s.cs.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"isopod/internal/config"
 	"isopod/internal/knobs"
+	"isopod/internal/sandbox"
 )
 
 // The test binary doubles as the server: with serveEnv=1, TestMain serves
@@ -28,6 +29,9 @@ import (
 const (
 	serveEnv      = "ISOPOD_MCP_TEST_SERVE"
 	progressMSEnv = "ISOPOD_MCP_TEST_PROGRESS_MS"
+	// holdEnv=1: every sandbox_run runs until it is cancelled, no VM
+	// started (the rest of the core is the real one).
+	holdEnv = "ISOPOD_MCP_TEST_HOLD_RUNS"
 )
 
 func serveForTest() int {
@@ -37,8 +41,19 @@ func serveForTest() int {
 		if ms, err := strconv.Atoi(os.Getenv(progressMSEnv)); err == nil && ms > 0 {
 			c.ProgressInterval = time.Duration(ms) * time.Millisecond
 		}
+		if os.Getenv(holdEnv) == "1" {
+			c.Core = holdRuns{c.Core}
+		}
 	}
 	return mainWith(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.LookupEnv, "test", tweak)
+}
+
+// holdRuns is a core whose runs last until they are cancelled.
+type holdRuns struct{ Core }
+
+func (holdRuns) Run(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
 }
 
 // lockedBuffer collects a subprocess's stderr.

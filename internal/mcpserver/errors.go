@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"isopod/internal/errdefs"
@@ -210,4 +211,103 @@ func fixFor(class string) string {
 		return "this host lacks something isopod needs (named above); it must be fixed on the host, not by a different call."
 	}
 	return "this is a host-side isopod failure; retry once, and if it persists read the VM's logs (vm_list) or report it to whoever runs this server."
+}
+
+// Client input in replies. A message may quote what the client sent (a
+// stage reference, a path, an argument's name), and the core's messages
+// quote it in full: shortText cuts each quoted value longer than
+// maxQuoted, and each unquoted word longer than maxWord, to a short head
+// and its size, and then the whole message to maxErrorMessage, keeping its
+// end (where the fix is). Every tool error and every JSON-RPC error the
+// server sends goes through it.
+const (
+	maxQuoted = 256
+	maxWord   = 512
+	keptTail  = 512
+)
+
+func shortText(msg string) string {
+	if len(msg) <= maxQuoted {
+		return msg
+	}
+	msg = cutWords(cutQuoted(msg))
+	if len(msg) <= maxErrorMessage {
+		return msg
+	}
+	cut := fmt.Sprintf(" ... (%d bytes cut) ... ", len(msg)-maxErrorMessage+keptTail+64)
+	head := strings.ToValidUTF8(msg[:maxErrorMessage-keptTail-len(cut)], "")
+	return head + cut + strings.ToValidUTF8(msg[len(msg)-keptTail:], "")
+}
+
+// cutQuoted replaces each Go-quoted string longer than maxQuoted with a
+// short head of its value.
+func cutQuoted(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		j := strings.IndexByte(msg[i:], '"')
+		if j < 0 {
+			b.WriteString(msg[i:])
+			break
+		}
+		b.WriteString(msg[i : i+j])
+		i += j
+		end, ok := quoteEnd(msg, i)
+		q := msg[i:end]
+		i = end
+		if !ok || len(q) <= maxQuoted {
+			b.WriteString(q)
+			continue
+		}
+		if v, err := strconv.Unquote(q); err == nil {
+			b.WriteString(describe(v))
+		} else {
+			b.WriteString(headOf(q))
+		}
+	}
+	return b.String()
+}
+
+// quoteEnd returns the index just past the quoted string that starts at
+// msg[i], or where the scan stopped (a newline or the end) and false.
+func quoteEnd(msg string, i int) (int, bool) {
+	for k := i + 1; k < len(msg); k++ {
+		switch msg[k] {
+		case '\\':
+			k++
+		case '"':
+			return k + 1, true
+		case '\n':
+			return k, false
+		}
+	}
+	return len(msg), false
+}
+
+// cutWords replaces each run of text without white space longer than
+// maxWord with its head.
+func cutWords(msg string) string {
+	var b strings.Builder
+	for len(msg) > 0 {
+		i := strings.IndexAny(msg, " \n\t")
+		if i < 0 {
+			i = len(msg)
+		}
+		if i > maxWord {
+			b.WriteString(headOf(msg[:i]))
+		} else {
+			b.WriteString(msg[:i])
+		}
+		msg = msg[i:]
+		if j := len(msg) - len(strings.TrimLeft(msg, " \n\t")); j > 0 {
+			b.WriteString(msg[:j])
+			msg = msg[j:]
+		}
+	}
+	return b.String()
+}
+
+// headOf is the first maxShown characters of s and its size.
+func headOf(s string) string {
+	r := []rune(strings.ToValidUTF8(s[:min(len(s), 4*maxShown)], ""))
+	return string(r[:min(len(r), maxShown)]) + "... (" + strconv.Itoa(len(s)) + " bytes)"
 }

@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
 
@@ -42,44 +44,94 @@ const usage = `usage: isopod-mcp [flags]
 isopod's MCP server. Without --listen it serves one client on stdin and
 stdout (an MCP client starts it). With --listen it serves MCP streamable
 HTTP at /mcp to clients holding a bearer token from --token-file.
-Settings other than these flags come from the environment; see
+Settings other than these flags come from the environment (below); see
 docs/mcp-usage.md and docs/fleet.md.
 
 `
 
-// register binds every flag to f.
-func (f *Flags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.Listen, "listen", "", "serve MCP streamable HTTP on `ADDR` (host:port, or unix:/path/to.sock) instead of stdio")
-	fs.StringVar(&f.TokenFile, "token-file", "", "with --listen: the bearer tokens, one \"ROLE TOKEN\" a line (ROLE run or admin); required")
-	fs.StringVar(&f.TLSCert, "tls-cert", "", "with --listen: serve HTTPS with this certificate (PEM); required unless ADDR is loopback or a unix socket")
-	fs.StringVar(&f.TLSKey, "tls-key", "", "with --listen: the certificate's private key (PEM)")
-	fs.StringVar(&f.HostIORoot, "host-io-root", "", "with --listen: allow stdin_file and copy_out under this `DIR` on the server (off without it)")
-	fs.IntVar(&f.MaxVMs, "max-vms", 0, "VMs this server runs at once (0: from the host's cores and memory)")
-	fs.IntVar(&f.Queue, "queue", -1, "calls that may wait for a VM; more are refused as busy (-1: four times --max-vms)")
-	fs.IntVar(&f.MemoryBudgetMiB, "memory-budget-mib", 0, "memory all VMs together may take, guest memory plus each VMM's allowance (0: MemTotal less an eighth)")
-	fs.StringVar(&f.StageRegistry, "stage-registry", "", "pull stages a call names but this host lacks from `REGISTRY/REPO`")
-	fs.BoolVar(&f.PushCommits, "push-commits", false, "push every stage a call commits to --stage-registry, by id and by label")
-	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
-	fs.BoolVar(&f.Help, "help", false, "print this help and exit")
+// flagEnv names the environment variable a flag stands in for.
+var flagEnv = map[string]string{
+	"host-io-root": knobs.MCPHostIORoot + ", which sets the root on stdio and is ignored with --listen",
 }
 
-// parseFlags reads args. A usage error is returned after the usage has
-// been written to out.
-func parseFlags(args []string, out io.Writer) (Flags, error) {
+// environment is what the server reads from its environment, once, at
+// start-up (internal/config); no flag sets these.
+var environment = []struct{ name, text string }{
+	{knobs.Home, "state root (default ~/.isopod)"},
+	{knobs.LogLevel, "stderr log level: debug, info (default), warn, error"},
+	{knobs.MCPHostIORoot, "on stdio: the root stdin_file, copy_out and workspace are confined to (default: the working directory)"},
+	{knobs.MCPStdinFile, "off refuses stdin_file"},
+	{knobs.MCPCopyOut, "off refuses copy_out and workspace_out"},
+	{knobs.MCPWorkspace, "off refuses workspace"},
+	{knobs.ReadyVMs, "paused VMs kept ready per recently used run shape (default 1, 0 for none, at most 16)"},
+	{knobs.WarmPool, "off: every run boots cold and no snapshot is built"},
+	{knobs.WarmPoolDisk, "the snapshots' disk budget in MiB (default 8192)"},
+	{knobs.AllowBaseSkew, "1 lets forks boot stages made over another build of their base"},
+	{knobs.Jail, "on (the default) runs every VMM in its jail; off runs them unconfined"},
+	{knobs.Accel, "kvm or tcg, instead of the one found"},
+	{knobs.Kernel, "the guest kernel"},
+	{knobs.QEMU, "the qemu-system-x86_64 to run"},
+	{knobs.AgentBin, "the isopod-agent binary image builds put in a base"},
+	{knobs.DockerConfig, "where registry credentials are found (default ~/.docker)"},
+}
+
+// help is the --help text: the usage, every flag with what it does (and
+// the variable it stands in for, if any), and the environment.
+func help() string {
+	var b strings.Builder
+	b.WriteString(usage)
+	b.WriteString("Flags:\n")
+	fs := flag.NewFlagSet("isopod-mcp", flag.ContinueOnError)
+	new(Flags).register(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, text := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if arg != "" {
+			fmt.Fprintf(&b, " %s", arg)
+		}
+		fmt.Fprintf(&b, "\n      %s", text)
+		if env := flagEnv[f.Name]; env != "" {
+			fmt.Fprintf(&b, "\n      On the listener it stands in for %s.", env)
+		}
+		b.WriteString("\n")
+	})
+	b.WriteString("\nEnvironment (read once at start-up; no tool argument can change it):\n")
+	for _, e := range environment {
+		fmt.Fprintf(&b, "  %-27s %s\n", e.name, e.text)
+	}
+	return b.String()
+}
+
+// register binds every flag to f.
+func (f *Flags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Listen, "listen", "", "serve MCP streamable HTTP at /mcp on `ADDR` (host:port, or unix:/path/to.sock) instead of stdio")
+	fs.StringVar(&f.TokenFile, "token-file", "", "with --listen, required: the bearer tokens in `FILE`, one \"ROLE TOKEN\" a line (ROLE run or admin)")
+	fs.StringVar(&f.TLSCert, "tls-cert", "", "with --listen: serve HTTPS with the certificate in `FILE` (PEM); required unless ADDR is loopback or a unix socket")
+	fs.StringVar(&f.TLSKey, "tls-key", "", "with --listen: the certificate's private key, in `FILE` (PEM)")
+	fs.StringVar(&f.HostIORoot, "host-io-root", "", "with --listen: allow stdin_file, copy_out and workspace under `DIR` on the server (off without it)")
+	fs.IntVar(&f.MaxVMs, "max-vms", 0, "VMs this server keeps at once: runs, ready VMs and snapshot builds (`N`; 0: from the host's cores and memory)")
+	fs.IntVar(&f.Queue, "queue", -1, "calls that may wait for a VM (`N`); one more is refused as busy at once (-1: four times --max-vms)")
+	fs.IntVar(&f.MemoryBudgetMiB, "memory-budget-mib", 0, "`MIB` all VMs together may take, guest memory plus each VMM's allowance (0: MemTotal less an eighth)")
+	fs.StringVar(&f.StageRegistry, "stage-registry", "", "pull a stage a call names but this host lacks from `REGISTRY/REPO`")
+	fs.BoolVar(&f.PushCommits, "push-commits", false, "push every stage a call commits to --stage-registry, by id and by label")
+	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
+	fs.BoolVar(&f.Help, "help", false, "print this help (also -h) and exit")
+}
+
+// parseFlags reads args; flag.ErrHelp for -h or --help.
+func parseFlags(args []string) (Flags, error) {
 	var f Flags
 	fs := flag.NewFlagSet("isopod-mcp", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(out, usage)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard) // -h and --help print help(); an error says itself
 	f.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return f, err
+		if errors.Is(err, flag.ErrHelp) {
+			return f, err
+		}
+		return f, fmt.Errorf("%w (isopod-mcp --help lists the flags)", err)
 	}
 	if fs.NArg() > 0 {
-		fs.Usage()
-		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return f, fmt.Errorf("unexpected arguments %q: isopod-mcp takes flags only (isopod-mcp --help lists them)", fs.Args())
 	}
 	return f, nil
 }

@@ -23,11 +23,12 @@ import (
 // The network listener: the same tools as on stdio, over MCP streamable
 // HTTP (the SDK's handler) at /mcp. The SDK runs stateless: every POST is
 // a session of its own, so any host behind a load balancer can answer any
-// call and no affinity is needed. Each call carries a bearer token
-// (tokens.go); progress notifications travel on the call's own response
-// stream; a call ends with its request (the client going away or, for
-// clients of older protocol versions, a notifications/cancelled naming it,
-// see gate.go), and its VM is torn down.
+// call and no affinity is needed. Each request carries a bearer token
+// (tokens.go). The gate (gate.go) runs each call on a stream of its own
+// (streams.go): progress notifications and the result travel on the
+// call's POST response; a call outlives a dropped connection, and the
+// client may resume its stream with Last-Event-ID; a notifications/cancelled
+// naming the call cancels its run, and no result is sent for it.
 
 // MCPPath is where the listener serves MCP.
 const MCPPath = "/mcp"
@@ -47,8 +48,13 @@ func (s *Server) Handler(tokens *Tokens) http.Handler {
 		MaxRequestBodyBytes:          maxBody,
 	})
 	protected := auth.RequireBearerToken(tokens.Verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})
+	g := newGate(s, sdk)
+	s.onStop(g.shutdown)
+	s.mu.Lock()
+	s.gates = append(s.gates, g)
+	s.mu.Unlock()
 	mux := http.NewServeMux()
-	mux.Handle(MCPPath, protected(newGate(s, sdk)))
+	mux.Handle(MCPPath, challenged(protected, g))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
 	})
@@ -112,13 +118,15 @@ func LoadTLS(certFile, keyFile string) (*tls.Config, error) {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
-// shutdownGrace bounds how long a stopping listener waits for responses
-// in flight once their runs are cancelled.
-const shutdownGrace = 10 * time.Second
+// shutdownGrace bounds how long a stopping listener waits for the
+// responses in flight to end and the calls' handlers to return, once every
+// call was answered and every run cancelled.
+const shutdownGrace = 5 * time.Second
 
-// Serve answers on ln with h (TLS when tlsCfg is set) until ctx ends,
-// then cancels every run in flight, waits for their VMs to be torn down
-// and for the responses to end, and returns.
+// Serve answers on ln with h (TLS when tlsCfg is set) until ctx ends; then
+// it answers every call in flight with a JSON-RPC error saying the server
+// is stopping, cancels every run, waits (a few seconds at most) for the
+// responses to end and for the VMs to be torn down, and returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tlsCfg *tls.Config) error {
 	defer s.Close()
 	if !s.cfg.NoStartupGC {
@@ -130,7 +138,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tls
 		IdleTimeout:       2 * time.Minute,
 		TLSConfig:         tlsCfg,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return s.life },
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -145,8 +152,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tls
 		return fmt.Errorf("serving %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
-	// Runs end first (their handlers return at once), then the responses.
-	s.cancel()
+	// The calls are answered first, then the runs end, then the responses.
+	s.shutdown()
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	err := hs.Shutdown(sctx)
@@ -155,6 +162,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler, tls
 	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
+	}
+	s.mu.Lock()
+	gates := s.gates
+	s.mu.Unlock()
+	for _, g := range gates {
+		if g.wait(sctx) != nil {
+			s.log.Warn("calls still running when the server stopped")
+			break
+		}
 	}
 	return err
 }

@@ -30,8 +30,10 @@ func testTokens(t testing.TB) *Tokens {
 
 // httpServer is a Server on a loopback listener.
 type httpServer struct {
-	srv *Server
-	url string // the MCP endpoint
+	srv    *Server
+	url    string             // the MCP endpoint
+	stop   context.CancelFunc // stops it, as SIGTERM does
+	served chan error         // Serve's return, once it has
 }
 
 // startHTTP serves cfg on 127.0.0.1 (TLS with tlsCfg when set) until the
@@ -53,10 +55,20 @@ func startHTTP(t testing.TB, cfg Config, tlsCfg *tls.Config) *httpServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln, srv.Handler(testTokens(t)), tlsCfg) }()
+	scheme := "http://"
+	if tlsCfg != nil {
+		scheme = "https://"
+	}
+	h := &httpServer{srv: srv, url: scheme + ln.Addr().String() + MCPPath, stop: cancel, served: make(chan error, 1)}
+	go func() {
+		err := <-done
+		h.served <- err
+		close(h.served)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-done:
+		case err := <-h.served:
 			if err != nil {
 				t.Errorf("serve: %v", err)
 			}
@@ -64,11 +76,7 @@ func startHTTP(t testing.TB, cfg Config, tlsCfg *tls.Config) *httpServer {
 			t.Error("the HTTP server did not stop")
 		}
 	})
-	scheme := "http://"
-	if tlsCfg != nil {
-		scheme = "https://"
-	}
-	return &httpServer{srv: srv, url: scheme + ln.Addr().String() + MCPPath}
+	return h
 }
 
 // bearer adds a token to every request.
@@ -93,8 +101,16 @@ func httpClient(token string, rt http.RoundTripper) *http.Client {
 	return &http.Client{Transport: bearer{token, rt}}
 }
 
-// connectHTTP connects the SDK's client to url with token.
+// connectHTTP connects the SDK's client to url with token, under the
+// SDK's default protocol version (2026-07-28) and without reconnecting.
 func connectHTTP(t testing.TB, url, token string, rt http.RoundTripper) (*session, error) {
+	t.Helper()
+	return connectHTTPAs(t, url, token, rt, "", -1)
+}
+
+// connectHTTPAs is connectHTTP under protocol version (empty: the SDK's
+// default), reconnecting a dropped stream up to retries times.
+func connectHTTPAs(t testing.TB, url, token string, rt http.RoundTripper, version string, retries int) (*session, error) {
 	t.Helper()
 	s := &session{progress: make(chan *mcp.ProgressNotificationParams, 1000)}
 	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-http-test", Version: "0"}, &mcp.ClientOptions{
@@ -104,7 +120,8 @@ func connectHTTP(t testing.TB, url, token string, rt http.RoundTripper) (*sessio
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: httpClient(token, rt), MaxRetries: -1}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: httpClient(token, rt), MaxRetries: retries},
+		&mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		return nil, err
 	}

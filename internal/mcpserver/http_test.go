@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,24 +19,44 @@ import (
 	"isopod/internal/knobs"
 )
 
+// TestHTTPTokensAndRoles: a request without a token, or with one the
+// server does not accept, gets 401 with the WWW-Authenticate challenge of
+// RFC 6750 (error="invalid_token" only when a token was presented); each
+// role reaches its tools.
 func TestHTTPTokensAndRoles(t *testing.T) {
 	core := &scriptedCore{}
 	h := startHTTP(t, Config{Core: core}, nil)
-	for _, tok := range []string{"", "wrong-token-0123456789"} {
+	for tok, challenge := range map[string]string{
+		"":                       `Bearer realm="isopod"`,
+		"wrong-token-0123456789": `Bearer realm="isopod", error="invalid_token"`,
+	} {
 		if _, err := connectHTTP(t, h.url, tok, nil); err == nil {
 			t.Errorf("token %q: connected", tok)
 		}
-		req, _ := http.NewRequest("POST", h.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := httpClient(tok, nil).Do(req)
-		if err != nil {
-			t.Fatal(err)
+		for _, method := range []string{"POST", "GET"} {
+			req, _ := http.NewRequest(method, h.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			resp, err := httpClient(tok, nil).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Values("WWW-Authenticate"); resp.StatusCode != http.StatusUnauthorized || len(got) != 1 || got[0] != challenge {
+				t.Errorf("%s with token %q: HTTP %d, WWW-Authenticate %q; want 401 and %q", method, tok, resp.StatusCode, got, challenge)
+			}
 		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnauthorized {
-			t.Errorf("token %q: HTTP %d, want 401", tok, resp.StatusCode)
-		}
+	}
+	// Credentials of another scheme are no bearer token.
+	req, _ := http.NewRequest("POST", h.url, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Basic dXNlcjpwYXNz")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("WWW-Authenticate"); resp.StatusCode != http.StatusUnauthorized || got != `Bearer realm="isopod"` {
+		t.Errorf("Basic credentials: HTTP %d, WWW-Authenticate %q", resp.StatusCode, got)
 	}
 	ctx := context.Background()
 	run := mustConnectHTTP(t, h.url, runToken)
@@ -99,7 +120,7 @@ func TestListenRules(t *testing.T) {
 		{[]string{"--push-commits"}, "--stage-registry"},
 	}
 	for _, tc := range tests {
-		f, err := parseFlags(tc.args, io.Discard)
+		f, err := parseFlags(tc.args)
 		if err == nil {
 			err = f.check()
 		}
@@ -168,10 +189,17 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	if n := len(core.requests()); n != 0 {
 		t.Errorf("%d refused calls reached the core", n)
 	}
+	hostArgs := []string{"stdin_file", "copy_out", "workspace", "workspace_all", "workspace_out"}
+	if got := runProperties(t, s); slices.ContainsFunc(hostArgs, func(a string) bool { return got[a] }) {
+		t.Errorf("without --host-io-root the schema offers host paths: %v", got)
+	}
 	// An operator's root turns them on, confined as on stdio.
 	hostIO, _ = RemoteHostIO(none, tree.root, tree.home)
 	h2 := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s2 := mustConnectHTTP(t, h2.url, runToken)
+	if got := runProperties(t, s2); slices.ContainsFunc(hostArgs, func(a string) bool { return !got[a] }) {
+		t.Errorf("with --host-io-root the schema lacks host paths: %v", got)
+	}
 	if res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": "ok.txt"}, nil); res.IsError {
 		t.Errorf("stdin_file under --host-io-root: %s", resultText(res))
 	}
@@ -179,6 +207,24 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	if !res.IsError || !strings.Contains(resultText(res), knobs.MCPHostIORoot) && !strings.Contains(resultText(res), "--host-io-root") {
 		t.Errorf("stdin_file outside --host-io-root: %s", resultText(res))
 	}
+}
+
+// runProperties lists the arguments sandbox_run's schema offers.
+func runProperties(t *testing.T, s *session) map[string]bool {
+	t.Helper()
+	res, err := s.cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, tl := range res.Tools {
+		if tl.Name == ToolSandboxRun {
+			for p := range tl.InputSchema.(map[string]any)["properties"].(map[string]any) {
+				got[p] = true
+			}
+		}
+	}
+	return got
 }
 
 func TestHTTPReadFilesBinary(t *testing.T) {

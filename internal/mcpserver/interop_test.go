@@ -42,21 +42,29 @@ type interopOutput struct {
 		Types           map[string]any
 		HasOutputSchema bool
 	}
-	Results []struct {
-		// A tool call's result.
-		Name       string
-		IsError    bool
-		Text       string
-		Structured map[string]any
-		// A raw line's answer.
-		Raw   string
-		Reply map[string]any
-		// The signal step's outcome.
-		Signal    string
-		LiveVM    string
-		ExitMS    *float64
-		ExitCode  *float64
-		ServerPid int
+	Results []interopResult
+}
+
+// interopResult is what one step gave.
+type interopResult struct {
+	// A tool call's result.
+	Name       string
+	IsError    bool
+	Text       string
+	Structured map[string]any
+	// A raw line's answer.
+	Raw   string
+	Reply map[string]any
+	// The signal step's outcome.
+	Signal    string
+	LiveVM    string
+	ExitMS    *float64
+	ExitCode  *float64
+	ServerPid int
+	Call      struct {
+		Error   string
+		Code    float64
+		Pending bool
 	}
 }
 
@@ -108,6 +116,10 @@ func TestTypeScriptClientInterop(t *testing.T) {
 			call(ToolVMGC, map[string]any{"keep_last": 0}),
 			map[string]any{"signal": "SIGTERM", "name": ToolSandboxRun,
 				"arguments": map[string]any{"cmd": "sleep 600", "base": base, "network": false, "timeout_s": 900}})
+	} else {
+		// No VM: the server's runs last until they are cancelled.
+		steps = append(steps, map[string]any{"signal": "SIGTERM", "on_progress": true, "name": ToolSandboxRun,
+			"arguments": map[string]any{"cmd": "sleep 600"}})
 	}
 	out := runInterop(t, node, dir, h, steps, base == "")
 	checkInteropBasics(t, out)
@@ -140,6 +152,8 @@ func TestTypeScriptClientInterop(t *testing.T) {
 	}
 	if base != "" {
 		checkInteropVMs(t, out, 11)
+	} else {
+		checkSignal(t, out.Results[11])
 	}
 }
 
@@ -153,8 +167,9 @@ func runInterop(t *testing.T, node, dir string, h hostTree, steps []map[string]a
 	cmd.Dir = h.root
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if privateHome {
-		// No VMs here: keep the server's state in the fixture.
-		cmd.Env = append(cmd.Env, knobs.Home+"="+h.home)
+		// No VMs here: keep the server's state in the fixture, and hold
+		// its runs.
+		cmd.Env = append(cmd.Env, knobs.Home+"="+h.home, holdEnv+"=1")
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -232,14 +247,25 @@ func checkInteropVMs(t *testing.T, out *interopOutput, i int) {
 	if sig.LiveVM == "" {
 		t.Fatal("no live VM showed in vm_list before the signal")
 	}
+	checkSignal(t, sig)
+	if left := qemuOf(sig.LiveVM); len(left) > 0 {
+		t.Errorf("QEMU %v of %s still runs after the server exited", left, sig.LiveVM)
+	}
+}
+
+// checkSignal checks the signal step: the server exited within 5 s of
+// SIGTERM, and answered the call in flight with a JSON-RPC error saying it
+// is shutting down.
+func checkSignal(t *testing.T, sig interopResult) {
+	t.Helper()
 	if sig.ExitMS != nil {
-		t.Logf("the server exited %.0f ms after SIGTERM with %s live", *sig.ExitMS, sig.LiveVM)
+		t.Logf("the server exited %.0f ms after SIGTERM", *sig.ExitMS)
 	}
 	if sig.ExitMS == nil || *sig.ExitMS > 5000 {
 		t.Errorf("the server exited %v ms after SIGTERM; want within 5000", sig.ExitMS)
 	}
-	if left := qemuOf(sig.LiveVM); len(left) > 0 {
-		t.Errorf("QEMU %v of %s still runs after the server exited", left, sig.LiveVM)
+	if c := sig.Call; c.Code != codeShuttingDown || !strings.Contains(c.Error, "shutting down") {
+		t.Errorf("the call in flight at SIGTERM got %+v; want a JSON-RPC error saying the server is shutting down", c)
 	}
 }
 

@@ -28,18 +28,16 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer,
 // injectable (tests shorten the progress interval).
 func mainWith(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer,
 	lookup func(string) (string, bool), version string, tweak func(*Config)) int {
-	f, err := parseFlags(args, stderr)
+	f, err := parseFlags(args)
 	switch {
-	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, flag.ErrHelp) || err == nil && f.Help:
+		fmt.Fprint(stdout, help())
 		return 0
 	case err != nil:
 		fmt.Fprintf(stderr, "isopod-mcp: %v\n", err)
 		return 2
 	case f.Version:
 		fmt.Fprintln(stdout, "isopod-mcp version "+version)
-		return 0
-	case f.Help:
-		fmt.Fprint(stdout, usage)
 		return 0
 	}
 	if err := f.check(); err != nil {

@@ -65,7 +65,7 @@ func (st *runStatus) message() (string, <-chan struct{}, <-chan struct{}) {
 		}
 	}
 	if phase != "" {
-		return fmt.Sprintf("sandbox_run: %s (%ds)", phase, secs), changed, poke
+		return fmt.Sprintf("sandbox_run: %s (%ds)", shortText(phase), secs), changed, poke
 	}
 	return fmt.Sprintf("sandbox_run in progress (%ds)", secs), changed, poke
 }

@@ -101,9 +101,13 @@ type Server struct {
 	// never outlives the server even if the session ends mid-call.
 	life   context.Context
 	cancel context.CancelFunc
-	mu     sync.Mutex // guards closed and wg.Add against Close
+	mu     sync.Mutex // guards closed, stopping and wg.Add against Close
 	closed bool
 	wg     sync.WaitGroup
+	// stopping are told, before the runs are cancelled, that the server
+	// stops: each answers its calls in flight with codeShuttingDown.
+	stopping []func()
+	gates    []*gate // of the HTTP handlers made
 
 	pulls flights // stage pulls in progress, one per stage
 }
@@ -145,8 +149,20 @@ func New(cfg Config) (*Server, error) {
 		Logger:       sdkLog,
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
+	s.mcp.AddReceivingMiddleware(startedCalls)
 	s.addTools()
 	return s, nil
+}
+
+// startedCalls tells an HTTP call's stream that the SDK took the call (so
+// that it answers with an event stream, which may start at once).
+func startedCalls(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if c := httpCallFrom(ctx); c != nil && c.stream != nil {
+			c.stream.start()
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // MCP returns the underlying SDK server (for in-process transports).
@@ -154,21 +170,51 @@ func (s *Server) MCP() *mcp.Server { return s.mcp }
 
 // Run starts the start-up GC and serves one session over t until it ends
 // or ctx is cancelled. Cancelling ctx (the process was told to stop)
-// cancels every run in flight at once: the SDK's session close waits for
-// the handlers, which end only when their runs do. Run returns once they
-// have, their VMs torn down by the core.
+// answers every call in flight with a JSON-RPC error saying so (on a
+// StdioTransport) and cancels every run at once: the SDK's session close
+// waits for the handlers, which end only when their runs do. Run returns
+// once they have, their VMs torn down by the core.
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	defer s.Close()
-	stop := context.AfterFunc(ctx, s.cancel)
+	if st, ok := t.(*StdioTransport); ok {
+		s.onStop(st.shutdown)
+	}
+	// The session ends only after the calls were answered.
+	sctx, end := context.WithCancel(context.WithoutCancel(ctx))
+	defer end()
+	stop := context.AfterFunc(ctx, func() {
+		s.shutdown()
+		end()
+	})
 	defer stop()
 	if !s.cfg.NoStartupGC {
 		s.gcAsync("startup")
 	}
-	err := s.mcp.Run(ctx, t)
+	err := s.mcp.Run(sctx, t)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		err = nil
 	}
 	return err
+}
+
+// onStop registers f to be called when the server stops, before the runs
+// are cancelled.
+func (s *Server) onStop(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopping = append(s.stopping, f)
+}
+
+// shutdown answers the calls in flight that the server stops, then
+// cancels every run.
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	stopping := s.stopping
+	s.mu.Unlock()
+	for _, f := range stopping {
+		f()
+	}
+	s.cancel()
 }
 
 // Close cancels every run in flight (their VMs are torn down by the core)

@@ -156,3 +156,38 @@ func (s *Server) authorize(tool string, req *mcp.CallToolRequest) error {
 	}
 	return nil
 }
+
+// challenged puts protected (the SDK's bearer-token check) in front of
+// next, and gives its 401s the WWW-Authenticate header RFC 6750 asks for:
+// Bearer realm="isopod", with error="invalid_token" when a token was
+// presented but is not one this server accepts.
+func challenged(protected func(http.Handler) http.Handler, next http.Handler) http.Handler {
+	inner := protected(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := w.(*challengeWriter); ok {
+			w = c.ResponseWriter
+		}
+		next.ServeHTTP(w, r)
+	}))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f := strings.Fields(r.Header.Get("Authorization"))
+		presented := len(f) == 2 && strings.EqualFold(f[0], "bearer")
+		inner.ServeHTTP(&challengeWriter{ResponseWriter: w, presented: presented}, r)
+	})
+}
+
+// challengeWriter adds WWW-Authenticate to a 401.
+type challengeWriter struct {
+	http.ResponseWriter
+	presented bool
+}
+
+func (c *challengeWriter) WriteHeader(code int) {
+	if code == http.StatusUnauthorized {
+		v := `Bearer realm="isopod"`
+		if c.presented {
+			v += `, error="invalid_token"`
+		}
+		c.Header().Set("WWW-Authenticate", v)
+	}
+	c.ResponseWriter.WriteHeader(code)
+}

@@ -49,7 +49,9 @@ type handler[In, Out any] func(ctx context.Context, req *mcp.CallToolRequest, in
 // so that refusals are in isopod's words; the result goes back as
 // structured content and as the same JSON in a text block.
 func addTool[In, Out any](s *Server, t *mcp.Tool, in *jsonschema.Schema, coerce coercion, h handler[In, Out]) {
-	t.InputSchema = in
+	if t.InputSchema == nil {
+		t.InputSchema = in
+	}
 	t.OutputSchema = outputSchema[Out]()
 	s.mcp.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		if err := s.authorize(t.Name, req); err != nil {
@@ -80,7 +82,7 @@ func addTool[In, Out any](s *Server, t *mcp.Tool, in *jsonschema.Schema, coerce 
 }
 
 func errorResult(text string) *mcp.CallToolResult {
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: shortText(text)}}}
 }
 
 // inputSchema infers In's schema.
@@ -100,7 +102,8 @@ func (s *Server) addTools() {
 		Description: runDescription,
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolp(false), OpenWorldHint: boolp(true)},
 		// Claude Code honours this: a report can carry two 64 KiB heads.
-		Meta: mcp.Meta{"anthropic/maxResultSizeChars": 100000},
+		Meta:        mcp.Meta{"anthropic/maxResultSizeChars": 100000},
+		InputSchema: advertisedRunSchema(runInputSchema(), s.cfg.HostIO),
 	}, runInputSchema(), inspectorArgs, s.sandboxRun)
 
 	addTool(s, &mcp.Tool{

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -40,6 +39,9 @@ type StdioTransport struct {
 	Reader io.ReadCloser
 	Writer io.Writer
 	Logger *slog.Logger // nil: discard
+
+	mu   sync.Mutex
+	conn *lineConn // once connected
 }
 
 var _ mcp.Transport = (*StdioTransport)(nil)
@@ -55,8 +57,35 @@ func (t *StdioTransport) Connect(context.Context) (mcp.Connection, error) {
 		incoming: make(chan readResult), closed: make(chan struct{}),
 		inflight: map[jsonrpc.ID]bool{}, cancelled: map[jsonrpc.ID]bool{},
 	}
+	t.mu.Lock()
+	t.conn = c
+	t.mu.Unlock()
 	go c.readLoop()
 	return c, nil
+}
+
+// shutdown answers every call in flight with codeShuttingDown; their
+// responses, when the handlers return, are not sent.
+func (t *StdioTransport) shutdown() {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	var ids []jsonrpc.ID
+	for id := range c.inflight {
+		if !c.cancelled[id] {
+			c.cancelled[id] = true
+			ids = append(ids, id)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range ids {
+		raw, _ := json.Marshal(id.Raw())
+		c.writeError(raw, codeShuttingDown, shutdownText)
+	}
 }
 
 type readResult struct {
@@ -213,6 +242,12 @@ func readLine(br *bufio.Reader, limit int) ([]byte, error) {
 // reply writes an error response for a line that never reached the SDK.
 // id is the request's id when it could be read, else null.
 func (c *lineConn) reply(id json.RawMessage, code int64, message string) {
+	c.writeError(id, code, message)
+	c.log.Warn("refused a message", "code", code, "why", message)
+}
+
+// writeError writes an error response; id null when nil.
+func (c *lineConn) writeError(id json.RawMessage, code int64, message string) {
 	if id == nil {
 		id = json.RawMessage("null")
 	}
@@ -222,19 +257,18 @@ func (c *lineConn) reply(id json.RawMessage, code int64, message string) {
 		Error   jsonrpc.Error   `json:"error"`
 	}{"2.0", id, jsonrpc.Error{Code: code, Message: message}})
 	if err := c.writeLine(b); err != nil {
-		c.log.Debug("answering a refused line", "err", err)
+		c.log.Debug("writing an error response", "err", err)
 	}
-	c.log.Warn("refused a message", "code", code, "why", message)
 }
 
-// capError shortens an error response's message to maxErrorMessage,
-// keeping its code.
+// capError shortens an error response's message (see shortText), keeping
+// its code.
 func capError(resp *jsonrpc.Response) *jsonrpc.Response {
 	msg := resp.Error.Error()
-	if len(msg) <= maxErrorMessage {
+	short := &jsonrpc.Error{Message: shortText(msg)}
+	if short.Message == msg {
 		return resp
 	}
-	short := &jsonrpc.Error{Message: strings.ToValidUTF8(msg[:maxErrorMessage], "") + "... (message cut)"}
 	var we *jsonrpc.Error
 	if errors.As(resp.Error, &we) {
 		short.Code, short.Data = we.Code, we.Data

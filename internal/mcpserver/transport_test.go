@@ -214,29 +214,37 @@ func TestReadLine(t *testing.T) {
 }
 
 // TestStopEndsRunsInFlight: when the server is told to stop (its context
-// ends, as on SIGTERM) it cancels the runs in flight at once instead of
-// waiting for them, and returns.
+// ends, as on SIGTERM) it answers the call in flight with a JSON-RPC error
+// saying it is shutting down, cancels the run at once instead of waiting
+// for it, sends nothing more for the call, and returns.
 func TestStopEndsRunsInFlight(t *testing.T) {
-	started := make(chan struct{})
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
-		close(started)
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}}
+	core := newBlockingCore()
 	srv, err := New(Config{Core: core, NoStartupGC: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	inR, inW := io.Pipe()
 	defer inW.Close()
+	outR, outW := io.Pipe()
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(outR)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx, &StdioTransport{Reader: inR, Writer: io.Discard}) }()
+	go func() {
+		ran <- srv.Run(ctx, &StdioTransport{Reader: inR, Writer: outW})
+		outW.Close()
+	}()
 	for _, line := range []string{initLine, `{"jsonrpc":"2.0","method":"notifications/initialized"}`,
 		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sandbox_run","arguments":{"cmd":"sleep 600"}}}`} {
 		io.WriteString(inW, line+"\n")
 	}
-	<-started
+	core.waitStarted(t)
 	t0 := time.Now()
 	stop()
 	select {
@@ -249,5 +257,17 @@ func TestStopEndsRunsInFlight(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10 s of being stopped with a run in flight")
+	}
+	if err := <-core.ended; !errors.Is(err, context.Canceled) {
+		t.Errorf("the run ended with %v; want it cancelled", err)
+	}
+	var answers []string
+	for line := range lines {
+		if strings.Contains(line, `"id":2`) {
+			answers = append(answers, line)
+		}
+	}
+	if len(answers) != 1 || !strings.Contains(answers[0], `"error"`) || !strings.Contains(answers[0], "shutting down") {
+		t.Errorf("the call in flight was answered %q; want one JSON-RPC error saying the server is shutting down", answers)
 	}
 }

@@ -12,9 +12,13 @@
 //                                          line the server writes back
 //     {"signal": "SIGTERM", "name": TOOL, "arguments": {...}}
 //                                          starts the call, waits until
-//                                          vm_list shows a live VM, signals
-//                                          the server and times its exit
-//                                          (the last step)
+//                                          vm_list shows a live VM (with
+//                                          "on_progress": true, until the
+//                                          call's first progress
+//                                          notification instead), signals
+//                                          the server, times its exit and
+//                                          gives what the call got (the
+//                                          last step)
 // The server inherits this process's environment and working directory.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -95,12 +99,17 @@ async function rawStep(step) {
 // signalStep starts a call, waits for its VM to be live, signals the
 // server and reports how long the server took to exit.
 async function signalStep(step) {
+  let progressed;
+  const firstProgress = new Promise((r) => (progressed = r));
   const call = client
-    .callTool({ name: step.name, arguments: step.arguments }, undefined, { timeout: 600_000 })
-    .then((r) => resultOf(step.name, r), (e) => ({ error: String(e?.message ?? e) }));
+    .callTool({ name: step.name, arguments: step.arguments }, undefined, { timeout: 600_000, onprogress: () => progressed() })
+    .then((r) => resultOf(step.name, r), (e) => ({ error: String(e?.message ?? e), code: e?.code ?? null }));
   const deadline = Date.now() + 300_000;
   let liveVM = null;
-  while (!liveVM && Date.now() < deadline) {
+  if (step.on_progress) {
+    await Promise.race([firstProgress, sleep(60_000)]);
+  }
+  while (!step.on_progress && !liveVM && Date.now() < deadline) {
     await sleep(200);
     const r = await client.callTool({ name: "vm_list", arguments: {} });
     liveVM = (r.structuredContent?.vms ?? []).find((v) => v.live) ?? null;
@@ -115,7 +124,7 @@ async function signalStep(step) {
     liveVM: liveVM?.vm_id ?? null,
     exitMs: exited ? exited.at - sentAt : null,
     exitCode: exited?.code ?? null,
-    call: await Promise.race([call, sleep(1000).then(() => ({ pending: true }))]),
+    call: await Promise.race([call, sleep(5000).then(() => ({ pending: true }))]),
   };
 }
 
@@ -151,4 +160,5 @@ try {
 } finally {
   await client.close();
 }
-process.stdout.write(JSON.stringify(out) + "\n");
+// Timers still pending (the signal step's) must not hold the process.
+process.stdout.write(JSON.stringify(out) + "\n", () => process.exit(0));

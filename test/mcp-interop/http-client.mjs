@@ -64,6 +64,19 @@ console.error("http-client: waiting for a line to abort the call");
 await new Promise((r) => process.stdin.once("data", r));
 ac.abort("test gives up");
 out.cancel = { error: await cancelled, progress };
+// The client sent notifications/cancelled (a dropped connection is no
+// cancellation): wait, before closing, until the server has no live VM
+// running the call, so that closing cannot cut the notification short.
+const deadline = Date.now() + 60_000;
+for (;;) {
+  const r = await client.callTool({ name: "vm_list", arguments: {} });
+  const live = (r.structuredContent?.vms ?? []).some((v) => v.live && (v.argv ?? []).join(" ").includes("sleep 600"));
+  if (!live || Date.now() > deadline) {
+    out.cancel.vmGone = !live;
+    break;
+  }
+  await new Promise((res) => setTimeout(res, 200));
+}
 await client.close();
 console.log(JSON.stringify(out));
 process.exit(0);
