@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/oci"
 	"isopod/internal/sandbox"
 )
 
@@ -115,6 +116,9 @@ func (s *Server) toolError(ctx context.Context, f failure, err error) error {
 	class := errdefs.Class(err)
 	fix := copyOutFix(err, class)
 	if fix == "" {
+		fix = damagedFix(err)
+	}
+	if fix == "" {
 		fix = s.fix(ctx, f, class)
 	}
 	s.log.Info("tool failed", "tool", f.tool, "class", class, "err", err)
@@ -192,6 +196,17 @@ func copyOutFix(err error, class string) string {
 		return "the host file named above was not ready to be written (a FIFO needs its reader running before the call); fix that on the host and call again."
 	}
 	return ""
+}
+
+// damagedFix names the next step for data that arrived damaged (a stage
+// pull or an image import whose digest did not match): the source must be
+// repaired; nothing on this host is missing.
+func damagedFix(err error) string {
+	var de *oci.DigestError
+	if !errors.As(err, &de) {
+		return ""
+	}
+	return "what arrived from the registry did not match its digest, and nothing was kept; ask the user to push the stage again from an intact copy, then call again."
 }
 
 // fixFor names the generic next step for an error class.
