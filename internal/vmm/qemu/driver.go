@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -90,8 +89,12 @@ type Driver struct {
 	probeMu sync.Mutex
 	probed  map[string]error // kernel key -> KVM probe outcome
 
-	// probes is swapped in tests.
-	openKVM func() error
+	machineMu sync.Mutex
+	plan      *machinePlan // once probed
+
+	// probes are swapped in tests.
+	openKVM      func() error
+	machineProbe func(ctx context.Context, bin string) (machineFacts, error)
 }
 
 var _ vmm.Driver = (*Driver)(nil)
@@ -137,6 +140,7 @@ func New(cfg Config) (*Driver, error) {
 		probeTimeout: timeout,
 		probed:       make(map[string]error),
 		openKVM:      openDevKVM,
+		machineProbe: probeMachine,
 	}, nil
 }
 
@@ -157,30 +161,6 @@ func (d *Driver) Info(ctx context.Context) (vmm.Info, error) {
 	}
 	d.info = &vmm.Info{Name: "qemu", Version: v, Path: d.bin}
 	return *d.info, nil
-}
-
-// mapsReadOnlyRAM reports whether the QEMU maps a file it opened
-// read-only as writable private RAM (memory-backend-file's rom=off, QEMU
-// 8.2 and later).
-func (d *Driver) mapsReadOnlyRAM(ctx context.Context) bool {
-	info, err := d.Info(ctx)
-	return err == nil && versionAtLeast(info.Version, 8, 2)
-}
-
-// versionAtLeast reports whether the version v (X.Y[.Z...]) is at least
-// major.minor.
-func versionAtLeast(v string, major, minor int) bool {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return false
-	}
-	ma, err1 := strconv.Atoi(parts[0])
-	digits := strings.IndexFunc(parts[1]+"x", func(r rune) bool { return r < '0' || r > '9' })
-	mi, err2 := strconv.Atoi(parts[1][:digits])
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return ma > major || ma == major && mi >= minor
 }
 
 // parseVersion finds "version X.Y.Z" in `qemu -version` output.
@@ -220,6 +200,11 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		log = d.log
 	}
 	log = log.With("vm", cfg.ID)
+	plan, err := d.machine(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.machine, l.dataDirs = plan.Options, plan.DataDirs
 	choice, err := d.chooseAccel(ctx, cfg, l.accel)
 	if err != nil {
 		return nil, err
@@ -230,7 +215,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		l.tscKHz = hostTSCKHz()
 	}
 	if l.snapshotRAM != "" && d.jail != nil {
-		l.romOff = d.mapsReadOnlyRAM(ctx)
+		l.romOff = plan.ROMOff
 	}
 	mf, err := d.openFiles(cfg, &l, l.snapshotRAM)
 	if err != nil {
