@@ -8,9 +8,15 @@
 // can connect to them but isopod. The console is QEMU's stdout, copied into
 // the caller's writer.
 //
-// Acceleration: KVM when /dev/kvm opens read-write and a one-time probe
-// shows QEMU can boot the kernel with it; otherwise TCG, with the host TSC
-// frequency on the kernel command line. $ISOPOD_ACCEL=kvm|tcg forces one.
+// Acceleration: KVM when nothing the host says rules it out (the CPU's
+// vmx or svm flag, /dev/kvm and whether its mode lets the VMM's ids open
+// it) and a one-time probe shows QEMU can boot the kernel with it;
+// otherwise TCG, with the host TSC frequency on the kernel command line,
+// and the reason logged in sentences. $ISOPOD_ACCEL=kvm|tcg forces one.
+//
+// The microvm options follow the firmware the binary loads (see
+// machine.go): QEMU 7.2 and 8.2 as distributions ship them boot microvm
+// with qboot, 10.0 with SeaBIOS, which needs option ROMs.
 package qemu
 
 import (
@@ -94,6 +100,7 @@ type Driver struct {
 
 	// probes are swapped in tests.
 	openKVM      func() error
+	kvmFacts     func() kvmFacts
 	machineProbe func(ctx context.Context, bin string) (machineFacts, error)
 }
 
@@ -140,6 +147,7 @@ func New(cfg Config) (*Driver, error) {
 		probeTimeout: timeout,
 		probed:       make(map[string]error),
 		openKVM:      openDevKVM,
+		kvmFacts:     func() kvmFacts { return readKVMFacts(cfg.Jail) },
 		machineProbe: probeMachine,
 	}, nil
 }
@@ -236,15 +244,15 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 func (d *Driver) chooseAccel(ctx context.Context, cfg *vmm.Config, snapshot vmm.Accel) (accelChoice, error) {
 	if snapshot != "" {
 		if snapshot == vmm.AccelKVM {
-			if err := d.openKVM(); err != nil {
-				return accelChoice{}, fmt.Errorf("qemu: snapshot needs kvm but /dev/kvm is unusable (%v): %w", err, errdefs.ErrFailedPrecondition)
+			if why := d.kvmFacts().obstacle(); why != "" {
+				return accelChoice{}, fmt.Errorf("qemu: the snapshot was made under kvm, which cannot be used: %s: %w", why, errdefs.ErrFailedPrecondition)
 			}
 		}
-		return accelChoice{snapshot, "the snapshot's"}, nil
+		return accelChoice{snapshot, snapshotReason(snapshot)}, nil
 	}
 	return selectAccel(ctx, cfg.Accel, accelProbes{
 		env:     func() string { return string(d.accel) },
-		openKVM: d.openKVM,
+		facts:   d.kvmFacts,
 		bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
 	})
 }
