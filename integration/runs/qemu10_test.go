@@ -40,4 +40,19 @@ func TestRunQEMU10(t *testing.T) {
 		t.Errorf("the console shows no SeaBIOS boot: %.600q", console)
 	}
 	t.Logf("QEMU %s: cold run %v ms, boot %v ms", vmm["version"], r.JSON["total_ms"], r.JSON["boot_ms"])
+
+	d := e2e.Isopod(t, env, "doctor")
+	checks, _ := d.JSON["checks"].([]any)
+	var qemu map[string]any
+	for _, c := range checks {
+		if m, _ := c.(map[string]any); m["name"] == "qemu" {
+			qemu = m
+		}
+	}
+	detail, _ := qemu["detail"].(map[string]any)
+	why, _ := qemu["why"].(string)
+	if qemu["ok"] != true || detail["firmware_kind"] != "SeaBIOS" || strings.Contains(why, "x-option-roms=off") ||
+		!strings.Contains(why, "QEMU 10.") || !strings.Contains(why, "option ROMs stay on") {
+		t.Errorf("doctor's qemu check on QEMU 10: %v", qemu)
+	}
 }

@@ -10,6 +10,10 @@ import (
 	"isopod/internal/vmm"
 )
 
+// qbootOptions are the machine options under qboot (QEMU 7.2 and 8.2 as
+// Debian and Ubuntu ship them).
+const qbootOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off"
+
 func baseConfig() vmm.Config {
 	return vmm.Config{
 		ID:      "abc123",
@@ -30,7 +34,8 @@ func TestBuildArgsGolden(t *testing.T) {
 	}
 	cfg.Net = &vmm.Net{Socket: "/vm/net.sock", MAC: "52:54:00:aa:bb:cc"}
 	got := buildArgs(&cfg, launch{
-		accel: vmm.AccelTCG, tscKHz: 2100000, memPath: "/proc/self/fd/5",
+		machine: qbootOptions,
+		accel:   vmm.AccelTCG, tscKHz: 2100000, memPath: "/proc/self/fd/5",
 		kernelPath: "/proc/self/fd/6", initrdPath: "/proc/self/fd/7",
 		diskFDs: [][]int{{8}, {9, 10}}, netFD: 11, sandbox: true,
 	})
@@ -91,6 +96,17 @@ func TestBuildArgsVariants(t *testing.T) {
 			l:       launch{accel: vmm.AccelTCG},
 			has:     [][]string{{"-accel", "tcg"}, {"-cpu", "max,erms=off,fsrm=off"}},
 			cmdline: "console=ttyS0 quiet isopod.hostname=box",
+		},
+		{
+			name: "the machine plan's options and data directories",
+			l: launch{accel: vmm.AccelTCG, machine: "microvm,acpi=on,pit=off",
+				dataDirs: []string{"/opt/q/usr/share/qemu", "/opt/q/usr/share/seabios"}},
+			has: [][]string{{"-L", "/opt/q/usr/share/qemu"}, {"-L", "/opt/q/usr/share/seabios"}, {"-machine", "microvm,acpi=on,pit=off"}},
+		},
+		{
+			name:   "no data directories unless the plan has them",
+			l:      launch{accel: vmm.AccelTCG, machine: qbootOptions},
+			hasNot: []string{"-L"},
 		},
 		{
 			name:   "unjailed machines have no seccomp filter of QEMU's",

@@ -223,3 +223,25 @@ func groupName(gid int) string {
 	}
 	return strconv.Itoa(gid)
 }
+
+// fix says what would let KVM be used, for `isopod doctor`; "" when the
+// facts do not rule it out.
+func (f kvmFacts) fix() string {
+	switch {
+	case f.obstacle() == "":
+		return ""
+	case f.CPUFlag == "":
+		return "use a host whose CPU offers VT-x or AMD-V (enabled in its firmware; on a VM, nested virtualization); until then runs use TCG"
+	case f.Dev == nil:
+		return "load the KVM module for this CPU (modprobe kvm_intel or kvm_amd)"
+	}
+	return "give /dev/kvm the group and mode the reason names (udev's rule: group kvm, mode 0660)"
+}
+
+// KVMObstacle says why VMMs, confined by j (nil: unconfined), cannot use
+// KVM on this host, and what would fix it; empty when nothing the host
+// says rules KVM out (a run's probe guest decides then).
+func KVMObstacle(j *jail.Jailer) (why, fix string) {
+	f := readKVMFacts(j)
+	return f.obstacle(), f.fix()
+}

@@ -171,3 +171,21 @@ func TestDevAllows(t *testing.T) {
 		}
 	}
 }
+
+func TestKVMFix(t *testing.T) {
+	tests := []struct {
+		facts kvmFacts
+		want  string
+	}{
+		{kvmFacts{CPUFlag: "vmx", Dev: kvmNode(0o660, "kvm", 993)}, ""},
+		{kvmFacts{}, "VT-x or AMD-V"},
+		{kvmFacts{Dev: kvmNode(0o600, "root", 0), VMM: &vmmCreds{UID: 998, GID: 998}}, "VT-x or AMD-V"},
+		{kvmFacts{CPUFlag: "svm"}, "modprobe"},
+		{kvmFacts{CPUFlag: "vmx", Dev: kvmNode(0o600, "root", 0), VMM: &vmmCreds{UID: 998, GID: 998}}, "group kvm, mode 0660"},
+	}
+	for _, tt := range tests {
+		if got := tt.facts.fix(); tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
+			t.Errorf("fix for %+v = %q; want %q", tt.facts, got, tt.want)
+		}
+	}
+}
