@@ -10,8 +10,7 @@ import (
 	"isopod/internal/vmm"
 )
 
-// qbootOptions are the machine options under qboot (QEMU 7.2 and 8.2 as
-// Debian and Ubuntu ship them).
+// qbootOptions are the machine options under qboot (Debian 12's QEMU 7.2).
 const qbootOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off"
 
 func baseConfig() vmm.Config {

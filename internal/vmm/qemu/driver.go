@@ -15,8 +15,8 @@
 // and the reason logged in sentences. $ISOPOD_ACCEL=kvm|tcg forces one.
 //
 // The microvm options follow the firmware the binary loads (see
-// machine.go): QEMU 7.2 and 8.2 as distributions ship them boot microvm
-// with qboot, 10.0 with SeaBIOS, which needs option ROMs.
+// machine.go): Debian 12's QEMU 7.2 boots microvm with qboot, Debian 13's
+// 10.0 with SeaBIOS, which needs option ROMs.
 package qemu
 
 import (

@@ -18,14 +18,13 @@ import (
 	"isopod/internal/errdefs"
 )
 
-// The microvm machine's options and firmware differ between the QEMUs
-// users have: Debian 12's 7.2 and Ubuntu 24.04's 8.2 boot microvm with
-// qboot, which loads the kernel itself; Debian 13's 10.0 (and Debian 12's
-// backport of it) boots it with SeaBIOS, which loads the kernel through an
-// option ROM and stops at "No bootable device" when option ROMs are off.
-// So the options are chosen by what the binary and its data directories
-// say, asked once per Driver (three `-help` runs of QEMU, tens of
-// milliseconds), never by its version.
+// The microvm machine's firmware differs between the QEMUs users have:
+// Debian 12's 7.2 boots microvm with qboot, which loads the kernel itself;
+// Debian 13's 10.0 (and Debian 12's backport of it) boots it with SeaBIOS,
+// which loads the kernel through an option ROM and stops at "No bootable
+// device" when option ROMs are off. So the options are chosen by what the
+// binary and its data directories say, asked once per Driver (three
+// `-help` runs of QEMU, tens of milliseconds), never by its version.
 
 // microvmFirmware is the file QEMU loads for microvm unless -bios names
 // another.

