@@ -212,6 +212,14 @@ func TestProbeMachineInstalled(t *testing.T) {
 	if f.Kind == firmwareUnknown {
 		t.Errorf("firmware %s not recognised", f.Firmware)
 	}
+	// Debian 12's QEMU 7.2 boots microvm with qboot, option ROMs off.
+	info, err := d.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(info.Version, "7.2.") && (f.Kind != firmwareQboot || p.Options != qbootOptions) {
+		t.Errorf("QEMU %s: firmware %s, options %s; want qboot and %s", info.Version, f.Kind, p.Options, qbootOptions)
+	}
 }
 
 // assertSentence fails unless s is whole sentences: a capital first

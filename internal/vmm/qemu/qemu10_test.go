@@ -1,6 +1,8 @@
 package qemu
 
 import (
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,5 +46,13 @@ func TestConformanceQEMU10(t *testing.T) {
 	t.Logf("-machine %s -L %q: %s", p.Options, p.DataDirs, p.Why)
 	if p.Kind == firmwareSeaBIOS && (strings.Contains(p.Options, "x-option-roms=off") || !p.OptionROMs) {
 		t.Errorf("SeaBIOS with option ROMs off: %s", p.Options)
+	}
+	if !p.ROMOff {
+		t.Error("QEMU 10's memory-backend-file has no rom=: jailed restores take the sealed copy")
+	}
+	// Unpacked away from /usr, it reads its own data directories.
+	own := filepath.Join(filepath.Dir(d.bin), "../share/qemu")
+	if !strings.HasPrefix(d.bin, "/usr/") && exists(own) && !slices.Contains(p.DataDirs, own) {
+		t.Errorf("-L %q lacks %s", p.DataDirs, own)
 	}
 }
