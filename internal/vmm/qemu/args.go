@@ -218,8 +218,15 @@ func diskArgs(disks []vmm.Disk, fds [][]int) []string {
 			// fsyncs. The host keeps the data when QEMU is killed; whoever
 			// needs it on stable storage fsyncs the file.
 			",cache=unsafe,aio=threads"
+		// A writable disk's set holds two open file descriptions (read-only
+		// and read-write), and QEMU's image locks are per description: a
+		// restored QEMU 10, which takes its disks up inactive and reopens
+		// them read-write at resume, would find its own read-only
+		// description's lock in the way ("Failed to get shared "write"
+		// lock"). Each machine's writable disk is its own (isopod makes
+		// it), so QEMU's locks guard nothing there.
 		if !d.ReadOnly {
-			drive += ",discard=unmap"
+			drive += ",discard=unmap,file.locking=off"
 		}
 		a = append(a,
 			"-drive", drive,

@@ -65,7 +65,7 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-drive", "if=none,id=disk0,file=/dev/fdset/1,format=raw,readonly=on,cache=unsafe,aio=threads",
 		"-device", "virtio-blk-device,drive=disk0,serial=isopod-base",
 		"-add-fd", "fd=9,set=2", "-add-fd", "fd=10,set=2",
-		"-drive", "if=none,id=disk1,file=/dev/fdset/2,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap",
+		"-drive", "if=none,id=disk1,file=/dev/fdset/2,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap,file.locking=off",
 		"-device", "virtio-blk-device,drive=disk1,serial=isopod-scratch",
 		"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=11",
 		"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac=52:54:00:aa:bb:cc",
