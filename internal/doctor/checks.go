@@ -67,6 +67,23 @@ func checkQEMU(ctx context.Context, cfg Config, h Host) Check {
 		return c
 	}
 	c.OK, c.Why = true, fmt.Sprintf("QEMU %s at %s", v, path)
+	if h.QEMUMachine == nil {
+		return c
+	}
+	m, err := h.QEMUMachine(ctx, path)
+	if err != nil {
+		c.OK = false
+		c.Why = fmt.Sprintf("QEMU %s at %s cannot start isopod's machine: %v", v, path, err)
+		c.Fix = "install the QEMU's firmware (Debian, Ubuntu: qemu-system-data and seabios), or " + install
+		return c
+	}
+	c.Why += fmt.Sprintf(", started with -machine %s. %s", m.Options, m.Why)
+	c.Detail["machine_options"] = m.Options
+	c.Detail["firmware"] = m.Firmware
+	c.Detail["firmware_kind"] = m.FirmwareKind
+	if len(m.DataDirs) > 0 {
+		c.Detail["data_dirs"] = m.DataDirs
+	}
 	return c
 }
 
@@ -90,12 +107,23 @@ func firstLine(s string) string {
 
 // checkKVM says whether runs get KVM. Not required: without it they run
 // under TCG, much slower.
-func checkKVM(cfg Config, h Host) Check {
+func checkKVM(ctx context.Context, cfg Config, h Host) Check {
 	c := Check{Name: "kvm"}
 	if cfg.Accel == "tcg" {
 		c.Why = "ISOPOD_ACCEL=tcg forces TCG: " + tcgCost
 		c.Fix = "unset ISOPOD_ACCEL to use KVM where /dev/kvm works"
 		return c
+	}
+	if h.KVMObstacle != nil {
+		if why, fix := h.KVMObstacle(ctx); why != "" {
+			c.Why = fmt.Sprintf("KVM cannot be used (%s), so %s", why, tcgCost)
+			c.Fix = fix
+			c.Detail = map[string]any{"kvm_reason": why}
+			if cfg.Accel == "kvm" {
+				c.Why = "ISOPOD_ACCEL=kvm forces KVM, but KVM cannot be used (" + why + "): runs fail"
+			}
+			return c
+		}
 	}
 	var err error = errors.New("cannot be checked")
 	if h.OpenKVM != nil {

@@ -95,7 +95,7 @@ func Run(ctx context.Context, cfg Config, h Host) *Report {
 		cfg.MinFreeBytes = DefaultMinFreeBytes
 	}
 	r := &Report{Version: cfg.Version, Home: cfg.Home}
-	kvm := checkKVM(cfg, h)
+	kvm := checkKVM(ctx, cfg, h)
 	r.Accel = "tcg"
 	if kvm.OK {
 		r.Accel = "kvm"

@@ -22,9 +22,14 @@ func healthy() Host {
 		QEMUVersion: func(context.Context, string) (string, error) {
 			return "QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)\nCopyright (c) 2003-2022 Fabrice Bellard\n", nil
 		},
-		OpenKVM:  func() error { return nil },
-		KVMProbe: func() (KVMProbe, bool) { return KVMProbe{KVM: true, At: time.Unix(1e9, 0)}, true },
-		Jail:     func(context.Context, string) (JailInfo, error) { return JailInfo{UID: 998, GID: 998, Tried: true}, nil },
+		QEMUMachine: func(context.Context, string) (QEMUMachine, error) {
+			return QEMUMachine{Options: "microvm,acpi=on,x-option-roms=off", Firmware: "/usr/share/qemu/qboot.rom", FirmwareKind: "qboot",
+				Why: "The microvm firmware is qboot (/usr/share/qemu/qboot.rom), which loads the kernel itself, so option ROMs are off."}, nil
+		},
+		OpenKVM:     func() error { return nil },
+		KVMObstacle: func(context.Context) (string, string) { return "", "" },
+		KVMProbe:    func() (KVMProbe, bool) { return KVMProbe{KVM: true, At: time.Unix(1e9, 0)}, true },
+		Jail:        func(context.Context, string) (JailInfo, error) { return JailInfo{UID: 998, GID: 998, Tried: true}, nil },
 		Kernel: func() (image.BootKernel, error) {
 			return image.BootKernel{Path: "/h/kernels/6.1/vmlinuz", Info: image.KernelInfo{Package: "linux-image-cloud", Version: "6.1", Pinned: true}}, nil
 		},
@@ -78,6 +83,32 @@ func TestHealthy(t *testing.T) {
 	}
 }
 
+// TestQEMUMachine: the qemu check says which QEMU, which firmware, which
+// machine options and why.
+func TestQEMUMachine(t *testing.T) {
+	h := healthy()
+	h.QEMUVersion = func(context.Context, string) (string, error) {
+		return "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)\n", nil
+	}
+	h.QEMUMachine = func(_ context.Context, bin string) (QEMUMachine, error) {
+		if bin != "/usr/bin/qemu-system-x86_64" {
+			t.Errorf("asked %s", bin)
+		}
+		return QEMUMachine{Options: "microvm,acpi=on,pit=off", Firmware: "/usr/share/seabios/bios-microvm.bin", FirmwareKind: "SeaBIOS",
+			DataDirs: []string{"/opt/q/share/qemu"},
+			Why:      "The microvm firmware is SeaBIOS (/usr/share/seabios/bios-microvm.bin), which loads the kernel through an option ROM, so option ROMs stay on."}, nil
+	}
+	c := check(t, Run(t.Context(), Config{Home: "/h"}, h), "qemu")
+	for _, w := range []string{"QEMU 10.0.2 at /usr/bin/qemu-system-x86_64", "-machine microvm,acpi=on,pit=off", "SeaBIOS", "option ROMs stay on"} {
+		if !strings.Contains(c.Why, w) {
+			t.Errorf("why %q lacks %q", c.Why, w)
+		}
+	}
+	if !c.OK || c.Detail["firmware_kind"] != "SeaBIOS" || c.Detail["machine_options"] != "microvm,acpi=on,pit=off" || c.Detail["data_dirs"] == nil {
+		t.Errorf("check %+v", c)
+	}
+}
+
 func TestFailures(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
@@ -101,6 +132,16 @@ func TestFailures(t *testing.T) {
 		{name: "qemu with no version", host: func(h *Host) {
 			h.QEMUVersion = func(context.Context, string) (string, error) { return "something else\n", nil }
 		}, check: "qemu", required: true, why: []string{"no version", "something else"}},
+		{name: "a QEMU that cannot start isopod's machine", host: func(h *Host) {
+			h.QEMUMachine = func(context.Context, string) (QEMUMachine, error) {
+				return QEMUMachine{}, errors.New("finds no bios-microvm.bin, the microvm firmware")
+			}
+		}, check: "qemu", required: true, why: []string{"7.2.19", "cannot start isopod's machine", "bios-microvm.bin"}, fix: []string{"seabios"}},
+		{name: "kvm ruled out by the host's facts", host: func(h *Host) {
+			h.KVMObstacle = func(context.Context) (string, string) {
+				return "the CPU offers no hardware virtualization (/proc/cpuinfo lists neither vmx nor svm)", "use a host whose CPU offers VT-x or AMD-V"
+			}
+		}, check: "kvm", why: []string{"KVM cannot be used", "neither vmx nor svm", "TCG"}, fix: []string{"VT-x or AMD-V"}, accel: "tcg"},
 		{name: "no /dev/kvm", host: func(h *Host) {
 			h.OpenKVM = func() error { return &fs.PathError{Op: "open", Path: "/dev/kvm", Err: fs.ErrNotExist} }
 		}, check: "kvm", why: []string{"not usable", "TCG", "slower"}, fix: []string{"virtualization"}, accel: "tcg"},

@@ -120,6 +120,20 @@ func (j *Jailer) Warnings() []string { return append([]string(nil), j.warnings..
 func (j *Jailer) UID() int { return j.ids.uid }
 func (j *Jailer) GID() int { return j.ids.gid }
 
+// Groups are the host gids jailed VMMs keep as supplementary groups: the
+// kvm group when isopod runs as root, the user's own groups when the VMM
+// runs as the user, none for a subordinate id (unshare drops them).
+func (j *Jailer) Groups() []int {
+	switch {
+	case os.Geteuid() == 0:
+		return append([]int(nil), j.ids.groups...)
+	case j.ids.mode == mapHelper:
+		return nil
+	}
+	g, _ := os.Getgroups()
+	return g
+}
+
 // SetupError says why the jail cannot be set up on this host: the missing
 // piece and the fix. It is an errdefs.ErrFailedPrecondition.
 type SetupError struct {

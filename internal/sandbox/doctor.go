@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"path/filepath"
 	"time"
 
@@ -31,4 +32,22 @@ func (s *Service) LastKVMProbe() (p KVMProbe, ok bool) {
 		return KVMProbe{}, false
 	}
 	return KVMProbe{KVM: v.KVM, Reason: v.Reason, At: v.At}, true
+}
+
+// QEMUMachine is how runs start the microvm machine of a QEMU binary:
+// the machine options, the firmware and why (see qemu.ProbeMachine).
+type QEMUMachine = qemu.MachineInfo
+
+// ProbeQEMUMachine asks the QEMU binary bin which machine options and
+// firmware a run would start it with.
+func ProbeQEMUMachine(ctx context.Context, bin string) (QEMUMachine, error) {
+	return qemu.ProbeMachine(ctx, bin)
+}
+
+// KVMObstacle says why this state root's VMMs (in their jail, unless it
+// is off) cannot use KVM, and the fix; empty when nothing the host says
+// rules it out.
+func (s *Service) KVMObstacle(ctx context.Context) (why, fix string) {
+	s.driver(ctx) // sets s.jailer; a jail that cannot be had is the jail check's
+	return qemu.KVMObstacle(s.jailer)
 }

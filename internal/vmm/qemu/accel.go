@@ -19,28 +19,31 @@ import (
 type accelProbes struct {
 	// env returns the accelerator forced by the settings ($ISOPOD_ACCEL).
 	env func() string
-	// openKVM reports whether /dev/kvm opens read-write.
-	openKVM func() error
+	// facts reads what the host says of KVM: the CPU's flags, /dev/kvm
+	// and who may open it.
+	facts func() kvmFacts
 	// bootKVM reports whether QEMU can run a guest under KVM (see
-	// Driver.probeKVM). Called only when openKVM succeeded.
+	// Driver.probeKVM). Called only when the facts do not rule KVM out.
 	bootKVM func(ctx context.Context) error
 }
 
 // accelChoice is the outcome of selectAccel.
 type accelChoice struct {
-	Accel  vmm.Accel
-	Reason string // why, for the log
+	Accel vmm.Accel
+	// Reason says why, in whole sentences (logged as accel_reason).
+	Reason string
 }
 
 // selectAccel picks the accelerator: $ISOPOD_ACCEL forces one, then the
-// config's; auto means KVM when /dev/kvm opens and QEMU can boot with it,
-// else TCG. A forced KVM that /dev/kvm cannot serve is an error.
+// config's; auto means KVM when nothing the host says rules it out and a
+// probe guest boots with it, else TCG. A forced KVM that /dev/kvm cannot
+// serve is an error.
 func selectAccel(ctx context.Context, want vmm.Accel, p accelProbes) (accelChoice, error) {
-	source := "config"
+	source := "the configuration"
 	if env := strings.TrimSpace(p.env()); env != "" {
 		switch vmm.Accel(env) {
 		case vmm.AccelKVM, vmm.AccelTCG:
-			want, source = vmm.Accel(env), "$"+knobs.Accel
+			want, source = vmm.Accel(env), knobs.Accel+"="+env
 		default:
 			return accelChoice{}, fmt.Errorf("qemu: %s=%q: use kvm or tcg, or unset it for auto: %w",
 				knobs.Accel, env, errdefs.ErrInvalidArgument)
@@ -48,27 +51,51 @@ func selectAccel(ctx context.Context, want vmm.Accel, p accelProbes) (accelChoic
 	}
 	switch want {
 	case vmm.AccelTCG:
-		return accelChoice{vmm.AccelTCG, "forced by " + source}, nil
+		return accelChoice{vmm.AccelTCG, sentence(source + " forces TCG")}, nil
 	case vmm.AccelKVM:
-		if err := p.openKVM(); err != nil {
-			return accelChoice{}, fmt.Errorf("qemu: kvm forced by %s but /dev/kvm is unusable (%v); use tcg or fix /dev/kvm access: %w",
-				source, err, errdefs.ErrNotSupported)
+		f := p.facts()
+		if why := f.obstacle(); why != "" {
+			return accelChoice{}, fmt.Errorf("qemu: %s forces kvm, but KVM cannot be used: %s; use tcg or fix that: %w",
+				source, why, errdefs.ErrNotSupported)
 		}
-		return accelChoice{vmm.AccelKVM, "forced by " + source}, nil
+		return accelChoice{vmm.AccelKVM, sentence(source + " forces KVM")}, nil
 	case vmm.AccelAuto:
 	default:
 		return accelChoice{}, fmt.Errorf("qemu: unknown accel %q (want kvm, tcg or empty): %w", want, errdefs.ErrInvalidArgument)
 	}
-	if err := p.openKVM(); err != nil {
-		return accelChoice{vmm.AccelTCG, fmt.Sprintf("/dev/kvm unusable: %v", err)}, nil
+	f := p.facts()
+	if why := f.obstacle(); why != "" {
+		return accelChoice{vmm.AccelTCG, sentence("KVM cannot be used, so guests run under TCG: " + why)}, nil
 	}
 	if err := p.bootKVM(ctx); err != nil {
 		if ctx.Err() != nil {
 			return accelChoice{}, fmt.Errorf("qemu: probing kvm: %w: %w", errdefs.ErrUnavailable, ctx.Err())
 		}
-		return accelChoice{vmm.AccelTCG, fmt.Sprintf("qemu cannot run a guest with kvm: %v", err)}, nil
+		why := fmt.Sprintf("QEMU could not run a probe guest under KVM (%v), so guests run under TCG", err)
+		if cpu := f.cpuNote(); cpu != "" {
+			why += "; " + cpu
+		}
+		return accelChoice{vmm.AccelTCG, sentence(why)}, nil
 	}
-	return accelChoice{vmm.AccelKVM, "kvm probe booted"}, nil
+	return accelChoice{vmm.AccelKVM, "KVM works: a probe guest booted under it."}, nil
+}
+
+// snapshotReason says why a restore runs under the snapshot's accelerator.
+func snapshotReason(a vmm.Accel) string {
+	return fmt.Sprintf("Resumed from a snapshot made under %s: a snapshot resumes only under the accelerator it was made with.", strings.ToUpper(string(a)))
+}
+
+// sentence makes s one: a capital first letter and a full stop.
+func sentence(s string) string {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return s
+	}
+	s = strings.ToUpper(s[:1]) + s[1:]
+	if !strings.HasSuffix(s, ".") {
+		s += "."
+	}
+	return s
 }
 
 // openDevKVM opens /dev/kvm read-write and closes it.

@@ -15,8 +15,8 @@ import (
 )
 
 func TestSelectAccel(t *testing.T) {
-	ok := func() error { return nil }
-	fail := func() error { return errors.New("permission denied") }
+	ok := func() kvmFacts { return kvmFacts{CPUFlag: "vmx", Dev: kvmNode(0o660, "kvm", 993)} }
+	fail := func() kvmFacts { return kvmFacts{} }
 	boots := func(context.Context) error { return nil }
 	hangs := func(context.Context) error { return errors.New("no kernel banner") }
 	mustNotBoot := func(context.Context) error {
@@ -27,7 +27,7 @@ func TestSelectAccel(t *testing.T) {
 		name    string
 		want    vmm.Accel
 		env     string
-		open    func() error
+		open    func() kvmFacts
 		boot    func(context.Context) error
 		got     vmm.Accel
 		wantErr error
@@ -48,7 +48,7 @@ func TestSelectAccel(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := selectAccel(context.Background(), tt.want, accelProbes{
 				env:     func() string { return tt.env },
-				openKVM: tt.open,
+				facts:   tt.open,
 				bootKVM: tt.boot,
 			})
 			if tt.wantErr != nil {
@@ -60,9 +60,7 @@ func TestSelectAccel(t *testing.T) {
 			if err != nil || c.Accel != tt.got {
 				t.Fatalf("got %+v, %v; want %s", c, err, tt.got)
 			}
-			if c.Reason == "" {
-				t.Error("no reason given")
-			}
+			assertSentence(t, c.Reason)
 		})
 	}
 }
@@ -72,7 +70,7 @@ func TestSelectAccelCancelledProbe(t *testing.T) {
 	cancel()
 	_, err := selectAccel(ctx, vmm.AccelAuto, accelProbes{
 		env:     func() string { return "" },
-		openKVM: func() error { return nil },
+		facts:   func() kvmFacts { return kvmFacts{CPUFlag: "vmx", Dev: kvmNode(0o666, "kvm", 993)} },
 		bootKVM: func(ctx context.Context) error { return ctx.Err() },
 	})
 	if !errors.Is(err, errdefs.ErrUnavailable) {

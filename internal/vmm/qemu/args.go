@@ -20,18 +20,14 @@ const (
 // AgentPortName is the virtio-serial port name the guest agent looks for.
 const AgentPortName = agentproto.PortName
 
-// machineOptions is the microvm configuration. ACPI on: the kernel finds the
-// virtio-mmio devices through ACPI (it is built without command-line
-// virtio-mmio devices). No option ROMs. PIT and PIC off: the guest uses the
-// local APIC and IOAPIC, and under TCG the TSC frequency is given on the
-// command line, so no PIT calibration is needed. RTC on: without it the
-// kernel spends about two seconds probing for a clock.
-const machineOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off"
-
 // launch is what buildArgs needs beyond the vmm.Config.
 type launch struct {
-	accel  vmm.Accel
-	tscKHz uint64 // host TSC kHz, used under TCG; 0: unknown
+	// machine is the -machine value and dataDirs the -L directories (see
+	// machinePlan).
+	machine  string
+	dataDirs []string
+	accel    vmm.Accel
+	tscKHz   uint64 // host TSC kHz, used under TCG; 0: unknown
 	// memPath is the file guest RAM is mapped from: the host's memfd,
 	// shared, so that Snapshot can copy it; or for a restore (restored
 	// set), a snapshot's RAM, mapped privately so that many machines
@@ -143,9 +139,11 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	a := []string{
 		"-name", "isopod-" + cfg.ID,
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-		"-machine", machineOptions,
-		"-accel", string(l.accel),
 	}
+	for _, d := range l.dataDirs {
+		a = append(a, "-L", d)
+	}
+	a = append(a, "-machine", l.machine, "-accel", string(l.accel))
 	if l.accel == vmm.AccelKVM {
 		a = append(a, "-cpu", "host")
 	} else {
@@ -220,8 +218,15 @@ func diskArgs(disks []vmm.Disk, fds [][]int) []string {
 			// fsyncs. The host keeps the data when QEMU is killed; whoever
 			// needs it on stable storage fsyncs the file.
 			",cache=unsafe,aio=threads"
+		// A writable disk's set holds two open file descriptions (read-only
+		// and read-write), and QEMU's image locks are per description: a
+		// restored QEMU 10, which takes its disks up inactive and reopens
+		// them read-write at resume, would find its own read-only
+		// description's lock in the way ("Failed to get shared "write"
+		// lock"). Each machine's writable disk is its own (isopod makes
+		// it), so QEMU's locks guard nothing there.
 		if !d.ReadOnly {
-			drive += ",discard=unmap"
+			drive += ",discard=unmap,file.locking=off"
 		}
 		a = append(a,
 			"-drive", drive,

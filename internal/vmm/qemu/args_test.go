@@ -10,6 +10,9 @@ import (
 	"isopod/internal/vmm"
 )
 
+// qbootOptions are the machine options under qboot (Debian 12's QEMU 7.2).
+const qbootOptions = "microvm,acpi=on,x-option-roms=off,pit=off,pic=off,rtc=on,isa-serial=on,auto-kernel-cmdline=off"
+
 func baseConfig() vmm.Config {
 	return vmm.Config{
 		ID:      "abc123",
@@ -30,7 +33,8 @@ func TestBuildArgsGolden(t *testing.T) {
 	}
 	cfg.Net = &vmm.Net{Socket: "/vm/net.sock", MAC: "52:54:00:aa:bb:cc"}
 	got := buildArgs(&cfg, launch{
-		accel: vmm.AccelTCG, tscKHz: 2100000, memPath: "/proc/self/fd/5",
+		machine: qbootOptions,
+		accel:   vmm.AccelTCG, tscKHz: 2100000, memPath: "/proc/self/fd/5",
 		kernelPath: "/proc/self/fd/6", initrdPath: "/proc/self/fd/7",
 		diskFDs: [][]int{{8}, {9, 10}}, netFD: 11, sandbox: true,
 	})
@@ -61,7 +65,7 @@ func TestBuildArgsGolden(t *testing.T) {
 		"-drive", "if=none,id=disk0,file=/dev/fdset/1,format=raw,readonly=on,cache=unsafe,aio=threads",
 		"-device", "virtio-blk-device,drive=disk0,serial=isopod-base",
 		"-add-fd", "fd=9,set=2", "-add-fd", "fd=10,set=2",
-		"-drive", "if=none,id=disk1,file=/dev/fdset/2,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap",
+		"-drive", "if=none,id=disk1,file=/dev/fdset/2,format=raw,readonly=off,cache=unsafe,aio=threads,discard=unmap,file.locking=off",
 		"-device", "virtio-blk-device,drive=disk1,serial=isopod-scratch",
 		"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=11",
 		"-device", "virtio-net-device,netdev=net0,guest_announce=off,mac=52:54:00:aa:bb:cc",
@@ -91,6 +95,17 @@ func TestBuildArgsVariants(t *testing.T) {
 			l:       launch{accel: vmm.AccelTCG},
 			has:     [][]string{{"-accel", "tcg"}, {"-cpu", "max,erms=off,fsrm=off"}},
 			cmdline: "console=ttyS0 quiet isopod.hostname=box",
+		},
+		{
+			name: "the machine plan's options and data directories",
+			l: launch{accel: vmm.AccelTCG, machine: "microvm,acpi=on,pit=off",
+				dataDirs: []string{"/opt/q/usr/share/qemu", "/opt/q/usr/share/seabios"}},
+			has: [][]string{{"-L", "/opt/q/usr/share/qemu"}, {"-L", "/opt/q/usr/share/seabios"}, {"-machine", "microvm,acpi=on,pit=off"}},
+		},
+		{
+			name:   "no data directories unless the plan has them",
+			l:      launch{accel: vmm.AccelTCG, machine: qbootOptions},
+			hasNot: []string{"-L"},
 		},
 		{
 			name:   "unjailed machines have no seccomp filter of QEMU's",

@@ -8,9 +8,15 @@
 // can connect to them but isopod. The console is QEMU's stdout, copied into
 // the caller's writer.
 //
-// Acceleration: KVM when /dev/kvm opens read-write and a one-time probe
-// shows QEMU can boot the kernel with it; otherwise TCG, with the host TSC
-// frequency on the kernel command line. $ISOPOD_ACCEL=kvm|tcg forces one.
+// Acceleration: KVM when nothing the host says rules it out (the CPU's
+// vmx or svm flag, /dev/kvm and whether its mode lets the VMM's ids open
+// it) and a one-time probe shows QEMU can boot the kernel with it;
+// otherwise TCG, with the host TSC frequency on the kernel command line,
+// and the reason logged in sentences. $ISOPOD_ACCEL=kvm|tcg forces one.
+//
+// The microvm options follow the firmware the binary loads (see
+// machine.go): Debian 12's QEMU 7.2 boots microvm with qboot, Debian 13's
+// 10.0 with SeaBIOS, which needs option ROMs.
 package qemu
 
 import (
@@ -23,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,8 +96,13 @@ type Driver struct {
 	probeMu sync.Mutex
 	probed  map[string]error // kernel key -> KVM probe outcome
 
-	// probes is swapped in tests.
-	openKVM func() error
+	machineMu sync.Mutex
+	plan      *machinePlan // once probed
+
+	// probes are swapped in tests.
+	openKVM      func() error
+	kvmFacts     func() kvmFacts
+	machineProbe func(ctx context.Context, bin string) (machineFacts, error)
 }
 
 var _ vmm.Driver = (*Driver)(nil)
@@ -137,6 +147,8 @@ func New(cfg Config) (*Driver, error) {
 		probeTimeout: timeout,
 		probed:       make(map[string]error),
 		openKVM:      openDevKVM,
+		kvmFacts:     func() kvmFacts { return readKVMFacts(cfg.Jail) },
+		machineProbe: probeMachine,
 	}, nil
 }
 
@@ -157,30 +169,6 @@ func (d *Driver) Info(ctx context.Context) (vmm.Info, error) {
 	}
 	d.info = &vmm.Info{Name: "qemu", Version: v, Path: d.bin}
 	return *d.info, nil
-}
-
-// mapsReadOnlyRAM reports whether the QEMU maps a file it opened
-// read-only as writable private RAM (memory-backend-file's rom=off, QEMU
-// 8.2 and later).
-func (d *Driver) mapsReadOnlyRAM(ctx context.Context) bool {
-	info, err := d.Info(ctx)
-	return err == nil && versionAtLeast(info.Version, 8, 2)
-}
-
-// versionAtLeast reports whether the version v (X.Y[.Z...]) is at least
-// major.minor.
-func versionAtLeast(v string, major, minor int) bool {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return false
-	}
-	ma, err1 := strconv.Atoi(parts[0])
-	digits := strings.IndexFunc(parts[1]+"x", func(r rune) bool { return r < '0' || r > '9' })
-	mi, err2 := strconv.Atoi(parts[1][:digits])
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return ma > major || ma == major && mi >= minor
 }
 
 // parseVersion finds "version X.Y.Z" in `qemu -version` output.
@@ -220,6 +208,11 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		log = d.log
 	}
 	log = log.With("vm", cfg.ID)
+	plan, err := d.machine(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.machine, l.dataDirs = plan.Options, plan.DataDirs
 	choice, err := d.chooseAccel(ctx, cfg, l.accel)
 	if err != nil {
 		return nil, err
@@ -230,7 +223,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 		l.tscKHz = hostTSCKHz()
 	}
 	if l.snapshotRAM != "" && d.jail != nil {
-		l.romOff = d.mapsReadOnlyRAM(ctx)
+		l.romOff = plan.ROMOff
 	}
 	mf, err := d.openFiles(cfg, &l, l.snapshotRAM)
 	if err != nil {
@@ -251,15 +244,15 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 func (d *Driver) chooseAccel(ctx context.Context, cfg *vmm.Config, snapshot vmm.Accel) (accelChoice, error) {
 	if snapshot != "" {
 		if snapshot == vmm.AccelKVM {
-			if err := d.openKVM(); err != nil {
-				return accelChoice{}, fmt.Errorf("qemu: snapshot needs kvm but /dev/kvm is unusable (%v): %w", err, errdefs.ErrFailedPrecondition)
+			if why := d.kvmFacts().obstacle(); why != "" {
+				return accelChoice{}, fmt.Errorf("qemu: the snapshot was made under kvm, which cannot be used: %s: %w", why, errdefs.ErrFailedPrecondition)
 			}
 		}
-		return accelChoice{snapshot, "the snapshot's"}, nil
+		return accelChoice{snapshot, snapshotReason(snapshot)}, nil
 	}
 	return selectAccel(ctx, cfg.Accel, accelProbes{
 		env:     func() string { return string(d.accel) },
-		openKVM: d.openKVM,
+		facts:   d.kvmFacts,
 		bootKVM: func(ctx context.Context) error { return d.kvmBoots(ctx, cfg.Kernel) },
 	})
 }

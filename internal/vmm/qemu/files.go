@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -368,28 +369,49 @@ func dupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-// jailFiles are the host paths a jailed QEMU reads by name: its shared
-// libraries, and its modules and firmware (found next to the binary, as
-// QEMU looks for them).
+// jailFiles are the host paths a jailed QEMU reads by name besides its
+// firmware (see jailPaths): its shared libraries and its modules (found
+// next to the binary, as QEMU looks for them).
 func jailFiles(bin string) ([]string, error) {
 	files, err := jail.Libraries(bin)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	dir := filepath.Dir(bin)
-	for _, p := range []string{filepath.Join(dir, "../lib/x86_64-linux-gnu/qemu"), filepath.Join(dir, "../share/qemu"), "/usr/share/seabios"} {
-		if _, err := os.Stat(p); err == nil {
-			files = append(files, filepath.Clean(p))
-		}
+	if p := filepath.Join(filepath.Dir(bin), "../lib/x86_64-linux-gnu/qemu"); exists(p) {
+		files = append(files, filepath.Clean(p))
 	}
 	return files, nil
 }
 
-// jailSpec is the confinement of one machine.
+// exists reports whether path names something.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// jailPaths are jailFiles and every data directory the machine plan's
+// QEMU reads firmware from (its search path, -L directories first).
+func jailPaths(files []string, plan *machinePlan) []string {
+	out := slices.Clone(files)
+	if plan == nil {
+		return out
+	}
+	for _, d := range plan.SearchPath {
+		if exists(d) {
+			out = append(out, filepath.Clean(d))
+		}
+	}
+	return out
+}
+
+// jailSpec is the confinement of one machine; d.machine has run.
 func (d *Driver) jailSpec(cfg *vmm.Config, accel vmm.Accel, stdout io.Writer) jail.Spec {
+	d.machineMu.Lock()
+	plan := d.plan
+	d.machineMu.Unlock()
 	s := jail.Spec{
 		Name:     d.jail.CgroupName(cfg.ID),
-		ReadOnly: d.jailFiles,
+		ReadOnly: jailPaths(d.jailFiles, plan),
 		Stdout:   stdout,
 		Limits: jail.Limits{
 			MemoryBytes: int64(cfg.MemMiB)<<20 + vmmOverhead(accel),

@@ -179,18 +179,3 @@ func TestJailedRAM(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-func TestVersionAtLeast(t *testing.T) {
-	tests := []struct {
-		v    string
-		want bool
-	}{
-		{"7.2.22", false}, {"8.1.5", false}, {"8.2.0", true}, {"8.2", true},
-		{"9.0.0", true}, {"10.0.2", true}, {"8.2rc1", true}, {"8", false}, {"x.y", false},
-	}
-	for _, tt := range tests {
-		if got := versionAtLeast(tt.v, 8, 2); got != tt.want {
-			t.Errorf("versionAtLeast(%q, 8, 2) = %v; want %v", tt.v, got, tt.want)
-		}
-	}
-}

@@ -84,3 +84,30 @@ func TestJailedMachine(t *testing.T) {
 		t.Logf("qmp: %v", qerr)
 	}
 }
+
+// TestAccelReasonHere: on this host, the reason a jailed machine gets its
+// accelerator is whole sentences, and where the CPU offers no hardware
+// virtualization it says so rather than blaming a group.
+func TestAccelReasonHere(t *testing.T) {
+	d := newJailedDriver(t)
+	g := vmmtest.BuildGuest(t)
+	cfg := vmmtest.Config(t, g)
+	c, err := d.chooseAccel(context.Background(), &cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %s", c.Accel, c.Reason)
+	if c.Reason == "" || c.Reason[0] < 'A' || c.Reason[0] > 'Z' || !strings.HasSuffix(c.Reason, ".") {
+		t.Errorf("reason %q is not a whole sentence", c.Reason)
+	}
+	cpuinfo, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(cpuinfo), " vmx") || strings.Contains(string(cpuinfo), " svm") {
+		return
+	}
+	if c.Accel != vmm.AccelTCG || !strings.Contains(c.Reason, "neither vmx nor svm") || strings.Contains(c.Reason, "the kvm group)") {
+		t.Errorf("on a CPU without virtualization: %s, %q", c.Accel, c.Reason)
+	}
+}

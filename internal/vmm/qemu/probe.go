@@ -124,6 +124,10 @@ func (d *Driver) writeProbeCache(rec probeRecord) {
 func (d *Driver) probeKVM(ctx context.Context, kernel string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.probeTimeout)
 	defer cancel()
+	plan, err := d.machine(ctx)
+	if err != nil {
+		return err
+	}
 	k, err := d.bootFile(kernel)
 	if err != nil {
 		return err
@@ -132,13 +136,18 @@ func (d *Driver) probeKVM(ctx context.Context, kernel string) error {
 	args := []string{
 		"-name", "isopod-kvmprobe",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-		"-machine", machineOptions,
+	}
+	for _, dir := range plan.DataDirs {
+		args = append(args, "-L", dir)
+	}
+	args = append(args,
+		"-machine", plan.Options,
 		"-accel", "kvm", "-cpu", "host", "-smp", "1", "-m", "128M",
-		"-kernel", fdPath(fdQMP - 1), // the kernel is the first inherited file
+		"-kernel", fdPath(fdQMP-1), // the kernel is the first inherited file
 		"-append", "console=ttyS0 earlyprintk=serial,ttyS0 loglevel=7 panic=-1",
 		"-chardev", "stdio,id=con0,signal=off",
 		"-serial", "chardev:con0",
-	}
+	)
 	w := &markerWriter{marker: []byte(probeMarker), seen: make(chan struct{})}
 	ps := procSpec{bin: d.bin, args: args, extra: []*os.File{k}, stdout: w}
 	if d.jail != nil {

@@ -237,7 +237,19 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 	if err != nil || id.VMM == "" || (id.Accel != vmm.AccelKVM && id.Accel != vmm.AccelTCG) {
 		t.Fatalf("SnapshotIdentity = %+v, %v; want a VMM and kvm or tcg", id, err)
 	}
-	b := Boot(t, drv, Config(t, g))
+	// The machine has a read-only and a writable disk, as a run's has: a
+	// restore must take both up again (a QEMU that restores writable
+	// disks inactive reopens them read-write at resume).
+	disks := []vmm.Disk{
+		{Path: makeDisk(t, t.TempDir(), "base.img", "base"), ReadOnly: true, Serial: "isopod-base"},
+		{Path: makeDisk(t, t.TempDir(), "scratch.img", ""), Serial: "isopod-scratch"},
+	}
+	config := func() vmm.Config {
+		cfg := Config(t, g)
+		cfg.Disks = disks
+		return cfg
+	}
+	b := Boot(t, drv, config())
 	snapper, ok := b.M.(vmm.Snapshotter)
 	if !ok {
 		t.Fatalf("%T is not a vmm.Snapshotter, but its driver restores", b.M)
@@ -249,7 +261,7 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 	b.M.Kill()
 	b.M.Wait()
 
-	s := Restore(t, r, Config(t, g), dir)
+	s := Restore(t, r, config(), dir)
 	wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	if h, err := s.Client.WaitHello(wctx); err == nil {
 		t.Errorf("the restored guest sent a Hello of its own: %+v", h)
@@ -261,9 +273,9 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 		t.Errorf("Wait after the restored guest's power-off: %v", errs[0])
 	}
 
-	testPausedRestore(t, ctx, r, g, dir)
+	testPausedRestore(t, ctx, r, config, dir)
 
-	bad := Config(t, g)
+	bad := config()
 	bad.MemMiB *= 2
 	if m, err := r.Restore(ctx, bad, dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		if err == nil {
@@ -285,8 +297,8 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 
 // testPausedRestore: a machine restored paused answers nothing until it is
 // resumed, then serves as any restored one; a cold start cannot be paused.
-func testPausedRestore(t *testing.T, ctx context.Context, r vmm.Restorer, g Guest, dir string) {
-	cfg := Config(t, g)
+func testPausedRestore(t *testing.T, ctx context.Context, r vmm.Restorer, config func() vmm.Config, dir string) {
+	cfg := config()
 	cfg.Paused = true
 	s := start(t, cfg, func(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) { return r.Restore(ctx, cfg, dir) })
 	res, ok := s.M.(vmm.Resumer)
@@ -310,7 +322,7 @@ func testPausedRestore(t *testing.T, ctx context.Context, r vmm.Restorer, g Gues
 	s.M.Kill()
 	s.M.Wait()
 
-	cold := Config(t, g)
+	cold := config()
 	cold.Paused = true
 	if drv, ok := r.(vmm.Driver); ok {
 		if m, err := drv.Start(ctx, cold); !errors.Is(err, errdefs.ErrInvalidArgument) {
