@@ -171,23 +171,21 @@ func (r Request) WithDefaults() Request {
 
 // The networks a run can have (see Request.NetworkMode).
 const (
-	NetworkNone     = "none"
-	NetworkNAT      = "nat"
-	NetworkFiltered = "filtered"
+	NetworkNone     = string(egress.ModeOff)
+	NetworkNAT      = string(egress.ModeNAT)
+	NetworkFiltered = string(egress.ModeFiltered)
 )
 
-// NetworkMode says which network r asks for: NetworkNone with NoNetwork;
-// NetworkFiltered with DenyEgress or either allow list given, even empty;
-// otherwise NetworkNAT.
-func (r Request) NetworkMode() string {
-	switch {
-	case r.NoNetwork:
-		return NetworkNone
-	case r.DenyEgress || r.AllowHosts != nil || r.AllowCIDRs != nil:
-		return NetworkFiltered
-	}
-	return NetworkNAT
+// netSwitches are r's network switches, unparsed.
+func (r Request) netSwitches() egress.Switches {
+	return egress.Switches{NoNetwork: r.NoNetwork, AllowLAN: r.AllowLANEgress,
+		AllowHosts: r.AllowHosts, AllowCIDRs: r.AllowCIDRs, DenyAll: r.DenyEgress}
 }
+
+// NetworkMode says which network r asks for (see egress.Switches.Mode):
+// NetworkNone with NoNetwork; NetworkFiltered with DenyEgress or either
+// allow list given, even empty; otherwise NetworkNAT.
+func (r Request) NetworkMode() string { return string(r.netSwitches().Mode()) }
 
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
@@ -196,17 +194,19 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		return req, invalid("no command: give the program and its arguments after --")
 	}
 	req = req.WithDefaults()
-	for _, check := range []func(Request) error{
-		func(r Request) error { return checkSizes(r, h) }, checkIO, checkEgress,
-	} {
-		if err := check(req); err != nil {
-			return req, err
-		}
+	if err := checkSizes(req, h); err != nil {
+		return req, err
 	}
-	if !req.NoNetwork && req.NetworkMode() == NetworkFiltered && len(req.AllowHosts) == 0 && len(req.AllowCIDRs) == 0 {
-		// Filtered egress without a rule allows nothing: say so plainly.
-		req.DenyEgress = true
+	if err := checkIO(req); err != nil {
+		return req, err
 	}
+	rules, err := egress.ParseRules(req.netSwitches())
+	if err != nil {
+		return req, err
+	}
+	// The parsed rules are what the run uses; DenyEgress says plainly that
+	// filtered egress without a rule allows nothing.
+	req.rules, req.DenyEgress = rules, rules.DenyAll()
 	if req.CommitAs != "" {
 		if err := validLabel(req.CommitAs); err != nil {
 			return req, err
@@ -261,28 +261,6 @@ func checkIO(req Request) error {
 		}
 		if c.Host == "" {
 			return argError("copy_out", c.Guest, "the host path is empty")
-		}
-	}
-	return nil
-}
-
-// checkEgress checks the network switches against each other and the
-// filtered-egress rules.
-func checkEgress(req Request) error {
-	if req.NoNetwork && (req.DenyEgress || req.AllowHosts != nil || req.AllowCIDRs != nil || req.AllowLANEgress) {
-		return invalid("--no-network cannot be combined with --allow-host, --allow-cidr, --deny-egress or --allow-lan-egress: a run has no NIC or a filtered one, pick one")
-	}
-	if req.DenyEgress && (len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0) {
-		return invalid("--deny-egress cannot be combined with --allow-host or --allow-cidr: deny-egress allows nothing")
-	}
-	for _, c := range req.AllowCIDRs {
-		if _, err := egress.ParseCIDR(c); err != nil {
-			return err // names the flag and the value
-		}
-	}
-	for _, h := range req.AllowHosts {
-		if _, err := egress.ParsePattern(h); err != nil {
-			return err // names the flag and the value
 		}
 	}
 	return nil

@@ -212,8 +212,8 @@ func TestNormalizeEgress(t *testing.T) {
 			if got.NetworkMode() != tt.mode || got.DenyEgress != tt.denyAll {
 				t.Errorf("mode %s deny-all %v; want %s %v", got.NetworkMode(), got.DenyEgress, tt.mode, tt.denyAll)
 			}
-			if filteredRequest(got) != (tt.mode == NetworkFiltered) {
-				t.Errorf("filteredRequest = %v for mode %s", filteredRequest(got), tt.mode)
+			if m := got.rules.Mode(); string(m) != tt.mode || got.rules.DenyAll() != tt.denyAll {
+				t.Errorf("parsed rules: mode %s deny-all %v; want %s %v", m, got.rules.DenyAll(), tt.mode, tt.denyAll)
 			}
 		})
 	}

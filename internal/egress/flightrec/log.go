@@ -35,8 +35,9 @@ type Config struct {
 	// Start is the run's start; event timestamps are relative to it. Zero
 	// means when the Log is opened.
 	Start time.Time
-	// Rules are the report's allowed_rules (ModeFiltered).
-	Rules []string
+	// Rules are the run's parsed policy (ModeFiltered); the report's
+	// allowed_rules are theirs.
+	Rules egress.Rules
 	// MaxEvents caps the lines written; later events are only counted.
 	// 0 means DefaultMaxEvents.
 	MaxEvents int
@@ -127,7 +128,7 @@ func Open(cfg Config) (*Log, error) {
 	}
 	l := &Log{cfg: cfg, out: out}
 	if cfg.Mode == ModeFiltered {
-		l.rep = newReportBuilder(cfg.Rules, cfg.Path)
+		l.rep = newReportBuilder(cfg.Rules.Strings(), cfg.Path)
 	}
 	return l, nil
 }

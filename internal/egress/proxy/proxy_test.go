@@ -26,8 +26,13 @@ import (
 
 // testFilter builds a Filter whose names resolve to documentation
 // addresses.
-func testFilter(t *testing.T, cfg egress.FilterConfig) *egress.Filter {
+func testFilter(t *testing.T, sw egress.Switches) *egress.Filter {
 	t.Helper()
+	rules, err := egress.ParseRules(sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := egress.FilterConfig{Rules: rules}
 	table := map[string][]netip.Addr{
 		"allowed.example": {netip.MustParseAddr("203.0.113.10")},
 		"other.example":   {netip.MustParseAddr("203.0.113.10")},
@@ -96,7 +101,7 @@ func newFixture(t *testing.T) *fixture {
 		"203.0.113.10:443":  tlsSrv.Listener.Addr().String(),
 		"198.51.100.10:80":  web.Listener.Addr().String(),
 	}
-	f := testFilter(t, egress.FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
+	f := testFilter(t, egress.Switches{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
 	var d net.Dialer
 	p, err := New(Config{Filter: f, Recorder: fx.rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		to, ok := routes[addr]
