@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,6 +306,19 @@ func TestReadSOCKSRequest(t *testing.T) {
 		got, err := ReadSOCKSRequest(bufio.NewReader(bytes.NewReader(tt.in)), &out)
 		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
 			t.Errorf("% x: %+v, %v; want %+v ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+// TestConfigTakesParsedFilter: the proxies judge by the run's Filter, built
+// over parsed rules; no Config field carries rules as text to parse again.
+func TestConfigTakesParsedFilter(t *testing.T) {
+	var _ *egress.Filter = Config{}.Filter // compile-time: the parsed policy itself
+	ct := reflect.TypeFor[Config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		if f.Type.Kind() == reflect.String || (f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.String) {
+			t.Errorf("Config.%s is %s: the proxies take the parsed filter, not text", f.Name, f.Type)
 		}
 	}
 }
