@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
+	"isopod/internal/store"
 )
 
 // hostLimits are the host facts request validation depends on.
@@ -266,24 +268,14 @@ func checkIO(req Request) error {
 	return nil
 }
 
-// validLabel checks a --commit-as label before the run, so a bad label never
-// costs a VM.
+// validLabel checks a --commit-as label by the store's one rule for new
+// labels, before the run, so a bad label never costs a VM.
 func validLabel(l string) error {
-	q := strconv.Quote(l)
-	switch {
-	case l == BaseStage:
-		return argError("commit_as", q, "%q is the reserved empty stage", BaseStage)
-	case len(l) > 128:
-		return argError("commit_as", nil, "label longer than 128 bytes")
-	case strings.HasPrefix(l, "-"):
-		return argError("commit_as", q, "a label cannot start with '-'")
-	case strings.HasPrefix(l, "st-"):
-		return argError("commit_as", q, "labels starting with st- would shadow stage ids")
-	}
-	for _, r := range l {
-		if r < 0x21 || r == 0x7f {
-			return argError("commit_as", q, "labels are printable, without spaces")
-		}
+	var le *store.LabelError
+	if err := store.ValidateLabel(l); errors.As(err, &le) {
+		return argError("commit_as", strconv.Quote(l), "%s", le.Reason)
+	} else if err != nil {
+		return fmt.Errorf("--commit-as: %w", err)
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func TestNormalize(t *testing.T) {
 		{"bad host", ok(Request{AllowHosts: []string{"*.*.example.com"}}), "--allow-host"},
 		{"label base", ok(Request{CommitAs: "base"}), "reserved"},
 		{"label dash", ok(Request{CommitAs: "-x"}), "'-'"},
-		{"label space", ok(Request{CommitAs: "a b"}), "printable"},
+		{"label space", ok(Request{CommitAs: "a b"}), "contains a space"},
 		{"label ok", ok(Request{CommitAs: "proj/deps"}), ""},
 	}
 	for _, tt := range tests {
@@ -128,7 +128,7 @@ func TestArgErrorsNameTheField(t *testing.T) {
 		{Request{ScratchMiB: 1}, "scratch_mib", "1", "--scratch-mib 1: must be between 128 and 65536"},
 		{Request{TimeoutS: -1}, "timeout_s", "-1", "--timeout-s -1: must be between 1 and 3600 seconds"},
 		{Request{Cwd: "tmp"}, "cwd", `"tmp"`, `--cwd "tmp": must be an absolute guest path`},
-		{Request{CommitAs: "st-x"}, "commit_as", `"st-x"`, `--commit-as "st-x": labels starting with st-`},
+		{Request{CommitAs: "st-x"}, "commit_as", `"st-x"`, `--commit-as "st-x": starts with st- and would shadow stage ids`},
 		{Request{Env: []string{"=x"}}, "env", "", "--env: "},
 	} {
 		tt.req.Argv = []string{"true"}
