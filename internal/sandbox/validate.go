@@ -248,8 +248,13 @@ func checkIO(req Request) error {
 			return argError("env", nil, "%v", err)
 		}
 	}
-	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
-		return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
+	if req.Cwd != "" {
+		if !strings.HasPrefix(req.Cwd, "/") {
+			return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
+		}
+		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
+			return err
+		}
 	}
 	if req.Stdin != nil && req.StdinFile != "" {
 		return invalid("stdin: give either a stdin file or stdin data, not both")
@@ -263,6 +268,9 @@ func checkIO(req Request) error {
 		}
 		if c.Host == "" {
 			return argError("copy_out", c.Guest, "the host path is empty")
+		}
+		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 )
 
@@ -28,6 +29,10 @@ func TestNormalize(t *testing.T) {
 		{"env bad", ok(Request{Env: []string{"=x"}}), "--env"},
 		{"cwd relative", ok(Request{Cwd: "tmp"}), "--cwd"},
 		{"copy-out relative guest", ok(Request{CopyOut: []CopyOut{{Guest: "x", Host: "/tmp/x"}}}), "absolute"},
+		{"cwd with NUL", ok(Request{Cwd: "/a\x00b"}), "NUL"},
+		{"cwd over PATH_MAX", ok(Request{Cwd: "/" + strings.Repeat("d", agentproto.MaxPath)}), "--cwd"},
+		{"copy-out guest with NUL", ok(Request{CopyOut: []CopyOut{{Guest: "/a\x00b", Host: "/tmp/x"}}}), "--copy-out"},
+		{"workspace guest over PATH_MAX", ok(Request{Workspace: &Workspace{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
 		{"no-network with allow", ok(Request{NoNetwork: true, AllowHosts: []string{"a.b"}}), "--no-network"},
 		{"deny with allow", ok(Request{DenyEgress: true, AllowCIDRs: []string{"10.0.0.0/8"}}), "--deny-egress"},
 		{"bad cidr", ok(Request{AllowCIDRs: []string{"10.0.0.0/99"}}), "--allow-cidr"},
