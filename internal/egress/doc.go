@@ -5,11 +5,15 @@
 // tested as plain functions.
 //
 // What it holds:
+//   - [ParseRules] is the one parser of a run's network switches: it turns
+//     [Switches] (text, as the front ends take them) into [Rules], the
+//     parsed policy that everything after request validation takes as is.
 //   - [Category] classifies a destination address (public, private,
 //     loopback, ...).
 //   - [Policy] is the decision point consulted for every new TCP
 //     connection, UDP flow and DNS query. [PublicOnly] is the policy of NAT
-//     runs; [Filter] the default-deny policy of filtered runs, which is also
+//     runs; [Filter] the default-deny policy of filtered runs (built over
+//     [Rules]), which is also
 //     a [Sniffer] (it judges the names a connection carries) and answers the
 //     DNS queries it allows ([Filter.ResolveDNS]) and the proxies' requests
 //     ([Filter.Judge]).

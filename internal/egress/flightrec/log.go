@@ -15,10 +15,11 @@ import (
 	"isopod/internal/errdefs"
 )
 
-// Modes of a run's network, as files and reports name them.
+// Modes of a run's network, as files and reports name them (egress.Mode's
+// names).
 const (
-	ModeNAT      = "nat"
-	ModeFiltered = "filtered"
+	ModeNAT      = string(egress.ModeNAT)
+	ModeFiltered = string(egress.ModeFiltered)
 )
 
 // DefaultMaxEvents caps the lines a Log writes.
