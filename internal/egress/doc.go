@@ -13,12 +13,12 @@
 //   - [Policy] is the decision point consulted for every new TCP
 //     connection, UDP flow and DNS query. [PublicOnly] is the policy of NAT
 //     runs; [Filter] the default-deny policy of filtered runs (built over
-//     [Rules]), which is also
-//     a [Sniffer] (it judges the names a connection carries) and answers the
-//     DNS queries it allows ([Filter.ResolveDNS]) and the proxies' requests
-//     ([Filter.Judge]).
-//   - [ParsePattern], [NormalizeHost] and [RecordHost] define which names
-//     exist and how a guest-supplied name may appear in a record.
+//     [Rules]), which is also a [Sniffer] (it judges the names a connection
+//     carries) and answers the DNS queries it allows ([Filter.ResolveDNS])
+//     and the proxies' requests ([Filter.Judge]).
+//   - [Pattern] (an --allow-host rule), [NormalizeHost] and [RecordHost]
+//     define which names exist and how a guest-supplied name may appear in
+//     a record.
 //   - [Suggest] turns what a run tried into the smallest allowlist.
 //
 // The reasons a verdict carries (the Reason constants) are the documented

@@ -44,25 +44,6 @@ func (c *FilterConfig) Validate() error {
 	return nil
 }
 
-// ParseCIDR parses an --allow-cidr value: a prefix or a single address.
-func ParseCIDR(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked(), nil
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	return netip.Prefix{}, fmt.Errorf("--allow-cidr %q: want ADDR/BITS (e.g. 203.0.113.0/24) or one address: %w", s, errdefs.ErrInvalidArgument)
-}
-
-func unmapBits(a netip.Addr) int {
-	if a.Is4In6() {
-		return 96
-	}
-	return 0
-}
-
 // Filter is the policy of filtered egress: default deny, names by
 // allowlist, addresses by CIDR or by having been handed out in a DNS answer
 // for an allowed name. It is a [Policy] and a [Sniffer] (on ports 80 and

@@ -40,17 +40,17 @@ func TestParsePattern(t *testing.T) {
 		{strings.Repeat("abcdefghi.", 26) + "example", ""}, // over 253 bytes
 	}
 	for _, tt := range tests {
-		p, err := ParsePattern(tt.in)
+		p, err := parsePattern(tt.in)
 		if tt.want == "" {
 			if err == nil {
-				t.Errorf("ParsePattern(%q) = %v; want an error", tt.in, p)
+				t.Errorf("parsePattern(%q) = %v; want an error", tt.in, p)
 			} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Errorf("ParsePattern(%q): %v is not ErrInvalidArgument", tt.in, err)
+				t.Errorf("parsePattern(%q): %v is not ErrInvalidArgument", tt.in, err)
 			}
 			continue
 		}
 		if err != nil || p.String() != tt.want {
-			t.Errorf("ParsePattern(%q) = %v, %v; want %s", tt.in, p, err, tt.want)
+			t.Errorf("parsePattern(%q) = %v, %v; want %s", tt.in, p, err, tt.want)
 		}
 	}
 }
@@ -70,7 +70,7 @@ func TestPatternMatch(t *testing.T) {
 		{"*.bücher.example", "www.xn--bcher-kva.example", true},
 	}
 	for _, tt := range tests {
-		p, err := ParsePattern(tt.pattern)
+		p, err := parsePattern(tt.pattern)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -74,7 +74,7 @@ func ParseRules(s Switches) (Rules, error) {
 	}
 	r := Rules{mode: s.Mode(), allowLAN: s.AllowLAN}
 	for _, c := range s.AllowCIDRs {
-		p, err := ParseCIDR(c)
+		p, err := parseCIDR(c)
 		if err != nil {
 			return Rules{}, err // names the flag and the value
 		}
@@ -83,7 +83,7 @@ func ParseRules(s Switches) (Rules, error) {
 		}
 	}
 	for _, h := range s.AllowHosts {
-		p, err := ParsePattern(h)
+		p, err := parsePattern(h)
 		if err != nil {
 			return Rules{}, err // names the flag and the value
 		}
@@ -129,4 +129,23 @@ func (r Rules) Strings() []string {
 		out = append(out, "cidr:"+c.String())
 	}
 	return out
+}
+
+// parseCIDR parses an --allow-cidr value: a prefix or a single address.
+func parseCIDR(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("--allow-cidr %q: want ADDR/BITS (e.g. 203.0.113.0/24) or one address: %w", s, errdefs.ErrInvalidArgument)
+}
+
+func unmapBits(a netip.Addr) int {
+	if a.Is4In6() {
+		return 96
+	}
+	return 0
 }
