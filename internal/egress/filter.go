@@ -23,15 +23,9 @@ var (
 
 // FilterConfig configures a [Filter].
 type FilterConfig struct {
-	// AllowHosts are --allow-host rules (see [ParsePattern]).
-	AllowHosts []string
-	// AllowCIDRs are --allow-cidr ranges ("ADDR/BITS" or one address).
-	AllowCIDRs []string
-	// DenyAll allows nothing (and must come without rules).
-	DenyAll bool
-	// AllowPrivate lets allowed names resolve to private and CGNAT
-	// addresses (--allow-lan-egress); otherwise only a CIDR allows those.
-	AllowPrivate bool
+	// Rules are the run's parsed policy ([ParseRules]); their mode must be
+	// ModeFiltered.
+	Rules Rules
 	// HostAddrs are the host's own addresses, refused whatever the rules.
 	HostAddrs []netip.Addr
 	// Lookup resolves an allowed name to its IPv4 addresses for the DNS
@@ -39,44 +33,15 @@ type FilterConfig struct {
 	Lookup func(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
-// Validate checks c.
+// Validate checks c. The rules were checked when they were parsed.
 func (c *FilterConfig) Validate() error {
 	if c.Lookup == nil {
 		return fmt.Errorf("egress filter: no Lookup function: %w", errdefs.ErrInvalidArgument)
 	}
-	if c.DenyAll && (len(c.AllowHosts) > 0 || len(c.AllowCIDRs) > 0) {
-		return fmt.Errorf("egress filter: deny-all with allow rules; pick one: %w", errdefs.ErrInvalidArgument)
-	}
-	for _, h := range c.AllowHosts {
-		if _, err := ParsePattern(h); err != nil {
-			return err
-		}
-	}
-	for _, s := range c.AllowCIDRs {
-		if _, err := ParseCIDR(s); err != nil {
-			return err
-		}
+	if m := c.Rules.Mode(); m != ModeFiltered {
+		return fmt.Errorf("egress filter: the rules are for a %s network, not filtered egress: %w", m, errdefs.ErrInvalidArgument)
 	}
 	return nil
-}
-
-// ParseCIDR parses an --allow-cidr value: a prefix or a single address.
-func ParseCIDR(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked(), nil
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	return netip.Prefix{}, fmt.Errorf("--allow-cidr %q: want ADDR/BITS (e.g. 203.0.113.0/24) or one address: %w", s, errdefs.ErrInvalidArgument)
-}
-
-func unmapBits(a netip.Addr) int {
-	if a.Is4In6() {
-		return 96
-	}
-	return 0
 }
 
 // Filter is the policy of filtered egress: default deny, names by
@@ -87,12 +52,9 @@ func unmapBits(a netip.Addr) int {
 // ([Filter.ResolveDNS]) and judges proxy requests ([Filter.Judge]). Safe
 // for concurrent use.
 type Filter struct {
-	patterns     []Pattern
-	cidrs        []netip.Prefix
-	denyAll      bool
-	allowPrivate bool
-	hostAddrs    []netip.Addr
-	lookup       func(ctx context.Context, name string) ([]netip.Addr, error)
+	rules     Rules
+	hostAddrs []netip.Addr
+	lookup    func(ctx context.Context, name string) ([]netip.Addr, error)
 
 	mu     sync.RWMutex // guards following
 	byAddr map[netip.Addr][]string
@@ -101,49 +63,28 @@ type Filter struct {
 
 var _ Sniffer = (*Filter)(nil)
 
-// NewFilter builds a Filter.
+// NewFilter builds a Filter over parsed rules.
 func NewFilter(cfg FilterConfig) (*Filter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	f := &Filter{denyAll: cfg.DenyAll, allowPrivate: cfg.AllowPrivate, lookup: cfg.Lookup,
+	f := &Filter{rules: cfg.Rules, lookup: cfg.Lookup,
 		byAddr: make(map[netip.Addr][]string), byName: make(map[string][]netip.Addr)}
-	for _, h := range cfg.AllowHosts {
-		p, _ := ParsePattern(h)
-		if !slices.Contains(f.patterns, p) {
-			f.patterns = append(f.patterns, p)
-		}
-	}
-	for _, s := range cfg.AllowCIDRs {
-		p, _ := ParseCIDR(s)
-		if !slices.Contains(f.cidrs, p) {
-			f.cidrs = append(f.cidrs, p)
-		}
-	}
 	for _, a := range cfg.HostAddrs {
 		f.hostAddrs = append(f.hostAddrs, a.Unmap())
 	}
 	return f, nil
 }
 
-// Rules lists the normalised rules, as the report's allowed_rules.
-func (f *Filter) Rules() []string {
-	out := []string{}
-	for _, p := range f.patterns {
-		out = append(out, "host:"+p.String())
-	}
-	for _, c := range f.cidrs {
-		out = append(out, "cidr:"+c.String())
-	}
-	return out
-}
+// Rules are the rules f applies.
+func (f *Filter) Rules() Rules { return f.rules }
 
 // AllowsName reports whether the normalised name matches a rule.
 func (f *Filter) AllowsName(name string) bool {
-	if f.denyAll {
+	if f.rules.denyAll {
 		return false
 	}
-	for _, p := range f.patterns {
+	for _, p := range f.rules.hosts {
 		if p.Match(name) {
 			return true
 		}
@@ -153,7 +94,7 @@ func (f *Filter) AllowsName(name string) bool {
 
 // inCIDR reports whether a is in an allowed range.
 func (f *Filter) inCIDR(a netip.Addr) bool {
-	for _, c := range f.cidrs {
+	for _, c := range f.rules.cidrs {
 		if c.Contains(a) {
 			return true
 		}
@@ -187,7 +128,7 @@ func (f *Filter) addrVerdict(a netip.Addr, names []string) Verdict {
 		return Verdict{Reason: ReasonLiteral}
 	case len(names) == 0:
 		return Verdict{Reason: CategoryReason(cat)}
-	case cat == CatPublic, lan && f.allowPrivate:
+	case cat == CatPublic, lan && f.rules.allowLAN:
 		return Verdict{Allow: true, Reason: ReasonAllowedHost, Host: host}
 	}
 	return Verdict{Reason: CategoryReason(cat), Host: host}

@@ -132,10 +132,10 @@ type Pattern struct {
 	wildcard bool
 }
 
-// ParsePattern parses an allow-host rule. The name part is normalised like
+// parsePattern parses an allow-host rule. The name part is normalised like
 // [NormalizeHost]. A wildcard must be the whole first label and must be
 // followed by at least two labels ("*.example.org", not "*.org").
-func ParsePattern(s string) (Pattern, error) {
+func parsePattern(s string) (Pattern, error) {
 	bad := func(format string, args ...any) (Pattern, error) {
 		return Pattern{}, fmt.Errorf("--allow-host %q: "+format+": %w", append([]any{s}, append(args, errdefs.ErrInvalidArgument)...)...)
 	}

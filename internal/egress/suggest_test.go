@@ -32,7 +32,7 @@ func TestSuggest(t *testing.T) {
 		t.Errorf("unallowable %v events %d", s.Unallowable, s.Events)
 	}
 	// The suggestion, fed back, allows what was asked.
-	f, err := NewFilter(FilterConfig{AllowHosts: s.AllowHosts, AllowCIDRs: s.AllowCIDRs, Lookup: fixedLookup(nil)})
+	f, err := NewFilter(FilterConfig{Rules: parsedRules(t, Switches{AllowHosts: s.AllowHosts, AllowCIDRs: s.AllowCIDRs}), Lookup: fixedLookup(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

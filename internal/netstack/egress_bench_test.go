@@ -85,7 +85,11 @@ func BenchmarkBrokerConnections(b *testing.B) {
 	lookup := func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
 	}
-	filter, err := egress.NewFilter(egress.FilterConfig{AllowHosts: []string{"allowed.example"}, Lookup: lookup})
+	rules, err := egress.ParseRules(egress.Switches{AllowHosts: []string{"allowed.example"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	filter, err := egress.NewFilter(egress.FilterConfig{Rules: rules, Lookup: lookup})
 	if err != nil {
 		b.Fatal(err)
 	}

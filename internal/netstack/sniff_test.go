@@ -76,7 +76,11 @@ func filteredStack(t *testing.T, web, tlsSrv netip.AddrPort) (*testGuest, *fligh
 	lookup := func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
 	}
-	f, err := egress.NewFilter(egress.FilterConfig{AllowHosts: []string{"ok.example"}, Lookup: lookup})
+	rules, err := egress.ParseRules(egress.Switches{AllowHosts: []string{"ok.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := egress.NewFilter(egress.FilterConfig{Rules: rules, Lookup: lookup})
 	if err != nil {
 		t.Fatal(err)
 	}

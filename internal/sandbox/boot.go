@@ -20,7 +20,7 @@ func (r *run) boot(ctx context.Context) error {
 		if r.ready != nil {
 			nic = r.ready.nic
 		}
-		n, err := r.s.startNetworkOn(nic, r.dir.rec.ID, r.dir.path, r.req, r.t0)
+		n, err := r.s.startNetworkOn(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
 		if err != nil {
 			return err
 		}

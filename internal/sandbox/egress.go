@@ -28,16 +28,11 @@ const (
 	EgressLogName = "egress.jsonl"
 )
 
-// filteredRequest reports whether req asks for filtered egress.
-func filteredRequest(req Request) bool {
-	return req.NetworkMode() == NetworkFiltered
-}
-
 // startFilteredNetwork starts a filtered run's network: the stack with the
-// Filter as its policy, sniffer and DNS resolver, the flight recorder
+// Filter over rules as its policy, sniffer and DNS resolver, the flight recorder
 // writing egress.jsonl, and the HTTP and SOCKS5 proxies on the gateway.
 // Rolls back on failure.
-func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, req Request, start time.Time) (*runNetwork, error) {
+func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, rules egress.Rules, start time.Time) (*runNetwork, error) {
 	n := &runNetwork{mode: flightrec.ModeFiltered}
 	ok := false
 	defer func() {
@@ -49,14 +44,7 @@ func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, req Reque
 	if err != nil {
 		return nil, err
 	}
-	n.filter, err = egress.NewFilter(egress.FilterConfig{
-		AllowHosts:   req.AllowHosts,
-		AllowCIDRs:   req.AllowCIDRs,
-		DenyAll:      req.DenyEgress,
-		AllowPrivate: req.AllowLANEgress,
-		HostAddrs:    hostAddrs,
-		Lookup:       lookupIPv4,
-	})
+	n.filter, err = egress.NewFilter(egress.FilterConfig{Rules: rules, HostAddrs: hostAddrs, Lookup: lookupIPv4})
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +54,7 @@ func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, req Reque
 		return nil, err
 	}
 	n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, EgressLogName), Start: start,
-		Mode: flightrec.ModeFiltered, Rules: n.filter.Rules(), Logger: s.log})
+		Mode: flightrec.ModeFiltered, Rules: rules, Logger: s.log})
 	if err != nil {
 		return nil, err
 	}

@@ -52,7 +52,7 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 		return "", vmm.Config{}, nil, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
 	}
 	id := "floor-" + newVMID()[3:]
-	n, err := s.startNetwork(id, dir, req, time.Now())
+	n, err := s.startNetwork(id, dir, req.rules, time.Now())
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}

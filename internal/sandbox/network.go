@@ -108,16 +108,17 @@ func takeNIC(id string, nic *nicSocket) (nicSocket, error) {
 	return nicSocket{dir: dir}, err
 }
 
-// startNetwork starts the run's stack. Rolls back on failure.
-func (s *Service) startNetwork(id, dir string, req Request, start time.Time) (*runNetwork, error) {
-	return s.startNetworkOn(nil, id, dir, req, start)
+// startNetwork starts the run's stack under rules, the request's parsed
+// network policy (the zero Rules: NAT). Rolls back on failure.
+func (s *Service) startNetwork(id, dir string, rules egress.Rules, start time.Time) (*runNetwork, error) {
+	return s.startNetworkOn(nil, id, dir, rules, start)
 }
 
 // startNetworkOn is startNetwork serving the parked socket nic (nil: a
 // new one).
-func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, req Request, start time.Time) (*runNetwork, error) {
-	if filteredRequest(req) {
-		return s.startFilteredNetwork(nic, id, dir, req, start)
+func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, rules egress.Rules, start time.Time) (*runNetwork, error) {
+	if rules.Mode() == egress.ModeFiltered {
+		return s.startFilteredNetwork(nic, id, dir, rules, start)
 	}
 	n := &runNetwork{mode: flightrec.ModeNAT}
 	ok := false
@@ -138,7 +139,7 @@ func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, req Request, st
 	if err != nil {
 		return nil, err
 	}
-	policy := egress.Policy(&egress.PublicOnly{AllowLAN: req.AllowLANEgress, HostAddrs: hostAddrs})
+	policy := egress.Policy(&egress.PublicOnly{AllowLAN: rules.AllowLAN(), HostAddrs: hostAddrs})
 	n.stack, err = netstack.Start(netstack.Config{
 		Socket:   sock.path(),
 		Listener: sock.ln,

@@ -12,8 +12,8 @@ import (
 // are agentproto's (one request is one frame).
 
 // checkFrames refuses a run whose command (argv, env and cwd, with the
-// base image's env, which travel in one exec request) or whose guest paths
-// the guest protocol cannot carry.
+// base image's env, which travel in one exec request) the guest protocol
+// cannot carry.
 func checkFrames(req Request, pl *plan) error {
 	argvField := "argv"
 	if req.Shell {
@@ -24,22 +24,10 @@ func checkFrames(req Request, pl *plan) error {
 			return argError(argvField, nil, "contains a NUL byte, which no program can receive")
 		}
 	}
+	// The guest paths themselves were checked when req was normalised.
 	cwd := req.Cwd
 	if req.Workspace != nil {
-		if err := CheckGuestPath("workspace", req.Workspace.Guest); err != nil {
-			return err
-		}
 		cwd = cmp.Or(cwd, req.Workspace.Guest)
-	}
-	if req.Cwd != "" {
-		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
-			return err
-		}
-	}
-	for _, c := range req.CopyOut {
-		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
-			return err
-		}
 	}
 	cwd = cmp.Or(cwd, pl.cwd)
 	sizes := map[string]int{

@@ -78,11 +78,9 @@ func (s *Service) checkChainBase(chain []stageRef, base baseImage) ([]string, er
 }
 
 // checkLabelFree refuses a --commit-as label that is already taken, before
-// the run, so that a long setup is not wasted.
+// the run, so that a long setup is not wasted. The label's form was checked
+// when the request was normalised.
 func (s *Service) checkLabelFree(label string) error {
-	if err := store.ValidateLabel(label); err != nil {
-		return fmt.Errorf("--commit-as: %w", err)
-	}
 	st, err := s.stages()
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 
+	"isopod/internal/egress"
 	"isopod/internal/vmm"
 )
 
@@ -96,6 +97,10 @@ type Request struct {
 	// Workspace, when set, copies a host directory into the run and can
 	// bring its changes back as a patch (workspace.go).
 	Workspace *Workspace
+
+	// rules are the network switches parsed, by normalize: the one form
+	// the run's network takes.
+	rules egress.Rules
 }
 
 // Copied reports one copied file.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
+	"isopod/internal/store"
 )
 
 // hostLimits are the host facts request validation depends on.
@@ -171,23 +173,21 @@ func (r Request) WithDefaults() Request {
 
 // The networks a run can have (see Request.NetworkMode).
 const (
-	NetworkNone     = "none"
-	NetworkNAT      = "nat"
-	NetworkFiltered = "filtered"
+	NetworkNone     = string(egress.ModeOff)
+	NetworkNAT      = string(egress.ModeNAT)
+	NetworkFiltered = string(egress.ModeFiltered)
 )
 
-// NetworkMode says which network r asks for: NetworkNone with NoNetwork;
-// NetworkFiltered with DenyEgress or either allow list given, even empty;
-// otherwise NetworkNAT.
-func (r Request) NetworkMode() string {
-	switch {
-	case r.NoNetwork:
-		return NetworkNone
-	case r.DenyEgress || r.AllowHosts != nil || r.AllowCIDRs != nil:
-		return NetworkFiltered
-	}
-	return NetworkNAT
+// netSwitches are r's network switches, unparsed.
+func (r Request) netSwitches() egress.Switches {
+	return egress.Switches{NoNetwork: r.NoNetwork, AllowLAN: r.AllowLANEgress,
+		AllowHosts: r.AllowHosts, AllowCIDRs: r.AllowCIDRs, DenyAll: r.DenyEgress}
 }
+
+// NetworkMode says which network r asks for (see egress.Switches.Mode):
+// NetworkNone with NoNetwork; NetworkFiltered with DenyEgress or either
+// allow list given, even empty; otherwise NetworkNAT.
+func (r Request) NetworkMode() string { return string(r.netSwitches().Mode()) }
 
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
@@ -196,17 +196,19 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		return req, invalid("no command: give the program and its arguments after --")
 	}
 	req = req.WithDefaults()
-	for _, check := range []func(Request) error{
-		func(r Request) error { return checkSizes(r, h) }, checkIO, checkEgress,
-	} {
-		if err := check(req); err != nil {
-			return req, err
-		}
+	if err := checkSizes(req, h); err != nil {
+		return req, err
 	}
-	if !req.NoNetwork && req.NetworkMode() == NetworkFiltered && len(req.AllowHosts) == 0 && len(req.AllowCIDRs) == 0 {
-		// Filtered egress without a rule allows nothing: say so plainly.
-		req.DenyEgress = true
+	if err := checkIO(req); err != nil {
+		return req, err
 	}
+	rules, err := egress.ParseRules(req.netSwitches())
+	if err != nil {
+		return req, err
+	}
+	// The parsed rules are what the run uses; DenyEgress says plainly that
+	// filtered egress without a rule allows nothing.
+	req.rules, req.DenyEgress = rules, rules.DenyAll()
 	if req.CommitAs != "" {
 		if err := validLabel(req.CommitAs); err != nil {
 			return req, err
@@ -246,8 +248,13 @@ func checkIO(req Request) error {
 			return argError("env", nil, "%v", err)
 		}
 	}
-	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
-		return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
+	if req.Cwd != "" {
+		if !strings.HasPrefix(req.Cwd, "/") {
+			return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
+		}
+		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
+			return err
+		}
 	}
 	if req.Stdin != nil && req.StdinFile != "" {
 		return invalid("stdin: give either a stdin file or stdin data, not both")
@@ -262,50 +269,21 @@ func checkIO(req Request) error {
 		if c.Host == "" {
 			return argError("copy_out", c.Guest, "the host path is empty")
 		}
-	}
-	return nil
-}
-
-// checkEgress checks the network switches against each other and the
-// filtered-egress rules.
-func checkEgress(req Request) error {
-	if req.NoNetwork && (req.DenyEgress || req.AllowHosts != nil || req.AllowCIDRs != nil || req.AllowLANEgress) {
-		return invalid("--no-network cannot be combined with --allow-host, --allow-cidr, --deny-egress or --allow-lan-egress: a run has no NIC or a filtered one, pick one")
-	}
-	if req.DenyEgress && (len(req.AllowHosts) > 0 || len(req.AllowCIDRs) > 0) {
-		return invalid("--deny-egress cannot be combined with --allow-host or --allow-cidr: deny-egress allows nothing")
-	}
-	for _, c := range req.AllowCIDRs {
-		if _, err := egress.ParseCIDR(c); err != nil {
-			return err // names the flag and the value
-		}
-	}
-	for _, h := range req.AllowHosts {
-		if _, err := egress.ParsePattern(h); err != nil {
-			return err // names the flag and the value
+		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// validLabel checks a --commit-as label before the run, so a bad label never
-// costs a VM.
+// validLabel checks a --commit-as label by the store's one rule for new
+// labels, before the run, so a bad label never costs a VM.
 func validLabel(l string) error {
-	q := strconv.Quote(l)
-	switch {
-	case l == BaseStage:
-		return argError("commit_as", q, "%q is the reserved empty stage", BaseStage)
-	case len(l) > 128:
-		return argError("commit_as", nil, "label longer than 128 bytes")
-	case strings.HasPrefix(l, "-"):
-		return argError("commit_as", q, "a label cannot start with '-'")
-	case strings.HasPrefix(l, "st-"):
-		return argError("commit_as", q, "labels starting with st- would shadow stage ids")
-	}
-	for _, r := range l {
-		if r < 0x21 || r == 0x7f {
-			return argError("commit_as", q, "labels are printable, without spaces")
-		}
+	var le *store.LabelError
+	if err := store.ValidateLabel(l); errors.As(err, &le) {
+		return argError("commit_as", strconv.Quote(l), "%s", le.Reason)
+	} else if err != nil {
+		return fmt.Errorf("--commit-as: %w", err)
 	}
 	return nil
 }

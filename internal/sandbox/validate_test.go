@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 )
 
@@ -28,13 +29,17 @@ func TestNormalize(t *testing.T) {
 		{"env bad", ok(Request{Env: []string{"=x"}}), "--env"},
 		{"cwd relative", ok(Request{Cwd: "tmp"}), "--cwd"},
 		{"copy-out relative guest", ok(Request{CopyOut: []CopyOut{{Guest: "x", Host: "/tmp/x"}}}), "absolute"},
+		{"cwd with NUL", ok(Request{Cwd: "/a\x00b"}), "NUL"},
+		{"cwd over PATH_MAX", ok(Request{Cwd: "/" + strings.Repeat("d", agentproto.MaxPath)}), "--cwd"},
+		{"copy-out guest with NUL", ok(Request{CopyOut: []CopyOut{{Guest: "/a\x00b", Host: "/tmp/x"}}}), "--copy-out"},
+		{"workspace guest over PATH_MAX", ok(Request{Workspace: &Workspace{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
 		{"no-network with allow", ok(Request{NoNetwork: true, AllowHosts: []string{"a.b"}}), "--no-network"},
 		{"deny with allow", ok(Request{DenyEgress: true, AllowCIDRs: []string{"10.0.0.0/8"}}), "--deny-egress"},
 		{"bad cidr", ok(Request{AllowCIDRs: []string{"10.0.0.0/99"}}), "--allow-cidr"},
 		{"bad host", ok(Request{AllowHosts: []string{"*.*.example.com"}}), "--allow-host"},
 		{"label base", ok(Request{CommitAs: "base"}), "reserved"},
 		{"label dash", ok(Request{CommitAs: "-x"}), "'-'"},
-		{"label space", ok(Request{CommitAs: "a b"}), "printable"},
+		{"label space", ok(Request{CommitAs: "a b"}), "contains a space"},
 		{"label ok", ok(Request{CommitAs: "proj/deps"}), ""},
 	}
 	for _, tt := range tests {
@@ -128,7 +133,7 @@ func TestArgErrorsNameTheField(t *testing.T) {
 		{Request{ScratchMiB: 1}, "scratch_mib", "1", "--scratch-mib 1: must be between 128 and 65536"},
 		{Request{TimeoutS: -1}, "timeout_s", "-1", "--timeout-s -1: must be between 1 and 3600 seconds"},
 		{Request{Cwd: "tmp"}, "cwd", `"tmp"`, `--cwd "tmp": must be an absolute guest path`},
-		{Request{CommitAs: "st-x"}, "commit_as", `"st-x"`, `--commit-as "st-x": labels starting with st-`},
+		{Request{CommitAs: "st-x"}, "commit_as", `"st-x"`, `--commit-as "st-x": starts with st- and would shadow stage ids`},
 		{Request{Env: []string{"=x"}}, "env", "", "--env: "},
 	} {
 		tt.req.Argv = []string{"true"}
@@ -212,8 +217,8 @@ func TestNormalizeEgress(t *testing.T) {
 			if got.NetworkMode() != tt.mode || got.DenyEgress != tt.denyAll {
 				t.Errorf("mode %s deny-all %v; want %s %v", got.NetworkMode(), got.DenyEgress, tt.mode, tt.denyAll)
 			}
-			if filteredRequest(got) != (tt.mode == NetworkFiltered) {
-				t.Errorf("filteredRequest = %v for mode %s", filteredRequest(got), tt.mode)
+			if m := got.rules.Mode(); string(m) != tt.mode || got.rules.DenyAll() != tt.denyAll {
+				t.Errorf("parsed rules: mode %s deny-all %v; want %s %v", m, got.rules.DenyAll(), tt.mode, tt.denyAll)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
@@ -235,7 +236,7 @@ func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs)
 	v := &vm{log: s.log}
 	defer v.close()
 	if in.key.NIC {
-		if v.net, err = s.startNetwork(d.rec.ID, d.path, Request{}, time.Now()); err != nil {
+		if v.net, err = s.startNetwork(d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
 			return nil, false, err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/agent"
 	"isopod/internal/agentclient"
+	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
 	"isopod/internal/vmm/vmmfake"
@@ -100,7 +101,7 @@ func TestConfigureResumed(t *testing.T) {
 		guestEnd.Close()
 		<-served
 	})
-	n, err := s.startNetwork("vm-test", t.TempDir(), Request{}, time.Now())
+	n, err := s.startNetwork("vm-test", t.TempDir(), egress.Rules{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,6 +108,9 @@ func checkWorkspace(w *Workspace) error {
 			return argError("workspace", strconv.Quote(g), "the guest directory cannot be under %s, which the guest system owns", r)
 		}
 	}
+	if err := CheckGuestPath("workspace", g); err != nil {
+		return err
+	}
 	if err := w.Options.Validate(); err != nil {
 		return err
 	}

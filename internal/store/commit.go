@@ -45,16 +45,29 @@ type CommitTiming struct {
 	TotalMS int64 `json:"total_ms"`
 }
 
-// ValidateLabel checks a label: non-empty, at most MaxLabelBytes bytes of
-// printable UTF-8, not starting with '-', not "base" and not shaped like a
-// stage id. '/' is allowed ("myproj/deps").
+// A LabelError is a label the rule refuses. It wraps
+// errdefs.ErrInvalidArgument; Reason says what is wrong and the fix, for a
+// front end that names the label's argument its own way.
+type LabelError struct {
+	Label  string
+	Reason string
+}
+
+func (e *LabelError) Error() string { return fmt.Sprintf("label %q %s", e.Label, e.Reason) }
+
+func (e *LabelError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+// ValidateLabel is the one rule for a new stage label, whoever names it
+// (run --commit-as, stage pull --as, a received stage): non-empty, at most
+// MaxLabelBytes bytes of printable UTF-8 without spaces, not starting with
+// '-' or IDPrefix, and not "base". '/' is allowed ("myproj/deps"). It
+// refuses only new labels: Resolve finds a stored stage by any label it
+// has. A refusal is a *LabelError.
 func ValidateLabel(label string) error {
-	bad := func(why string) error {
-		return fmt.Errorf("label %q %s: %w", label, why, errdefs.ErrInvalidArgument)
-	}
+	bad := func(why string) error { return &LabelError{Label: label, Reason: why} }
 	switch {
 	case label == "":
-		return fmt.Errorf("empty stage label: give one like myproj/deps: %w", errdefs.ErrInvalidArgument)
+		return bad("is empty; give one like myproj/deps")
 	case len(label) > MaxLabelBytes:
 		return bad(fmt.Sprintf("is %d bytes; the limit is %d", len(label), MaxLabelBytes))
 	case !utf8.ValidString(label):
@@ -63,16 +76,16 @@ func ValidateLabel(label string) error {
 		return bad("starts with '-'; labels must not look like flags")
 	case label == BaseRef:
 		return bad("is reserved for the empty stage; choose another")
-	case IDPattern.MatchString(label):
-		return bad("looks like a stage id; choose a name")
+	case strings.HasPrefix(label, IDPrefix):
+		return bad("starts with " + IDPrefix + " and would shadow stage ids; choose a name")
 	}
 	for _, r := range label {
-		if !unicode.IsPrint(r) {
-			return bad(fmt.Sprintf("contains the unprintable character %U", r))
+		switch {
+		case r == ' ':
+			return bad("contains a space; use '-', '_' or '/' instead, as in myproj/deps")
+		case !unicode.IsPrint(r):
+			return bad(fmt.Sprintf("contains the unprintable character %U; labels are printable, without spaces", r))
 		}
-	}
-	if strings.TrimSpace(label) != label {
-		return bad("has leading or trailing white space")
 	}
 	return nil
 }

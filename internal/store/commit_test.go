@@ -201,7 +201,10 @@ func TestCommitLabels(t *testing.T) {
 		{strings.Repeat("x", 129), "limit is 128"},
 		{"tab\there", "unprintable"},
 		{"nl\n", "unprintable"},
-		{" padded", "white space"},
+		{" padded", "a space"},
+		{"my deps", "a space"},
+		{"st-mine", "stage ids"},
+		{"nbsp\u00a0x", "unprintable"},
 		{"st-0123456789abcdef", "stage id"},
 		{"\xff\xfe", "UTF-8"},
 	}
@@ -211,7 +214,7 @@ func TestCommitLabels(t *testing.T) {
 			wantErr(t, err, errdefs.ErrInvalidArgument, tc.why)
 		})
 	}
-	for _, ok := range []string{"x", "myproj/deps", strings.Repeat("y", 128), "émigré 2", "base2", "a-b_c.d"} {
+	for _, ok := range []string{"x", "myproj/deps", strings.Repeat("y", 128), "émigré", "base2", "my_deps", "st", "rust/st-x", "a-b_c.d"} {
 		if err := ValidateLabel(ok); err != nil {
 			t.Errorf("ValidateLabel(%q) = %v, want ok", ok, err)
 		}

@@ -92,3 +92,20 @@ func TestResolveAmbiguousListsFew(t *testing.T) {
 		t.Errorf("error names %d ids, want the reference and %d candidates: %v", n, maxCandidates, err)
 	}
 }
+
+// TestResolveLabelsOfOlderRules: a stage stored under a label the rule for
+// new labels now refuses (a space, an st- prefix) is still found by it.
+func TestResolveLabelsOfOlderRules(t *testing.T) {
+	s := newStore(t)
+	for i, label := range []string{"my deps", "st-mine"} {
+		if err := ValidateLabel(label); err == nil {
+			t.Fatalf("ValidateLabel(%q) accepts it; the test wants a label the rule refuses", label)
+		}
+		id := "st-0000000000000" + string(rune('a'+i)) + "00"
+		planted := plantStage(t, s, id, label)
+		m, err := s.Resolve(label)
+		if err != nil || m.ID != planted.ID {
+			t.Errorf("Resolve(%q) = %s, %v; want %s", label, m.ID, err, planted.ID)
+		}
+	}
+}

@@ -64,14 +64,14 @@ func PullRef(src string) (name.Reference, error) {
 // host lacks it, its base, and publishes them in the store.
 func (c Client) PullStage(ctx context.Context, req PullRequest) (*PullResult, error) {
 	start := time.Now()
-	ref, err := PullRef(req.Source)
-	if err != nil {
-		return nil, err
-	}
 	if req.As != "" {
 		if err := store.ValidateLabel(req.As); err != nil {
 			return nil, fmt.Errorf("--as: %w", err)
 		}
+	}
+	ref, err := PullRef(req.Source)
+	if err != nil {
+		return nil, err
 	}
 	repo, opts := ref.Context(), c.Registry.Options(ctx)
 	m, digest, err := getManifest(ref, StageArtifactType, StageConfigType, opts)

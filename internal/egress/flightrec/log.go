@@ -15,10 +15,11 @@ import (
 	"isopod/internal/errdefs"
 )
 
-// Modes of a run's network, as files and reports name them.
+// Modes of a run's network, as files and reports name them (egress.Mode's
+// names).
 const (
-	ModeNAT      = "nat"
-	ModeFiltered = "filtered"
+	ModeNAT      = string(egress.ModeNAT)
+	ModeFiltered = string(egress.ModeFiltered)
 )
 
 // DefaultMaxEvents caps the lines a Log writes.
@@ -35,8 +36,9 @@ type Config struct {
 	// Start is the run's start; event timestamps are relative to it. Zero
 	// means when the Log is opened.
 	Start time.Time
-	// Rules are the report's allowed_rules (ModeFiltered).
-	Rules []string
+	// Rules are the run's parsed policy (ModeFiltered); the report's
+	// allowed_rules are theirs.
+	Rules egress.Rules
 	// MaxEvents caps the lines written; later events are only counted.
 	// 0 means DefaultMaxEvents.
 	MaxEvents int
@@ -127,7 +129,7 @@ func Open(cfg Config) (*Log, error) {
 	}
 	l := &Log{cfg: cfg, out: out}
 	if cfg.Mode == ModeFiltered {
-		l.rep = newReportBuilder(cfg.Rules, cfg.Path)
+		l.rep = newReportBuilder(cfg.Rules.Strings(), cfg.Path)
 	}
 	return l, nil
 }

@@ -125,7 +125,11 @@ func TestLogConfigValidate(t *testing.T) {
 func TestFilteredLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "egress.jsonl")
 	start := time.Now()
-	l, err := Open(Config{Path: path, Mode: ModeFiltered, Start: start, Rules: []string{"host:a.example"}})
+	rules, err := egress.ParseRules(egress.Switches{AllowHosts: []string{"a.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(Config{Path: path, Mode: ModeFiltered, Start: start, Rules: rules})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +27,13 @@ import (
 
 // testFilter builds a Filter whose names resolve to documentation
 // addresses.
-func testFilter(t *testing.T, cfg egress.FilterConfig) *egress.Filter {
+func testFilter(t *testing.T, sw egress.Switches) *egress.Filter {
 	t.Helper()
+	rules, err := egress.ParseRules(sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := egress.FilterConfig{Rules: rules}
 	table := map[string][]netip.Addr{
 		"allowed.example": {netip.MustParseAddr("203.0.113.10")},
 		"other.example":   {netip.MustParseAddr("203.0.113.10")},
@@ -96,7 +102,7 @@ func newFixture(t *testing.T) *fixture {
 		"203.0.113.10:443":  tlsSrv.Listener.Addr().String(),
 		"198.51.100.10:80":  web.Listener.Addr().String(),
 	}
-	f := testFilter(t, egress.FilterConfig{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
+	f := testFilter(t, egress.Switches{AllowHosts: []string{"allowed.example", "lan.example"}, AllowCIDRs: []string{"198.51.100.0/24"}})
 	var d net.Dialer
 	p, err := New(Config{Filter: f, Recorder: fx.rec, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		to, ok := routes[addr]
@@ -300,6 +306,19 @@ func TestReadSOCKSRequest(t *testing.T) {
 		got, err := ReadSOCKSRequest(bufio.NewReader(bytes.NewReader(tt.in)), &out)
 		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
 			t.Errorf("% x: %+v, %v; want %+v ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+// TestConfigTakesParsedFilter: the proxies judge by the run's Filter, built
+// over parsed rules; no Config field carries rules as text to parse again.
+func TestConfigTakesParsedFilter(t *testing.T) {
+	var _ *egress.Filter = Config{}.Filter // compile-time: the parsed policy itself
+	ct := reflect.TypeFor[Config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		if f.Type.Kind() == reflect.String || (f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.String) {
+			t.Errorf("Config.%s is %s: the proxies take the parsed filter, not text", f.Name, f.Type)
 		}
 	}
 }

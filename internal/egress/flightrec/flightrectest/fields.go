@@ -88,10 +88,10 @@ func testReport(t *testing.T, mode string, s Subject, cfg flightrec.Config) {
 	s.Record(flightrec.Event{Time: at(5), Proto: egress.ProtoICMP, Dst: netip.MustParseAddr("8.8.8.8"), Reason: egress.ReasonNotForwarded})
 	rep := r.Report()
 	evs := s.Events()
-	if rep.Mode != flightrec.ModeFiltered || !slices.Equal(rep.AllowedRules, cfg.Rules) || rep.EgressLogPath != cfg.Path ||
+	if rep.Mode != flightrec.ModeFiltered || !slices.Equal(rep.AllowedRules, cfg.Rules.Strings()) || rep.EgressLogPath != cfg.Path ||
 		rep.TotalEvents != 5 || rep.Truncated {
 		t.Errorf("report mode %s rules %q path %s total %d truncated %v; want %s %q %s 5 false",
-			rep.Mode, rep.AllowedRules, rep.EgressLogPath, rep.TotalEvents, rep.Truncated, flightrec.ModeFiltered, cfg.Rules, cfg.Path)
+			rep.Mode, rep.AllowedRules, rep.EgressLogPath, rep.TotalEvents, rep.Truncated, flightrec.ModeFiltered, cfg.Rules.Strings(), cfg.Path)
 	}
 	if want := []string{"a.example", egress.InvalidHost(len("evil\x1b.example"))}; !slices.Equal(rep.DNSQueries, want) {
 		t.Errorf("dns_queries %q; want %q", rep.DNSQueries, want)

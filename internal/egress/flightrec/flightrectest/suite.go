@@ -48,8 +48,12 @@ func Run(t *testing.T, tg Target) {
 	for _, mode := range []string{flightrec.ModeNAT, flightrec.ModeFiltered} {
 		t.Run(mode, func(t *testing.T) {
 			config := func(t *testing.T, maxEvents int) flightrec.Config {
+				rules, err := egress.ParseRules(egress.Switches{AllowHosts: []string{"a.example"}})
+				if err != nil {
+					t.Fatal(err)
+				}
 				return flightrec.Config{Path: filepath.Join(t.TempDir(), mode+".jsonl"), Mode: mode, Start: start,
-					Rules: []string{"host:a.example"}, MaxEvents: maxEvents}
+					Rules: rules, MaxEvents: maxEvents}
 			}
 			open := func(t *testing.T, maxEvents int) Subject { return tg.New(t, config(t, maxEvents)) }
 			t.Run("Order", func(t *testing.T) { testOrder(t, open(t, 0)) })
