@@ -30,15 +30,7 @@ func runDoctor(ctx context.Context, e *env) error {
 	}
 	s := e.settings
 	h := doctor.System(s.Paths, s.Kernel, s.AgentBin)
-	h.KVMProbe = func() (doctor.KVMProbe, bool) {
-		p, ok := svc.LastKVMProbe()
-		return doctor.KVMProbe{KVM: p.KVM, Reason: p.Reason, At: p.At}, ok
-	}
-	h.QEMUMachine = func(ctx context.Context, bin string) (doctor.QEMUMachine, error) {
-		m, err := sandbox.ProbeQEMUMachine(ctx, bin)
-		return doctor.QEMUMachine{Options: m.Options, DataDirs: m.DataDirs, Firmware: m.Firmware, FirmwareKind: m.FirmwareKind, Why: m.Why}, err
-	}
-	h.KVMObstacle = svc.KVMObstacle
+	h.VMM = svc.Prober
 	h.WarmPool = func(ctx context.Context) (doctor.WarmPool, error) {
 		l, err := svc.WarmList(ctx)
 		if err != nil {

@@ -39,8 +39,11 @@ type Settings struct {
 	LogLevel     slog.Level
 	// Kernel is a custom guest kernel (--kernel or ISOPOD_KERNEL), made
 	// absolute; empty: the fetched one.
-	Kernel   string
-	QEMU     string
+	Kernel string
+	QEMU   string
+	// VMM: ISOPOD_VMM, the VMM driver (sandbox.VMMDrivers); empty: the
+	// default.
+	VMM      string
 	AgentBin string
 	Accel    vmm.Accel
 	// AllowBaseSkew: ISOPOD_ALLOW_BASE_SKEW=1.
@@ -77,7 +80,7 @@ type Settings struct {
 // variable and what it accepts.
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	s := Settings{raw: map[string]string{}}
-	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.AgentBin, knobs.Accel,
+	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
 		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile, knobs.MCPWorkspace,
 		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
 		if v, ok := lookup(k); ok {
@@ -112,6 +115,10 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		s.Accel = a
 	default:
 		return s, fmt.Errorf("%s=%q: use kvm or tcg, or unset it for auto: %w", knobs.Accel, a, errdefs.ErrInvalidArgument)
+	}
+	s.VMM = strings.ToLower(strings.TrimSpace(s.raw[knobs.VMM]))
+	if err := sandbox.CheckVMM(s.VMM); err != nil {
+		return s, err
 	}
 	s.AllowBaseSkew = s.raw[knobs.AllowBaseSkew] == "1"
 	switch v := strings.ToLower(strings.TrimSpace(s.raw[knobs.WarmPool])); v {
@@ -232,6 +239,7 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		Kernel:        s.Kernel,
 		AgentBin:      s.AgentBin,
 		QEMU:          s.QEMU,
+		VMM:           s.VMM,
 		Accel:         s.Accel,
 		Jail:          s.Jail,
 		NoWarmPool:    s.NoWarmPool,

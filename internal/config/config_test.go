@@ -97,3 +97,50 @@ func TestRegistryStall(t *testing.T) {
 		}
 	}
 }
+
+// TestVMM: ISOPOD_VMM selects a VMM driver the core knows (qemu, the
+// default); any other is refused before a service is built, naming the
+// known ones.
+func TestVMM(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		value string // "<unset>" leaves the variable out
+		want  string
+		ok    bool
+	}{
+		{"<unset>", "", true},
+		{"", "", true},
+		{"qemu", "qemu", true},
+		{" QEMU ", "qemu", true},
+		{"firecracker", "", false},
+		{"kvm", "", false},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		if tt.value != "<unset>" {
+			vars[knobs.VMM] = tt.value
+		}
+		s, err := Load(env(vars))
+		if !tt.ok {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("%s=%q: err %v; want invalid argument", knobs.VMM, tt.value, err)
+				continue
+			}
+			for _, w := range []string{knobs.VMM, fmt.Sprintf("%q", tt.value), "use qemu"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s=%q: error %q does not say %q", knobs.VMM, tt.value, err, w)
+				}
+			}
+			continue
+		}
+		if err != nil || s.VMM != tt.want {
+			t.Errorf("%s=%q: vmm %q, err %v; want %q", knobs.VMM, tt.value, s.VMM, err, tt.want)
+			continue
+		}
+		svc, err := s.NewService(nil, "test")
+		if err != nil {
+			t.Errorf("%s=%q: NewService: %v", knobs.VMM, tt.value, err)
+			continue
+		}
+		svc.Close()
+	}
+}

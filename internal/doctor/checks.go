@@ -12,6 +12,7 @@ import (
 
 	"isopod/internal/image"
 	"isopod/internal/jail"
+	"isopod/internal/vmm"
 )
 
 // tcgCost says what running without KVM costs, as measured on a 2-vCPU
@@ -67,10 +68,14 @@ func checkQEMU(ctx context.Context, cfg Config, h Host) Check {
 		return c
 	}
 	c.OK, c.Why = true, fmt.Sprintf("QEMU %s at %s", v, path)
-	if h.QEMUMachine == nil {
+	p, err := prober(ctx, h)
+	if p == nil && err == nil {
 		return c
 	}
-	m, err := h.QEMUMachine(ctx, path)
+	var m vmm.MachineInfo
+	if err == nil {
+		m, err = p.Machine(ctx)
+	}
 	if err != nil {
 		c.OK = false
 		c.Why = fmt.Sprintf("QEMU %s at %s cannot start isopod's machine: %v", v, path, err)
@@ -100,6 +105,15 @@ func qemuVersion(out string) (v string, major, minor int, ok bool) {
 	return m[1] + "." + m[2] + m[3], major, minor, true
 }
 
+// prober is the core's VMM driver as Host.VMM gives it; nil and no
+// error when the host has none.
+func prober(ctx context.Context, h Host) (vmm.Prober, error) {
+	if h.VMM == nil {
+		return nil, nil
+	}
+	return h.VMM(ctx)
+}
+
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
 	return l
@@ -114,16 +128,20 @@ func checkKVM(ctx context.Context, cfg Config, h Host) Check {
 		c.Fix = "unset ISOPOD_ACCEL to use KVM where /dev/kvm works"
 		return c
 	}
-	if h.KVMObstacle != nil {
-		if why, fix := h.KVMObstacle(ctx); why != "" {
-			c.Why = fmt.Sprintf("KVM cannot be used (%s), so %s", why, tcgCost)
-			c.Fix = fix
-			c.Detail = map[string]any{"kvm_reason": why}
-			if cfg.Accel == "kvm" {
-				c.Why = "ISOPOD_ACCEL=kvm forces KVM, but KVM cannot be used (" + why + "): runs fail"
-			}
-			return c
+	// A driver that cannot be had says nothing of KVM: the qemu check
+	// says why.
+	var verdict vmm.AccelVerdict
+	if p, err := prober(ctx, h); err == nil && p != nil {
+		verdict = p.AccelVerdict(ctx)
+	}
+	if why := verdict.Obstacle; why != "" {
+		c.Why = fmt.Sprintf("KVM cannot be used. %s So %s", why, tcgCost)
+		c.Fix = verdict.Fix
+		c.Detail = map[string]any{"kvm_reason": why}
+		if cfg.Accel == "kvm" {
+			c.Why = "ISOPOD_ACCEL=kvm forces KVM, but KVM cannot be used, so runs fail. " + why
 		}
+		return c
 	}
 	var err error = errors.New("cannot be checked")
 	if h.OpenKVM != nil {
@@ -144,20 +162,16 @@ func checkKVM(ctx context.Context, cfg Config, h Host) Check {
 		}
 		return c
 	}
-	var probe KVMProbe
-	probed := false
-	if h.KVMProbe != nil {
-		probe, probed = h.KVMProbe()
-	}
-	if probed && !probe.KVM && cfg.Accel != "kvm" {
-		c.Why = fmt.Sprintf("/dev/kvm opens, but QEMU could not run a guest with it (last probe, %s: %s), so %s",
+	probe := verdict.Probe
+	if probe != nil && !probe.OK && cfg.Accel != "kvm" {
+		c.Why = fmt.Sprintf("/dev/kvm opens, but QEMU could not run a guest with it (last probe, %s). %s So %s",
 			probe.At.UTC().Format("2006-01-02 15:04 MST"), firstLine(probe.Reason), tcgCost)
 		c.Fix = "use a host whose KVM runs guests (on a VM, one with working nested virtualization); the probe is retried hourly"
 		c.Detail = map[string]any{"probe_reason": probe.Reason}
 		return c
 	}
 	c.OK, c.Why = true, "/dev/kvm is usable: VMs run under KVM"
-	if !probed && cfg.Accel != "kvm" {
+	if probe == nil && cfg.Accel != "kvm" {
 		c.Why = "/dev/kvm is usable; the first run probes whether QEMU can run a guest with it, and falls back to TCG if not"
 	}
 	return c

@@ -13,6 +13,8 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
 	"isopod/internal/jail"
+	"isopod/internal/vmm"
+	"isopod/internal/vmm/vmmfake"
 )
 
 // healthy is a host on which every check passes.
@@ -22,14 +24,13 @@ func healthy() Host {
 		QEMUVersion: func(context.Context, string) (string, error) {
 			return "QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)\nCopyright (c) 2003-2022 Fabrice Bellard\n", nil
 		},
-		QEMUMachine: func(context.Context, string) (QEMUMachine, error) {
-			return QEMUMachine{Options: "microvm,acpi=on,x-option-roms=off", Firmware: "/usr/share/qemu/qboot.rom", FirmwareKind: "qboot",
-				Why: "The microvm firmware is qboot (/usr/share/qemu/qboot.rom), which loads the kernel itself, so option ROMs are off."}, nil
-		},
-		OpenKVM:     func() error { return nil },
-		KVMObstacle: func(context.Context) (string, string) { return "", "" },
-		KVMProbe:    func() (KVMProbe, bool) { return KVMProbe{KVM: true, At: time.Unix(1e9, 0)}, true },
-		Jail:        func(context.Context, string) (JailInfo, error) { return JailInfo{UID: 998, GID: 998, Tried: true}, nil },
+		VMM: fakeVMM(vmmfake.Config{
+			Machine: vmm.MachineInfo{Options: "microvm,acpi=on,x-option-roms=off", Firmware: "/usr/share/qemu/qboot.rom", FirmwareKind: "qboot",
+				Why: "The microvm firmware is qboot (/usr/share/qemu/qboot.rom), which loads the kernel itself, so option ROMs are off."},
+			AccelVerdict: vmm.AccelVerdict{Probe: &vmm.AccelProbe{OK: true, At: time.Unix(1e9, 0)}},
+		}),
+		OpenKVM: func() error { return nil },
+		Jail:    func(context.Context, string) (JailInfo, error) { return JailInfo{UID: 998, GID: 998, Tried: true}, nil },
 		Kernel: func() (image.BootKernel, error) {
 			return image.BootKernel{Path: "/h/kernels/6.1/vmlinuz", Info: image.KernelInfo{Package: "linux-image-cloud", Version: "6.1", Pinned: true}}, nil
 		},
@@ -44,6 +45,11 @@ func healthy() Host {
 		FreeBytes: func(dir string) (uint64, string, error) { return 50 << 30, dir, nil },
 		WarmPool:  func(context.Context) (WarmPool, error) { return WarmPool{}, nil },
 	}
+}
+
+// fakeVMM is the core's VMM driver as the fake one configured by cfg.
+func fakeVMM(cfg vmmfake.Config) func(context.Context) (vmm.Prober, error) {
+	return func(context.Context) (vmm.Prober, error) { return vmmfake.New(cfg) }
 }
 
 func check(t *testing.T, r *Report, name string) Check {
@@ -90,14 +96,9 @@ func TestQEMUMachine(t *testing.T) {
 	h.QEMUVersion = func(context.Context, string) (string, error) {
 		return "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)\n", nil
 	}
-	h.QEMUMachine = func(_ context.Context, bin string) (QEMUMachine, error) {
-		if bin != "/usr/bin/qemu-system-x86_64" {
-			t.Errorf("asked %s", bin)
-		}
-		return QEMUMachine{Options: "microvm,acpi=on,pit=off", Firmware: "/usr/share/seabios/bios-microvm.bin", FirmwareKind: "SeaBIOS",
-			DataDirs: []string{"/opt/q/share/qemu"},
-			Why:      "The microvm firmware is SeaBIOS (/usr/share/seabios/bios-microvm.bin), which loads the kernel through an option ROM, so option ROMs stay on."}, nil
-	}
+	h.VMM = fakeVMM(vmmfake.Config{Machine: vmm.MachineInfo{Options: "microvm,acpi=on,pit=off", Firmware: "/usr/share/seabios/bios-microvm.bin", FirmwareKind: "SeaBIOS",
+		DataDirs: []string{"/opt/q/share/qemu"},
+		Why:      "The microvm firmware is SeaBIOS (/usr/share/seabios/bios-microvm.bin), which loads the kernel through an option ROM, so option ROMs stay on."}})
 	c := check(t, Run(t.Context(), Config{Home: "/h"}, h), "qemu")
 	for _, w := range []string{"QEMU 10.0.2 at /usr/bin/qemu-system-x86_64", "-machine microvm,acpi=on,pit=off", "SeaBIOS", "option ROMs stay on"} {
 		if !strings.Contains(c.Why, w) {
@@ -133,14 +134,13 @@ func TestFailures(t *testing.T) {
 			h.QEMUVersion = func(context.Context, string) (string, error) { return "something else\n", nil }
 		}, check: "qemu", required: true, why: []string{"no version", "something else"}},
 		{name: "a QEMU that cannot start isopod's machine", host: func(h *Host) {
-			h.QEMUMachine = func(context.Context, string) (QEMUMachine, error) {
-				return QEMUMachine{}, errors.New("finds no bios-microvm.bin, the microvm firmware")
-			}
+			h.VMM = fakeVMM(vmmfake.Config{MachineError: errors.New("finds no bios-microvm.bin, the microvm firmware")})
 		}, check: "qemu", required: true, why: []string{"7.2.19", "cannot start isopod's machine", "bios-microvm.bin"}, fix: []string{"seabios"}},
 		{name: "kvm ruled out by the host's facts", host: func(h *Host) {
-			h.KVMObstacle = func(context.Context) (string, string) {
-				return "the CPU offers no hardware virtualization (/proc/cpuinfo lists neither vmx nor svm)", "use a host whose CPU offers VT-x or AMD-V"
-			}
+			h.VMM = fakeVMM(vmmfake.Config{AccelVerdict: vmm.AccelVerdict{
+				Obstacle: "The CPU offers no hardware virtualization (/proc/cpuinfo lists neither vmx nor svm).",
+				Fix:      "Use a host whose CPU offers VT-x or AMD-V.",
+			}})
 		}, check: "kvm", why: []string{"KVM cannot be used", "neither vmx nor svm", "TCG"}, fix: []string{"VT-x or AMD-V"}, accel: "tcg"},
 		{name: "no /dev/kvm", host: func(h *Host) {
 			h.OpenKVM = func() error { return &fs.PathError{Op: "open", Path: "/dev/kvm", Err: fs.ErrNotExist} }
@@ -149,12 +149,12 @@ func TestFailures(t *testing.T) {
 			h.OpenKVM = func() error { return &fs.PathError{Op: "open", Path: "/dev/kvm", Err: fs.ErrPermission} }
 		}, check: "kvm", why: []string{"TCG"}, fix: []string{"kvm group"}, accel: "tcg"},
 		{name: "kvm opens but cannot run a guest", host: func(h *Host) {
-			h.KVMProbe = func() (KVMProbe, bool) {
-				return KVMProbe{KVM: false, Reason: "failed to set MSR 0x10a\nassertion", At: time.Unix(1e9, 0)}, true
-			}
-		}, check: "kvm", why: []string{"could not run a guest", "failed to set MSR 0x10a", "TCG"}, accel: "tcg"},
+			h.VMM = fakeVMM(vmmfake.Config{AccelVerdict: vmm.AccelVerdict{
+				Probe: &vmm.AccelProbe{Reason: "Failed to set MSR 0x10a.", At: time.Unix(1e9, 0)},
+			}})
+		}, check: "kvm", why: []string{"could not run a guest", "Failed to set MSR 0x10a.", "TCG"}, accel: "tcg"},
 		{name: "kvm opens and was never probed", host: func(h *Host) {
-			h.KVMProbe = func() (KVMProbe, bool) { return KVMProbe{}, false }
+			h.VMM = fakeVMM(vmmfake.Config{})
 		}, check: "kvm", why: []string{"the first run probes"}, accel: "kvm"},
 		{name: "tcg forced", cfg: func(c *Config) { c.Accel = "tcg" }, check: "kvm", why: []string{"ISOPOD_ACCEL=tcg", "slower"}, fix: []string{"unset ISOPOD_ACCEL"}, accel: "tcg"},
 		{name: "no jail", host: func(h *Host) {

@@ -2,9 +2,9 @@ package doctor
 
 import (
 	"context"
-	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/vmm"
 )
 
 // Host is what the checks read of the host. A nil field is a fact that
@@ -14,18 +14,12 @@ type Host struct {
 	LookPath func(name string) (string, error)
 	// QEMUVersion returns what `bin -version` prints.
 	QEMUVersion func(ctx context.Context, bin string) (string, error)
-	// QEMUMachine says which microvm options and firmware a run would
-	// start the QEMU binary bin with, and why.
-	QEMUMachine func(ctx context.Context, bin string) (QEMUMachine, error)
+	// VMM is the core's VMM driver, asked how it would run guests here
+	// (sandbox.Service.Prober): its machine and firmware, and its
+	// verdict on KVM.
+	VMM func(ctx context.Context) (vmm.Prober, error)
 	// OpenKVM opens /dev/kvm read-write and closes it.
 	OpenKVM func() error
-	// KVMObstacle says why the VMMs cannot use KVM here (the CPU's flags,
-	// /dev/kvm and who may open it) and the fix; empty when nothing rules
-	// it out.
-	KVMObstacle func(ctx context.Context) (why, fix string)
-	// KVMProbe returns the last KVM probe recorded under the state root
-	// (ok false: none yet).
-	KVMProbe func() (p KVMProbe, ok bool)
 	// Jail sets the VMM jail up as a run does (jail.New) and, given the
 	// QEMU a run would start ("" for none), starts `qemu -version` in it.
 	Jail func(ctx context.Context, qemu string) (JailInfo, error)
@@ -40,26 +34,6 @@ type Host struct {
 	FreeBytes func(dir string) (free uint64, at string, err error)
 	// WarmPool lists the warm pool's snapshots.
 	WarmPool func(ctx context.Context) (WarmPool, error)
-}
-
-// QEMUMachine is how a run starts QEMU's microvm machine.
-type QEMUMachine struct {
-	// Options is the -machine value; DataDirs are passed with -L.
-	Options  string
-	DataDirs []string
-	// Firmware is the microvm firmware and FirmwareKind which it is
-	// (qboot, SeaBIOS, unknown).
-	Firmware     string
-	FirmwareKind string
-	// Why says which firmware and options, and why, in sentences.
-	Why string
-}
-
-// KVMProbe is the outcome of the last KVM probe.
-type KVMProbe struct {
-	KVM    bool // QEMU ran a guest under KVM
-	Reason string
-	At     time.Time
 }
 
 // JailInfo is a jail that can be set up.

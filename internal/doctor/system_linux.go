@@ -25,8 +25,8 @@ import (
 )
 
 // System is the real host, for state root p with the custom kernel and
-// agent binary in use (empty: the defaults). KVMProbe and WarmPool come
-// from the core; the caller sets them.
+// agent binary in use (empty: the defaults). VMM and WarmPool come from
+// the core; the caller sets them.
 func System(p paths.Paths, kernel, agentBin string) Host {
 	return Host{
 		LookPath: hosttool.Find,

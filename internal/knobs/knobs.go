@@ -7,6 +7,7 @@ const (
 	Home          = "ISOPOD_HOME"               // state root; default ~/.isopod
 	Kernel        = "ISOPOD_KERNEL"             // a kernel with every driver built in
 	QEMU          = "ISOPOD_QEMU"               // qemu-system-x86_64 to use
+	VMM           = "ISOPOD_VMM"                // the VMM driver: qemu (the default and only one)
 	AgentBin      = "ISOPOD_AGENT_BIN"          // isopod-agent binary for image builds
 	Accel         = "ISOPOD_ACCEL"              // force "kvm" or "tcg"
 	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW"    // "1": fork stages made over another base build

@@ -2,8 +2,12 @@ package layering
 
 import (
 	"go/build"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -14,6 +18,8 @@ const mod = "isopod/"
 type pkg struct {
 	ImportPath string
 	Imports    []string
+	// Files maps each of its (non-test) files to what that file imports.
+	Files map[string][]string
 }
 
 // listPackages parses every package of the module for its direct imports
@@ -43,7 +49,11 @@ func listPackages(t *testing.T) map[string]pkg {
 		}
 		rel, _ := filepath.Rel(root, path)
 		ip := mod + filepath.ToSlash(rel)
-		pkgs[ip] = pkg{ImportPath: ip, Imports: bp.Imports}
+		files, err := fileImports(path, bp.GoFiles)
+		if err != nil {
+			return err
+		}
+		pkgs[ip] = pkg{ImportPath: ip, Imports: bp.Imports, Files: files}
 		return nil
 	})
 	if err != nil {
@@ -53,6 +63,26 @@ func listPackages(t *testing.T) map[string]pkg {
 		t.Fatalf("found only %d packages under %s", len(pkgs), root)
 	}
 	return pkgs
+}
+
+// fileImports parses the import clause of each of files in dir.
+func fileImports(dir string, files []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.ImportsOnly)
+		if err != nil {
+			return nil, err
+		}
+		for _, is := range f.Imports {
+			imp, err := strconv.Unquote(is.Path.Value)
+			if err != nil {
+				return nil, err
+			}
+			out[name] = append(out[name], imp)
+		}
+	}
+	return out, nil
 }
 
 func short(path string) string { return strings.TrimPrefix(path, mod+"internal/") }
@@ -98,7 +128,7 @@ func TestImportRules(t *testing.T) {
 		{"only the front ends (and end-to-end test helpers) read settings (config)",
 			func(p string) bool { return !frontEnd(p) && !strings.HasPrefix(p, mod+"integration/") },
 			func(_, imp string) bool { return imp != mod+"internal/config" }},
-		{"only the wiring point (sandbox) and the benchmarks name a VMM driver",
+		{"only the wiring point (sandbox, in its wiring.go: TestDriverWiring) and the benchmarks name a VMM driver",
 			func(p string) bool { return p != mod+"internal/sandbox" && p != mod+"internal/bench" },
 			func(_, imp string) bool { return !driver(imp) }},
 		{"the core imports no front end",
@@ -134,4 +164,53 @@ func frontEnd(p string) bool {
 func driver(p string) bool {
 	name, ok := strings.CutPrefix(p, mod+"internal/vmm/")
 	return ok && !strings.Contains(name, "/") && name != "vmmtest" && !strings.HasPrefix(name, "vmmfake")
+}
+
+// wiringFile is the one file of the core that names VMM drivers: it picks
+// the one ISOPOD_VMM selects, and the rest of the core speaks to it
+// through the vmm contract.
+const wiringFile = "wiring.go"
+
+// strayDriverImports lists the files of p, other than its wiring file,
+// that import a VMM driver, as "file imports driver".
+func strayDriverImports(p pkg) []string {
+	var stray []string
+	for name, imps := range p.Files {
+		for _, imp := range imps {
+			if driver(imp) && name != wiringFile {
+				stray = append(stray, name+" imports "+imp)
+			}
+		}
+	}
+	slices.Sort(stray)
+	return stray
+}
+
+// TestDriverWiring: in the core, only its wiring file names a VMM driver.
+func TestDriverWiring(t *testing.T) {
+	core, ok := listPackages(t)[mod+"internal/sandbox"]
+	if !ok {
+		t.Fatal("no internal/sandbox")
+	}
+	if !slices.ContainsFunc(core.Files[wiringFile], driver) {
+		t.Errorf("sandbox/%s imports no VMM driver: the core picks its driver there", wiringFile)
+	}
+	for _, s := range strayDriverImports(core) {
+		t.Errorf("sandbox/%s: only sandbox/%s names a VMM driver; speak to it through the vmm contract (vmm.Driver, vmm.Prober, ...)", s, wiringFile)
+	}
+}
+
+// TestStrayDriverImports: the wiring rule finds a core file that imports
+// a driver, and lets the wiring file, the contract and the fake pass.
+func TestStrayDriverImports(t *testing.T) {
+	p := pkg{Files: map[string][]string{
+		wiringFile:  {"fmt", mod + "internal/vmm", mod + "internal/vmm/qemu"},
+		"doctor.go": {"context", mod + "internal/vmm/qemu"},
+		"run.go":    {mod + "internal/vmm", mod + "internal/vmm/vmmfake", mod + "internal/vmm/vmmtest"},
+		"vm.go":     {mod + "internal/vmm/firecracker"},
+	}}
+	want := []string{"doctor.go imports " + mod + "internal/vmm/qemu", "vm.go imports " + mod + "internal/vmm/firecracker"}
+	if got := strayDriverImports(p); !slices.Equal(got, want) {
+		t.Errorf("stray imports %q; want %q", got, want)
+	}
 }

@@ -71,6 +71,7 @@ var environment = []struct{ name, text string }{
 	{knobs.Accel, "kvm or tcg, instead of the one found"},
 	{knobs.Kernel, "the guest kernel"},
 	{knobs.QEMU, "the qemu-system-x86_64 to run"},
+	{knobs.VMM, "the VMM driver: qemu (the default, and the only one); another name is refused at start-up"},
 	{knobs.AgentBin, "the isopod-agent binary image builds put in a base"},
 	{knobs.DockerConfig, "where registry credentials are found (default ~/.docker)"},
 }

@@ -11,16 +11,18 @@ import (
 	"isopod/internal/oci"
 	"isopod/internal/paths"
 	"isopod/internal/vmm"
-	"isopod/internal/vmm/qemu"
 	"isopod/internal/warmpool"
 )
 
 // Options configures a Service.
 type Options struct {
-	Paths   paths.Paths
-	Logger  *slog.Logger // nil: discard
-	Driver  vmm.Driver   // nil: QEMU
-	Version string       // isopod version, recorded in stages and reports
+	Paths  paths.Paths
+	Logger *slog.Logger // nil: discard
+	Driver vmm.Driver   // nil: the one VMM names
+	// VMM names the VMM driver (ISOPOD_VMM; see VMMDrivers); empty:
+	// DefaultVMM.
+	VMM     string
+	Version string // isopod version, recorded in stages and reports
 	// AllowBaseSkew lets forks boot over a rebuilt base (ISOPOD_ALLOW_BASE_SKEW=1).
 	AllowBaseSkew bool
 	// Kernel is a custom guest kernel with every driver built in
@@ -109,33 +111,25 @@ type Service struct {
 	jailWarnings []string
 }
 
-// driver returns the VMM driver, creating the QEMU one on first use.
+// driver returns the VMM driver, creating the one Options.VMM selects
+// (wiring.go) on first use.
 func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 	s.driverOnce.Do(func() {
 		if s.opts.Driver != nil {
 			s.drv = s.opts.Driver
 			return
 		}
-		cfg := qemu.Config{
-			Binary: s.opts.QEMU, Accel: s.opts.Accel, Logger: s.log,
-			ProbeCache: s.probeCache(),
-		}
+		var j *jail.Jailer
 		if s.opts.Jail != JailOff {
-			j, err := jail.New(jail.Config{Logger: s.log, Scope: s.opts.Paths.Scope()})
-			if err != nil {
+			var err error
+			if j, err = jail.New(jail.Config{Logger: s.log, Scope: s.opts.Paths.Scope()}); err != nil {
 				s.drvErr = err
 				return
 			}
-			cfg.Jail = j
 			s.jailer = j
 			s.jailWarnings = j.Warnings()
 		}
-		d, err := qemu.New(cfg)
-		if err != nil {
-			s.drvErr = err
-			return
-		}
-		s.drv = d
+		s.drv, s.drvErr = s.newDriver(j)
 	})
 	return s.drv, s.drvErr
 }
@@ -148,6 +142,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.Paths.Home == "" {
 		return nil, fmt.Errorf("sandbox: no state root: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := CheckVMM(opts.VMM); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: newBGWork()}
 	if opts.ReadyVMs > 0 && !opts.NoWarmPool {

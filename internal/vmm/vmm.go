@@ -15,7 +15,7 @@
 // it never ends the Machine.
 //
 // Optional abilities are separate interfaces, found by type assertion:
-// [Snapshotter] on a Machine and [Restorer] on a Driver.
+// [Snapshotter] on a Machine, [Restorer] and [Prober] on a Driver.
 package vmm
 
 import (
@@ -181,4 +181,52 @@ type Resumer interface {
 type Timing interface {
 	// Started is when the VMM process was started.
 	Started() time.Time
+}
+
+// Prober is a Driver that can say, without starting a guest, how it would
+// run guests on this host: what `isopod doctor` reports of the VMM.
+type Prober interface {
+	// AccelVerdict says whether guests here can get hardware acceleration,
+	// from what the host says and from the last probe guest recorded.
+	AccelVerdict(ctx context.Context) AccelVerdict
+	// Machine says which VMM build runs guests and how it starts their
+	// machine. An error says, in words, why it cannot start one at all.
+	Machine(ctx context.Context) (MachineInfo, error)
+}
+
+// AccelVerdict is what a driver tells of hardware acceleration on this
+// host. Every text is whole sentences.
+type AccelVerdict struct {
+	// Obstacle says why what the host says (the CPU, the device node and
+	// who may open it, as the driver's VMMs are confined) rules hardware
+	// acceleration out; empty when nothing does. Fix says what would
+	// allow it.
+	Obstacle, Fix string
+	// Probe is the last probe guest recorded on this host; nil when none
+	// was tried yet (the first boot tries one).
+	Probe *AccelProbe
+}
+
+// AccelProbe is the outcome of a probe guest under hardware acceleration.
+type AccelProbe struct {
+	// OK: the guest ran with it. Reason says why not.
+	OK     bool
+	Reason string
+	At     time.Time
+}
+
+// MachineInfo is how a driver starts a guest's machine.
+type MachineInfo struct {
+	// Info is the VMM build.
+	Info
+	// Options are the machine's options (QEMU: the -machine value), and
+	// DataDirs where the VMM is told to read its firmware from.
+	Options  string
+	DataDirs []string
+	// Firmware is the firmware the machine boots and FirmwareKind which
+	// it is; empty when the VMM loads the kernel itself.
+	Firmware     string
+	FirmwareKind string
+	// Why says which firmware and options, and why.
+	Why string
 }

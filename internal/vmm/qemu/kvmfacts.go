@@ -237,11 +237,3 @@ func (f kvmFacts) fix() string {
 	}
 	return "give /dev/kvm the group and mode the reason names (udev's rule: group kvm, mode 0660)"
 }
-
-// KVMObstacle says why VMMs, confined by j (nil: unconfined), cannot use
-// KVM on this host, and what would fix it; empty when nothing the host
-// says rules KVM out (a run's probe guest decides then).
-func KVMObstacle(j *jail.Jailer) (why, fix string) {
-	f := readKVMFacts(j)
-	return f.obstacle(), f.fix()
-}

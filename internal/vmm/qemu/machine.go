@@ -282,33 +282,3 @@ func (d *Driver) machine(ctx context.Context) (*machinePlan, error) {
 	d.plan = &p
 	return d.plan, nil
 }
-
-// MachineInfo is how isopod starts a QEMU's microvm machine, for `isopod
-// doctor`.
-type MachineInfo struct {
-	// Options is the -machine value, DataDirs the -L directories.
-	Options  string
-	DataDirs []string
-	// Firmware is the microvm firmware QEMU loads and FirmwareKind which
-	// it is: qboot, SeaBIOS or unknown.
-	Firmware     string
-	FirmwareKind string
-	// OptionROMs: option ROMs stay on.
-	OptionROMs bool
-	// Why says which firmware and options, and why, in sentences.
-	Why string
-}
-
-// ProbeMachine asks the QEMU binary bin which machine options isopod would
-// start it with, as a run does.
-func ProbeMachine(ctx context.Context, bin string) (MachineInfo, error) {
-	f, err := probeMachine(ctx, bin)
-	if err != nil {
-		return MachineInfo{}, err
-	}
-	p, err := planMachine(f)
-	if err != nil {
-		return MachineInfo{}, err
-	}
-	return MachineInfo{Options: p.Options, DataDirs: p.DataDirs, Firmware: p.Firmware, FirmwareKind: string(p.Kind), OptionROMs: p.OptionROMs, Why: p.Why}, nil
-}

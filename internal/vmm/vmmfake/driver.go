@@ -67,6 +67,13 @@ type Config struct {
 	// must not block. It may call [Machine.Crash]; the frame is then never
 	// delivered.
 	OnRequest func(m *Machine, msg *agentproto.Msg)
+	// AccelVerdict is what [Driver.AccelVerdict] reports (zero: nothing
+	// rules acceleration out, no probe yet). Machine is what
+	// [Driver.Machine] reports besides the fake's Info (zero: the fake's
+	// own machine); MachineError, when set, what it fails with.
+	AccelVerdict vmm.AccelVerdict
+	Machine      vmm.MachineInfo
+	MachineError error
 	// Logger receives the driver's decisions; nil discards. The guest's
 	// own lines go to each Config.SerialLog, as a console would.
 	Logger *slog.Logger
@@ -96,6 +103,7 @@ type Driver struct {
 var (
 	_ vmm.Driver   = (*Driver)(nil)
 	_ vmm.Restorer = (*Driver)(nil)
+	_ vmm.Prober   = (*Driver)(nil)
 )
 
 // New returns a Driver.
@@ -117,6 +125,26 @@ func New(cfg Config) (*Driver, error) {
 // Info reports the fake.
 func (d *Driver) Info(ctx context.Context) (vmm.Info, error) {
 	return vmm.Info{Name: Name, Version: Version}, nil
+}
+
+// AccelVerdict reports Config.AccelVerdict.
+func (d *Driver) AccelVerdict(ctx context.Context) vmm.AccelVerdict {
+	return d.cfg.AccelVerdict
+}
+
+// Machine reports Config.Machine, else the fake's machine, which has no
+// firmware; or Config.MachineError.
+func (d *Driver) Machine(ctx context.Context) (vmm.MachineInfo, error) {
+	info, _ := d.Info(ctx)
+	if d.cfg.MachineError != nil {
+		return vmm.MachineInfo{Info: info}, d.cfg.MachineError
+	}
+	if m := d.cfg.Machine; m.Options != "" {
+		m.Info = info
+		return m, nil
+	}
+	return vmm.MachineInfo{Info: info, Options: Name,
+		Why: "The fake runs the guest agent inside the test process, with no machine or firmware."}, nil
 }
 
 // Machines returns every machine started or restored so far, oldest first.

@@ -59,6 +59,7 @@ func Suite(t *testing.T, tg Target) {
 		AssertNoProcess(t, cfg.ID)
 	})
 	t.Run("SnapshotRestore", func(t *testing.T) { testSnapshot(t, drv, g) })
+	t.Run("Prober", func(t *testing.T) { testProber(t, drv) })
 }
 
 // testBoot boots a guest with a read-only and a read-write disk, checks
