@@ -12,6 +12,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
+	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 )
@@ -20,7 +21,7 @@ import (
 // made; it boots nothing.
 func newTestService(t *testing.T) *Service {
 	t.Helper()
-	s, err := New(Options{Paths: paths.Paths{Home: t.TempDir()}})
+	s, err := New(Options{Settings: settings.Settings{Paths: paths.Paths{Home: t.TempDir()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
