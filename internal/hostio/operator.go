@@ -24,6 +24,10 @@ import (
 // MCP server's confined policy.
 type Operator struct{}
 
+// ErrSymlink is a copy-out destination that is a symlink, which the
+// operator's policy never writes through.
+var ErrSymlink = errors.New("is a symlink")
+
 // CheckCopyOut checks dest, the host path of the request field what
 // (copy_out, workspace_out), without creating anything.
 func (Operator) CheckCopyOut(what, dest string) error {
@@ -34,7 +38,7 @@ func (Operator) CheckCopyOut(what, dest string) error {
 	st, err := os.Lstat(dest)
 	switch {
 	case err == nil && st.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("%s: host path %s is a symlink; isopod writes only the path you name, never through a link: %w", what, dest, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: host path %s %w; isopod writes only the path you name, never through a link: %w", what, dest, ErrSymlink, errdefs.ErrInvalidArgument)
 	case err == nil && st.IsDir():
 		return fmt.Errorf("%s: host path %s is a directory; name the file to write: %w", what, dest, errdefs.ErrInvalidArgument)
 	case err == nil:
