@@ -8,8 +8,9 @@ import (
 )
 
 // admit refuses, before any VM starts, everything about req that can be
-// refused: it normalizes req, plans the run, opens its stdin (the caller
-// closes it) and checks the copy-out destinations.
+// refused: it normalizes req, plans the run and checks the copy-out
+// destinations a front end did not open. It returns the run's stdin, which
+// the caller closes.
 func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Reader, error) {
 	req, err := normalize(req, readHostLimits())
 	if err != nil {
@@ -32,23 +33,5 @@ func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Re
 			return req, nil, nil, err
 		}
 	}
-	stdin, err := openStdin(req)
-	if err != nil {
-		return req, nil, nil, err
-	}
-	return req, pl, stdin, nil
-}
-
-func openStdin(req Request) (io.Reader, error) {
-	if req.Stdin != nil {
-		return req.Stdin, nil
-	}
-	if req.StdinFile == "" {
-		return nil, nil
-	}
-	f, err := hostio.Operator{}.OpenStdinFile(req.StdinFile)
-	if err != nil {
-		return nil, err // not a nil *os.File in a non-nil io.Reader
-	}
-	return f, nil
+	return req, pl, req.Stdin, nil
 }
