@@ -1,8 +1,9 @@
 // Package config reads isopod's settings once, at the front ends: the
 // environment knobs named in internal/knobs (and the flags that override
-// them) become one typed Settings value, and both front ends build the core
-// from it with NewService. Nothing below the front ends reads the
-// environment or imports this package.
+// them) become one typed settings.Settings value (with what only a front
+// end uses around it), which both front ends hand whole to the core with
+// NewService and to the host-I/O policy. Nothing below the front ends
+// reads the environment or imports this package.
 package config
 
 import (

@@ -3,8 +3,10 @@
 // resolved beneath a root one component at a time, each opened relative to
 // a descriptor of the directory before it (beneath.go), and the open
 // descriptors are what the core reads from and writes into, so what was
-// checked is what is used. The MCP server's policy (Local, Remote) is
-// confined to a root and never touches the state root.
+// checked is what is used. The MCP server's policy (Policy: Local,
+// Remote) is confined to a root and never touches the state root; the
+// CLI's (Operator) takes the operator's paths as named, refusing only what
+// cannot be written or read as named.
 package hostio
 
 import (
