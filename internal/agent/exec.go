@@ -32,6 +32,10 @@ const (
 )
 
 // baseEnv is the environment every exec starts from.
+// errStdinWindow is a host that sent more stdin than the window allows:
+// the connection ends.
+var errStdinWindow = errors.New("stdin window overrun")
+
 var baseEnv = []string{
 	"PATH=" + DefaultPath,
 	"HOME=/root",
@@ -236,7 +240,7 @@ func (c *conn) routeStdin(m *agentproto.Msg, payload []byte) error {
 	case st.stdin <- stdinFrame{data: payload, eof: m.EOF}:
 		return nil
 	default:
-		return fmt.Errorf("exec %d: more than %d unacknowledged stdin frames (the window is %d)", m.ID, stdinQueue, agentproto.StdinWindow)
+		return fmt.Errorf("exec %d: more than %d unacknowledged stdin frames (the window is %d): %w", m.ID, stdinQueue, agentproto.StdinWindow, errStdinWindow)
 	}
 }
 

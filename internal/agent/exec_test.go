@@ -343,7 +343,7 @@ func TestStdinWindowOverrunEndsConnection(t *testing.T) {
 			}
 		}
 	}()
-	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "unacknowledged stdin") {
+	if err := c.serveResult(5 * time.Second); !errors.Is(err, errStdinWindow) {
 		t.Errorf("Serve = %v; want a window violation", err)
 	}
 	done := c.wire.await(t, id, func(f frame) bool { return f.m.Kind == agentproto.KindExecDone }).m.Done

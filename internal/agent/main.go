@@ -51,7 +51,7 @@ type stdio struct {
 }
 
 func serveStdio() int {
-	log := NewConsoleLogger(os.Stderr, os.Getenv("ISOPOD_AGENT_DEBUG") == "1")
+	log := NewConsoleLogger(os.Stderr, os.Getenv(agentproto.AgentDebugEnv) == "1")
 	err := Serve(context.Background(), stdio{os.Stdin, os.Stdout}, Options{Logger: log})
 	if err != nil && !errors.Is(err, io.EOF) {
 		log.Error("serving ended", "err", err)

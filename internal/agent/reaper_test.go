@@ -3,12 +3,12 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 			os.Exit(3)
 		}
 		err := Serve(context.Background(), stdio{os.Stdin, os.Stdout}, Options{ReapAll: true, Logger: NewConsoleLogger(os.Stderr, false)})
-		if err != nil && !strings.Contains(err.Error(), "EOF") {
+		if err != nil && !errors.Is(err, io.EOF) {
 			fmt.Fprintln(os.Stderr, "serve:", err)
 			os.Exit(1)
 		}

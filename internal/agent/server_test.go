@@ -322,7 +322,7 @@ func TestGarbageHeaderEndsConnection(t *testing.T) {
 	b = binary.LittleEndian.AppendUint32(b, 3)
 	b = append(b, "{{{"...)
 	c.wire.writeRaw(b)
-	if err := c.serveResult(5 * time.Second); err == nil || !strings.Contains(err.Error(), "decoding header") {
+	if err := c.serveResult(5 * time.Second); !errors.Is(err, agentproto.ErrBadHeader) {
 		t.Errorf("Serve = %v; want a decoding error", err)
 	}
 }

@@ -92,7 +92,8 @@ func TestExec(t *testing.T) {
 func TestExecRefused(t *testing.T) {
 	c, _ := ready(t, agent.Options{})
 	r := run(t, c, agentproto.Exec{Argv: []string{"true"}, Env: []string{"=x"}}, nil)
-	if r.done != nil || r.err == nil || !strings.Contains(r.err.Error(), "guest: exec:") {
+	var ge *guestError
+	if r.done != nil || !errors.As(r.err, &ge) {
 		t.Errorf("exec with a bad env: done %+v err %v; want the guest's refusal", r.done, r.err)
 	}
 }
@@ -144,7 +145,9 @@ func TestExecStdinFails(t *testing.T) {
 // failWriter fails every write.
 type failWriter struct{}
 
-func (failWriter) Write([]byte) (int, error) { return 0, errors.New("pipe broken") }
+func (failWriter) Write([]byte) (int, error) { return 0, errPipeBroken }
+
+var errPipeBroken = errors.New("pipe broken")
 
 // A failing output writer does not stop the exec; the error comes with
 // its result.
@@ -157,7 +160,7 @@ func TestExecOutputWriteFails(t *testing.T) {
 	if done == nil || done.ExitCode == nil || *done.ExitCode != 0 {
 		t.Errorf("done %+v; want the exec to complete", done)
 	}
-	if err == nil || !strings.Contains(err.Error(), "writing stdout") {
+	if !errors.Is(err, errPipeBroken) {
 		t.Errorf("err %v; want the stdout write error", err)
 	}
 }

@@ -12,6 +12,9 @@ import (
 // [MaxHeader], on either read or write.
 var ErrFrameTooLarge = errors.New("agentproto: frame too large")
 
+// ErrBadHeader is returned for a frame whose header is not a message.
+var ErrBadHeader = errors.New("agentproto: decoding header")
+
 // WriteFrame encodes m and payload as one frame and writes it with a single
 // Write call, so that concurrent writers serialised by a mutex never
 // interleave partial frames.
@@ -60,7 +63,7 @@ func ReadFrame(r io.Reader) (*Msg, []byte, error) {
 	}
 	m := new(Msg)
 	if err := json.Unmarshal(body[:hlen], m); err != nil {
-		return nil, nil, fmt.Errorf("agentproto: decoding header: %w", err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadHeader, err)
 	}
 	payload := body[hlen:]
 	if len(payload) == 0 {

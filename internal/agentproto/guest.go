@@ -47,6 +47,11 @@ const (
 	CmdlineDebug = "isopod.debug"
 )
 
+// AgentDebugEnv set to "1" in the environment of an agent serving on its
+// own stdio (isopod-agent --stdio, for development) adds debug lines to
+// its log. The agent reads it itself; internal/knobs names it for users.
+const AgentDebugEnv = "ISOPOD_AGENT_DEBUG"
+
 // BaseMountPoint is where the guest mounts the base image at boot, before
 // the root is assembled; the host reads files of the base there to warm
 // the page cache of a snapshot VM.

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"isopod/internal/doctor"
-	"isopod/internal/sandbox"
+	"isopod/internal/settings"
 	"isopod/internal/version"
 )
 
@@ -50,7 +50,7 @@ func runDoctor(ctx context.Context, e *env) error {
 		Home:    s.Paths.Home,
 		QEMU:    s.QEMU,
 		Accel:   string(s.Accel),
-		JailOff: s.Jail == sandbox.JailOff,
+		JailOff: s.Jail == settings.JailOff,
 		Kernel:  s.Kernel,
 	}, h)
 	e.result = rep

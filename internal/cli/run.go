@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 	"isopod/internal/workspace"
 )
@@ -35,6 +36,11 @@ the command exits 0.`,
 			if err != nil {
 				return err
 			}
+			release, err := o.openHostFiles()
+			if err != nil {
+				return err
+			}
+			defer release()
 			rep, err := svc.Run(cmd.Context(), o.req)
 			if err != nil {
 				return raiseHint(err)
@@ -82,10 +88,50 @@ func (o *runOptions) complete(cmd *cobra.Command, args []string) error {
 	case "":
 	case "-":
 		o.req.Stdin = os.Stdin
-	default:
-		o.req.StdinFile = o.stdinFile
 	}
 	return workspaceFlags(cmd, &o.req, o.ws, o.wsSpec)
+}
+
+// openHostFiles opens the run's host files through the operator's policy
+// (internal/hostio), before any VM starts: each copy-out destination's
+// directory, the workspace patch's, and the stdin file. The core stages
+// and renames the copies in the directories opened, as it does for the
+// MCP server's. release closes them once the run is over.
+func (o *runOptions) openHostFiles() (release func(), err error) {
+	var opened []*os.File
+	release = func() {
+		for _, f := range opened {
+			f.Close()
+		}
+	}
+	fail := func(err error) (func(), error) {
+		release()
+		return func() {}, err
+	}
+	op := hostio.Operator{}
+	for i := range o.req.CopyOut {
+		c := &o.req.CopyOut[i]
+		dir, err := op.OpenCopyOut("copy-out", c.Host)
+		if err != nil {
+			return fail(err)
+		}
+		c.HostDir, opened = dir, append(opened, dir)
+	}
+	if w := o.req.Workspace; w != nil && w.Out != "" {
+		dir, err := op.OpenCopyOut("workspace-out", w.Out)
+		if err != nil {
+			return fail(err)
+		}
+		w.OutDir, opened = dir, append(opened, dir)
+	}
+	if o.stdinFile != "" && o.stdinFile != "-" {
+		f, err := op.OpenStdinFile(o.stdinFile)
+		if err != nil {
+			return fail(err)
+		}
+		o.req.Stdin, opened = f, append(opened, f)
+	}
+	return release, nil
 }
 
 // runFlags registers the flags of `isopod run` on c, bound to o.

@@ -58,7 +58,7 @@ func positive(s string) bool { return s != "" && s != "0" && !strings.HasPrefix(
 // class.
 func raiseHint(err error) error {
 	flags := capFlags
-	msg := err.Error()
+	msg, added := err.Error(), false
 	var walk func(error)
 	walk = func(e error) {
 		switch x := e.(type) {
@@ -66,6 +66,7 @@ func raiseHint(err error) error {
 			if flag := flags[x.What]; flag != "" {
 				s := x.Error()
 				msg = strings.Replace(msg, s, s+", or raise "+flag, 1)
+				added = true
 			}
 		case interface{ Unwrap() []error }:
 			for _, inner := range x.Unwrap() {
@@ -76,7 +77,7 @@ func raiseHint(err error) error {
 		}
 	}
 	walk(err)
-	if msg == err.Error() {
+	if !added {
 		return err
 	}
 	return &hinted{msg: msg, err: err}

@@ -1,8 +1,9 @@
 // Package config reads isopod's settings once, at the front ends: the
 // environment knobs named in internal/knobs (and the flags that override
-// them) become one typed Settings value, and both front ends build the core
-// from it with NewService. Nothing below the front ends reads the
-// environment or imports this package.
+// them) become one typed settings.Settings value (with what only a front
+// end uses around it), which both front ends hand whole to the core with
+// NewService and to the host-I/O policy. Nothing below the front ends
+// reads the environment or imports this package.
 package config
 
 import (
@@ -20,6 +21,7 @@ import (
 	"isopod/internal/oci"
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
+	"isopod/internal/settings"
 	"isopod/internal/vmm"
 )
 
@@ -30,38 +32,11 @@ const DefaultWarmPoolDiskMiB = 8192
 // ready per hot shape unless set.
 const DefaultReadyVMs = 1
 
-// Settings are everything isopod's behaviour depends on outside a request.
+// Settings are everything isopod's behaviour depends on outside a
+// request: the core's settings, whole, and what only a front end uses.
 type Settings struct {
-	Paths paths.Paths
-	// DockerConfig is Docker's configuration directory (DOCKER_CONFIG,
-	// else ~/.docker), for registry credentials.
-	DockerConfig string
-	LogLevel     slog.Level
-	// Kernel is a custom guest kernel (--kernel or ISOPOD_KERNEL), made
-	// absolute; empty: the fetched one.
-	Kernel string
-	QEMU   string
-	// VMM: ISOPOD_VMM, the VMM driver (sandbox.VMMDrivers); empty: the
-	// default.
-	VMM      string
-	AgentBin string
-	Accel    vmm.Accel
-	// AllowBaseSkew: ISOPOD_ALLOW_BASE_SKEW=1.
-	AllowBaseSkew bool
-	// Jail: ISOPOD_JAIL, whether the VMM runs inside its jail.
-	Jail sandbox.JailMode
-	// NoWarmPool: ISOPOD_WARM_POOL=off, every run boots cold.
-	NoWarmPool bool
-	// WarmPoolBytes: ISOPOD_WARM_POOL_DISK_MIB, the snapshots' disk
-	// budget (default DefaultWarmPoolDiskMiB).
-	WarmPoolBytes int64
-	// ReadyVMs: ISOPOD_READY_VMS, the ready VMs per hot shape a
-	// long-lived front end keeps (default DefaultReadyVMs; 0 none).
-	ReadyVMs int
-	// RegistryStall: ISOPOD_REGISTRY_STALL_S and ISOPOD_REGISTRY_MIN_KIBPS,
-	// how little a registry request may move before it fails (default
-	// oci.DefaultStall).
-	RegistryStall oci.Stall
+	settings.Settings
+	LogLevel slog.Level
 	// LongLived is set by a front end that serves many runs (isopod-mcp):
 	// it gets ready VMs and builds missing snapshots in the background,
 	// and must close the Service.
@@ -69,25 +44,23 @@ type Settings struct {
 	// HoldVM is the long-lived front end's admission for background VMs
 	// (sandbox.Options.HoldVM).
 	HoldVM func(memMiB int) (release func(), ok bool)
-
-	// raw keeps every knob as read, for front-end policies that interpret
-	// their own (the MCP server's host-I/O switches).
-	raw map[string]string
 }
 
 // Load reads the settings through lookup (os.LookupEnv in production).
 // A value that can never work is an invalid-argument error naming the
 // variable and what it accepts.
 func Load(lookup func(string) (string, bool)) (Settings, error) {
-	s := Settings{raw: map[string]string{}}
+	var s Settings
+	raw := map[string]string{}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs, knobs.MCPHostIORoot, knobs.MCPCopyOut, knobs.MCPStdinFile, knobs.MCPWorkspace,
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs,
 		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
 		if v, ok := lookup(k); ok {
-			s.raw[k] = v
+			raw[k] = v
 		}
 	}
-	home := s.raw[knobs.Home]
+	s.HostIO = hostIO(lookup)
+	home := raw[knobs.Home]
 	if home == "" {
 		h, err := os.UserHomeDir()
 		if err != nil {
@@ -103,25 +76,25 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	if s.DockerConfig, err = dockerConfigDir(lookup); err != nil {
 		return s, err
 	}
-	if s.LogLevel, err = parseLevel(s.raw[knobs.LogLevel]); err != nil {
+	if s.LogLevel, err = parseLevel(raw[knobs.LogLevel]); err != nil {
 		return s, err
 	}
-	if err := s.SetKernel(s.raw[knobs.Kernel]); err != nil {
+	if err := s.SetKernel(raw[knobs.Kernel]); err != nil {
 		return s, err
 	}
-	s.QEMU, s.AgentBin = s.raw[knobs.QEMU], s.raw[knobs.AgentBin]
-	switch a := vmm.Accel(strings.TrimSpace(s.raw[knobs.Accel])); a {
+	s.QEMU, s.AgentBin = raw[knobs.QEMU], raw[knobs.AgentBin]
+	switch a := vmm.Accel(strings.TrimSpace(raw[knobs.Accel])); a {
 	case vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
 		s.Accel = a
 	default:
 		return s, fmt.Errorf("%s=%q: use kvm or tcg, or unset it for auto: %w", knobs.Accel, a, errdefs.ErrInvalidArgument)
 	}
-	s.VMM = strings.ToLower(strings.TrimSpace(s.raw[knobs.VMM]))
+	s.VMM = strings.ToLower(strings.TrimSpace(raw[knobs.VMM]))
 	if err := sandbox.CheckVMM(s.VMM); err != nil {
 		return s, err
 	}
-	s.AllowBaseSkew = s.raw[knobs.AllowBaseSkew] == "1"
-	switch v := strings.ToLower(strings.TrimSpace(s.raw[knobs.WarmPool])); v {
+	s.AllowBaseSkew = raw[knobs.AllowBaseSkew] == "1"
+	switch v := strings.ToLower(strings.TrimSpace(raw[knobs.WarmPool])); v {
 	case "", "1", "on":
 	case "0", "off":
 		s.NoWarmPool = true
@@ -129,25 +102,25 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		return s, fmt.Errorf("%s=%q: use 0 or off (every run boots cold), or 1 or on, or unset it: %w", knobs.WarmPool, v, errdefs.ErrInvalidArgument)
 	}
 	s.WarmPoolBytes = DefaultWarmPoolDiskMiB << 20
-	if v := strings.TrimSpace(s.raw[knobs.WarmPoolDisk]); v != "" {
+	if v := strings.TrimSpace(raw[knobs.WarmPoolDisk]); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			return s, fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
 		}
 		s.WarmPoolBytes = n << 20
 	}
-	if s.Jail, err = parseJail(s.raw[knobs.Jail]); err != nil {
+	if s.Jail, err = parseJail(raw[knobs.Jail]); err != nil {
 		return s, err
 	}
 	s.ReadyVMs = DefaultReadyVMs
-	if v := strings.TrimSpace(s.raw[knobs.ReadyVMs]); v != "" {
+	if v := strings.TrimSpace(raw[knobs.ReadyVMs]); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > 16 {
 			return s, fmt.Errorf("%s=%q: want a number of VMs from 0 (none) to 16: %w", knobs.ReadyVMs, v, errdefs.ErrInvalidArgument)
 		}
 		s.ReadyVMs = n
 	}
-	if s.RegistryStall, err = parseStall(s.raw[knobs.RegistryStallS], s.raw[knobs.RegistryMinKiBps]); err != nil {
+	if s.RegistryStall, err = parseStall(raw[knobs.RegistryStallS], raw[knobs.RegistryMinKiBps]); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -177,16 +150,16 @@ func parseStall(window, floor string) (oci.Stall, error) {
 // parseJail reads ISOPOD_JAIL: 1/on (confined, the default), 0/off
 // (unconfined, with a warning in every report), unset or empty for the
 // default.
-func parseJail(v string) (sandbox.JailMode, error) {
+func parseJail(v string) (settings.JailMode, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "":
-		return sandbox.JailDefault, nil
+		return settings.JailDefault, nil
 	case "0", "off":
-		return sandbox.JailOff, nil
+		return settings.JailOff, nil
 	case "1", "on":
-		return sandbox.JailOn, nil
+		return settings.JailOn, nil
 	}
-	return sandbox.JailDefault, fmt.Errorf("%s=%q: use 1 or on (confined) or 0 or off (unconfined), or unset it: %w", knobs.Jail, v, errdefs.ErrInvalidArgument)
+	return settings.JailDefault, fmt.Errorf("%s=%q: use 1 or on (confined) or 0 or off (unconfined), or unset it: %w", knobs.Jail, v, errdefs.ErrInvalidArgument)
 }
 
 // SetKernel sets the custom guest kernel (a --kernel flag wins over
@@ -201,12 +174,6 @@ func (s *Settings) SetKernel(path string) error {
 	}
 	s.Kernel = abs
 	return nil
-}
-
-// Lookup returns a knob's value as read by Load.
-func (s Settings) Lookup(name string) (string, bool) {
-	v, ok := s.raw[name]
-	return v, ok
 }
 
 func parseLevel(v string) (slog.Level, error) {
@@ -230,24 +197,13 @@ func (s Settings) Logger(w io.Writer) *slog.Logger {
 
 // NewService builds the core from the settings.
 func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service, error) {
-	o := sandbox.Options{
-		Paths:         s.Paths,
-		DockerConfig:  s.DockerConfig,
-		Logger:        log,
-		Version:       version,
-		AllowBaseSkew: s.AllowBaseSkew,
-		Kernel:        s.Kernel,
-		AgentBin:      s.AgentBin,
-		QEMU:          s.QEMU,
-		VMM:           s.VMM,
-		Accel:         s.Accel,
-		Jail:          s.Jail,
-		NoWarmPool:    s.NoWarmPool,
-		WarmPoolBytes: s.WarmPoolBytes,
-		RegistryStall: s.RegistryStall,
+	core := s.Settings
+	if !s.LongLived {
+		core.ReadyVMs = 0
 	}
+	o := sandbox.Options{Settings: core, Logger: log, Version: version}
 	if s.LongLived {
-		o.ReadyVMs, o.BackgroundSnapshots, o.HoldVM = s.ReadyVMs, true, s.HoldVM
+		o.BackgroundSnapshots, o.HoldVM = true, s.HoldVM
 	}
 	return sandbox.New(o)
 }
@@ -267,4 +223,33 @@ func dockerConfigDir(lookup func(string) (string, bool)) (string, error) {
 		return "", nil
 	}
 	return filepath.Join(h, ".docker"), nil
+}
+
+// hostIO reads the MCP server's host-I/O settings: each switch is on
+// unless set to an off value; a value that is neither is read as off, with
+// a warning for the start-up log.
+func hostIO(lookup func(string) (string, bool)) settings.HostIO {
+	var h settings.HostIO
+	h.Root, h.RootSet = lookup(knobs.MCPHostIORoot)
+	h.StdinFile = readSwitch(lookup, knobs.MCPStdinFile, &h.Warnings)
+	h.CopyOut = readSwitch(lookup, knobs.MCPCopyOut, &h.Warnings)
+	h.Workspace = readSwitch(lookup, knobs.MCPWorkspace, &h.Warnings)
+	return h
+}
+
+// readSwitch reads an on/off variable: unset means on; an unknown value
+// means off, with a warning.
+func readSwitch(lookup func(string) (string, bool), name string, warns *[]string) bool {
+	v, ok := lookup(name)
+	if !ok {
+		return true
+	}
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "on", "1", "true", "yes", "enabled", "":
+		return true
+	case "off", "0", "false", "no", "disabled":
+		return false
+	}
+	*warns = append(*warns, fmt.Sprintf("%s=%q is not on or off; treating it as off", name, v))
+	return false
 }

@@ -10,7 +10,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
 	"isopod/internal/oci"
-	"isopod/internal/sandbox"
+	"isopod/internal/settings"
 )
 
 // env is a lookup over a fixed environment.
@@ -25,17 +25,17 @@ func TestJail(t *testing.T) {
 	home := t.TempDir()
 	for _, tt := range []struct {
 		value string // "<unset>" leaves the variable out
-		want  sandbox.JailMode
+		want  settings.JailMode
 		class error // nil: accepted
 		says  []string
 	}{
-		{"<unset>", sandbox.JailDefault, nil, nil},
-		{"", sandbox.JailDefault, nil, nil},
-		{"0", sandbox.JailOff, nil, nil},
-		{"off", sandbox.JailOff, nil, nil},
-		{" OFF ", sandbox.JailOff, nil, nil},
-		{"1", sandbox.JailOn, nil, nil},
-		{"on", sandbox.JailOn, nil, nil},
+		{"<unset>", settings.JailDefault, nil, nil},
+		{"", settings.JailDefault, nil, nil},
+		{"0", settings.JailOff, nil, nil},
+		{"off", settings.JailOff, nil, nil},
+		{" OFF ", settings.JailOff, nil, nil},
+		{"1", settings.JailOn, nil, nil},
+		{"on", settings.JailOn, nil, nil},
 		{"yes", 0, errdefs.ErrInvalidArgument, []string{`"yes"`, "1 or on", "0 or off"}},
 		{"true", 0, errdefs.ErrInvalidArgument, []string{"1 or on", "0 or off"}},
 	} {
@@ -142,5 +142,48 @@ func TestVMM(t *testing.T) {
 			continue
 		}
 		svc.Close()
+	}
+}
+
+// TestHostIO checks the MCP server's host-I/O switches as read: unset or
+// an on value is on, an off value is off, anything else is off with a
+// warning; the root is kept as given, set or not.
+func TestHostIO(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		name      string
+		vars      map[string]string
+		stdin     bool
+		copyOut   bool
+		workspace bool
+		warn      string
+	}{
+		{"unset", nil, true, true, true, ""},
+		{"off", map[string]string{knobs.MCPCopyOut: "off", knobs.MCPStdinFile: "0", knobs.MCPWorkspace: "No"}, false, false, false, ""},
+		{"explicit on", map[string]string{knobs.MCPCopyOut: "Yes", knobs.MCPStdinFile: "1", knobs.MCPWorkspace: ""}, true, true, true, ""},
+		{"unknown is off", map[string]string{knobs.MCPCopyOut: "maybe"}, true, false, true, knobs.MCPCopyOut + `="maybe" is not on or off; treating it as off`},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		for k, v := range tt.vars {
+			vars[k] = v
+		}
+		s, err := Load(env(vars))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		h := s.HostIO
+		if h.StdinFile != tt.stdin || h.CopyOut != tt.copyOut || h.Workspace != tt.workspace {
+			t.Errorf("%s: stdin_file %v copy_out %v workspace %v; want %v %v %v", tt.name, h.StdinFile, h.CopyOut, h.Workspace, tt.stdin, tt.copyOut, tt.workspace)
+		}
+		if got := strings.Join(h.Warnings, "\n"); got != tt.warn {
+			t.Errorf("%s: warnings %q; want %q", tt.name, got, tt.warn)
+		}
+		if h.RootSet {
+			t.Errorf("%s: the root is set though %s is not", tt.name, knobs.MCPHostIORoot)
+		}
+	}
+	s, err := Load(env(map[string]string{knobs.Home: home, knobs.MCPHostIORoot: " "}))
+	if err != nil || !s.HostIO.RootSet || s.HostIO.Root != " " {
+		t.Errorf("%s=\" \": root %q set %v, err %v; want it kept as given", knobs.MCPHostIORoot, s.HostIO.Root, s.HostIO.RootSet, err)
 	}
 }

@@ -8,6 +8,7 @@
 package hosttool
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -125,6 +126,10 @@ func find(name, path string, dirs []string) (string, error) {
 	return "", &MissingError{Name: name, Path: path, Dirs: extra}
 }
 
+// ErrNotExecutable is a path that names a directory, or a file no one may
+// execute.
+var ErrNotExecutable = errors.New("is not an executable file")
+
 // executable says why p is not a regular file that someone may execute
 // (nil: it is).
 func executable(p string) error {
@@ -133,7 +138,7 @@ func executable(p string) error {
 		return err
 	}
 	if fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return fmt.Errorf("%s is not an executable file", p)
+		return fmt.Errorf("%s %w", p, ErrNotExecutable)
 	}
 	return nil
 }

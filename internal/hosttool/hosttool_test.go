@@ -57,7 +57,7 @@ func TestFind(t *testing.T) {
 			t.Errorf("find(%q) = %q, %v; want %q", tt.name, got, err, tt.want)
 		}
 	}
-	if _, err := find(filepath.Join(onPath, "not-exec"), path, nil); err == nil || !strings.Contains(err.Error(), "not an executable") {
+	if _, err := find(filepath.Join(onPath, "not-exec"), path, nil); !errors.Is(err, ErrNotExecutable) {
 		t.Errorf("a path to a file that is not executable: %v", err)
 	}
 }

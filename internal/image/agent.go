@@ -73,6 +73,9 @@ func LocateAgent(explicit string) (string, error) {
 	return abs, nil
 }
 
+// ErrNotELF is a guest agent binary that is not an ELF file at all.
+var ErrNotELF = errors.New("not an ELF executable")
+
 // checkStaticELF accepts only a statically linked x86-64 ELF executable: the
 // initramfs has no dynamic loader.
 func checkStaticELF(path string) error {
@@ -81,7 +84,7 @@ func checkStaticELF(path string) error {
 	}
 	f, err := elf.Open(path)
 	if err != nil {
-		return fmt.Errorf("not an ELF executable (%v)", err)
+		return fmt.Errorf("%w (%v)", ErrNotELF, err)
 	}
 	defer f.Close()
 	if f.Machine != elf.EM_X86_64 {

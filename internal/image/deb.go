@@ -2,6 +2,7 @@ package image
 
 import (
 	"archive/tar"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,9 +11,13 @@ import (
 	"pault.ag/go/debian/deb"
 )
 
+// ErrNotDeb is a file that cannot be read as a Debian package.
+var ErrNotDeb = errors.New("is not a readable Debian package")
+
 // openDeb opens the .deb at path with pault.ag/go/debian: its control file
 // is parsed and its data member is ready to be read as a tar stream. The
-// caller calls the returned function when done.
+// caller calls the returned function when done. A file that is not one
+// is ErrNotDeb.
 func openDeb(path string) (*deb.Deb, func(), error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -21,7 +26,7 @@ func openDeb(path string) (*deb.Deb, func(), error) {
 	d, err := deb.Load(f, path)
 	if err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s is not a readable Debian package: %w", path, err)
+		return nil, nil, fmt.Errorf("%s %w: %w", path, ErrNotDeb, err)
 	}
 	return d, func() {
 		d.Close()

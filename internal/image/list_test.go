@@ -183,7 +183,7 @@ func TestLocateAgentRejectsDynamic(t *testing.T) {
 	}
 	txt := filepath.Join(t.TempDir(), "agent")
 	os.WriteFile(txt, []byte("#!/bin/sh\n"), 0o755)
-	if _, err := LocateAgent(txt); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+	if _, err := LocateAgent(txt); !errors.Is(err, ErrNotELF) {
 		t.Errorf("script: %v", err)
 	}
 	t.Setenv("PATH", t.TempDir())

@@ -3,6 +3,8 @@
 // packages below name them only in messages that tell a user what to set.
 package knobs
 
+import "isopod/internal/agentproto"
+
 const (
 	Home          = "ISOPOD_HOME"               // state root; default ~/.isopod
 	Kernel        = "ISOPOD_KERNEL"             // a kernel with every driver built in
@@ -34,3 +36,9 @@ const (
 	RegistryStallS   = "ISOPOD_REGISTRY_STALL_S"   // the window in seconds (default 60)
 	RegistryMinKiBps = "ISOPOD_REGISTRY_MIN_KIBPS" // the floor in KiB/s (default 10; 0: only silence counts)
 )
+
+// AgentDebug set to "1" makes an isopod-agent serving on its own stdio
+// (--stdio, for development) log debug lines. The guest agent reads it
+// itself and may not import this package, so the name lives in
+// internal/agentproto.
+const AgentDebug = agentproto.AgentDebugEnv

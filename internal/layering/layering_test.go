@@ -131,6 +131,16 @@ func TestImportRules(t *testing.T) {
 		{"only the wiring point (sandbox, in its wiring.go: TestDriverWiring) and the benchmarks name a VMM driver",
 			func(p string) bool { return p != mod+"internal/sandbox" && p != mod+"internal/bench" },
 			func(_, imp string) bool { return !driver(imp) }},
+		{"the settings value imports nothing that reads or runs: only paths, vmm (the contract) and oci's types",
+			under("internal/settings"),
+			func(_, imp string) bool {
+				return isStd(imp) || imp == mod+"internal/paths" || imp == mod+"internal/vmm" || imp == mod+"internal/oci"
+			}},
+		{"host-I/O confinement imports neither the core, nor a front end, nor config",
+			under("internal/hostio"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config"
+			}},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},

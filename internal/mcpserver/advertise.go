@@ -4,6 +4,8 @@ import (
 	"slices"
 
 	"github.com/google/jsonschema-go/jsonschema"
+
+	"isopod/internal/hostio"
 )
 
 // The sandbox_run schema a client sees names only the host-path arguments
@@ -14,8 +16,8 @@ import (
 
 // hostPathArgs are the sandbox_run arguments that name files on the
 // server's host, each with whether the policy h allows it.
-func hostPathArgs(h HostIO) map[string]bool {
-	root := h.rootErr == nil && h.Root != ""
+func hostPathArgs(h hostio.Policy) map[string]bool {
+	root := h.HasRoot()
 	return map[string]bool{
 		"stdin_file":    root && h.StdinFile,
 		"copy_out":      root && h.CopyOut,
@@ -26,7 +28,7 @@ func hostPathArgs(h HostIO) map[string]bool {
 }
 
 // advertisedRunSchema is sc without the host-path arguments h refuses.
-func advertisedRunSchema(sc *jsonschema.Schema, h HostIO) *jsonschema.Schema {
+func advertisedRunSchema(sc *jsonschema.Schema, h hostio.Policy) *jsonschema.Schema {
 	out := *sc
 	out.Properties = map[string]*jsonschema.Schema{}
 	for name, p := range sc.Properties {

@@ -2,6 +2,8 @@ package mcpserver
 
 import (
 	"testing"
+
+	"isopod/internal/hostio"
 )
 
 // TestSchemaHidesHostPathsTurnedOff: on stdio too, sandbox_run's schema
@@ -9,16 +11,16 @@ import (
 // usable.
 func TestSchemaHidesHostPathsTurnedOff(t *testing.T) {
 	tree := newHostTree(t)
-	on := HostIO{Root: tree.root, Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}
+	on := hostio.Policy{Root: tree.root, Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}
 	tests := []struct {
 		name   string
-		policy HostIO
+		policy hostio.Policy
 		want   map[string]bool
 	}{
 		{"all on", on, map[string]bool{"stdin_file": true, "copy_out": true, "workspace": true, "workspace_all": true, "workspace_out": true}},
-		{"copy_out off", func() HostIO { p := on; p.CopyOut = false; return p }(),
+		{"copy_out off", func() hostio.Policy { p := on; p.CopyOut = false; return p }(),
 			map[string]bool{"stdin_file": true, "workspace": true, "workspace_all": true}},
-		{"no usable root", HostIO{Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}, map[string]bool{}},
+		{"no usable root", hostio.Policy{Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}, map[string]bool{}},
 	}
 	for _, tt := range tests {
 		s := connect(t, Config{Core: &scriptedCore{}, HostIO: tt.policy, NoStartupGC: true})

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"isopod/internal/hostio"
 )
 
 // copy_out onto a device or FIFO under the root, and copy_out and
@@ -36,7 +38,7 @@ func TestCopyOutOntoDeviceAndFIFO(t *testing.T) {
 		if os.Geteuid() != 0 {
 			t.Skip("replacing /dev/null, the failure this guards against, needs root")
 		}
-		s := connect(t, Config{Core: core, HostIO: HostIO{Root: "/", Home: home, CopyOut: true}, NoStartupGC: true, GCEvery: -1})
+		s := connect(t, Config{Core: core, HostIO: hostio.Policy{Root: "/", Home: home, CopyOut: true}, NoStartupGC: true, GCEvery: -1})
 		// First a private null device under the root: a copy that
 		// replaced it must not reach the host's /dev/null.
 		private := filepath.Join(root, "null")
@@ -58,7 +60,7 @@ func TestCopyOutOntoDeviceAndFIFO(t *testing.T) {
 		}
 	})
 
-	s := connect(t, Config{Core: core, HostIO: HostIO{Root: root, Home: home, CopyOut: true}, NoStartupGC: true, GCEvery: -1})
+	s := connect(t, Config{Core: core, HostIO: hostio.Policy{Root: root, Home: home, CopyOut: true}, NoStartupGC: true, GCEvery: -1})
 	fifo := filepath.Join(root, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -104,7 +106,7 @@ func TestCopyOutOntoDeviceAndFIFO(t *testing.T) {
 func TestCopyOutGuestMistakesClassed(t *testing.T) {
 	core, _ := newFakeCore(t)
 	root := t.TempDir()
-	s := connect(t, Config{Core: core, HostIO: HostIO{Root: root, Home: filepath.Join(t.TempDir(), "home"), CopyOut: true}, NoStartupGC: true, GCEvery: -1})
+	s := connect(t, Config{Core: core, HostIO: hostio.Policy{Root: root, Home: filepath.Join(t.TempDir(), "home"), CopyOut: true}, NoStartupGC: true, GCEvery: -1})
 	dir := t.TempDir()
 	missing, fifo := filepath.Join(dir, "missing"), filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {

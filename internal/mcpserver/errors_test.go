@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
 	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 )
@@ -82,7 +83,7 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 	h := newHostTree(t)
 	tests := []struct {
 		name   string
-		policy func(HostIO) HostIO
+		policy func(hostio.Policy) hostio.Policy
 		args   map[string]any
 		want   []string
 	}{
@@ -94,7 +95,7 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 			[]string{"does not resolve"}},
 		{"copy_out into the state dir", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": ".isopod/credentials.json"}}},
 			[]string{"state directory"}},
-		{"copy_out switched off", func(p HostIO) HostIO { p.CopyOut = false; return p },
+		{"copy_out switched off", func(p hostio.Policy) hostio.Policy { p.CopyOut = false; return p },
 			map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "fine.txt"}}},
 			[]string{knobs.MCPCopyOut + "=off"}},
 		{"stdin_file outside", nil, map[string]any{"stdin_file": h.secret}, []string{h.root, knobs.MCPHostIORoot}},

@@ -6,6 +6,7 @@ import (
 	"isopod/internal/image"
 	"isopod/internal/sandbox"
 	"isopod/internal/sandbox/sandboxtest"
+	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -29,7 +30,7 @@ func newFakeCoreOver(t testing.TB, bases ...string) (*sandbox.Service, *vmmfake.
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sandbox.New(sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test", NoWarmPool: true})
+	s, err := sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, Kernel: kernel, NoWarmPool: true}, Driver: d, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"isopod/internal/hostio"
+	"isopod/internal/settings"
 )
 
 // maxReply is the most a reply may take whatever the size of what the
@@ -71,7 +74,7 @@ func hugeCalls(v string) []hugeCall {
 func TestHugeValuesAreNotEchoed(t *testing.T) {
 	core, drv := newFakeCore(t)
 	tree := newHostTree(t)
-	hostIO, _ := RemoteHostIO(func(string) (string, bool) { return "", false }, tree.root, tree.home)
+	hostIO, _ := hostio.Remote(settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}, tree.root, tree.home)
 	h := startHTTP(t, Config{Core: core, HostIO: hostIO, ProgressInterval: time.Hour}, nil)
 	tp := &tap{next: http.DefaultTransport}
 	s, err := connectHTTPAs(t, h.url, adminToken, tp, "2025-11-25", 0)

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/hostio"
 	"isopod/internal/knobs"
+	"isopod/internal/settings"
 )
 
 // TestHTTPTokensAndRoles: a request without a token, or with one the
@@ -171,8 +173,8 @@ func TestHTTPWithTLS(t *testing.T) {
 
 func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	tree := newHostTree(t)
-	none := func(string) (string, bool) { return "", false }
-	hostIO, _ := RemoteHostIO(none, "", tree.home)
+	on := settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}
+	hostIO, _ := hostio.Remote(on, "", tree.home)
 	core := &scriptedCore{}
 	h := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s := mustConnectHTTP(t, h.url, runToken)
@@ -194,7 +196,7 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 		t.Errorf("without --host-io-root the schema offers host paths: %v", got)
 	}
 	// An operator's root turns them on, confined as on stdio.
-	hostIO, _ = RemoteHostIO(none, tree.root, tree.home)
+	hostIO, _ = hostio.Remote(on, tree.root, tree.home)
 	h2 := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s2 := mustConnectHTTP(t, h2.url, runToken)
 	if got := runProperties(t, s2); slices.ContainsFunc(hostArgs, func(a string) bool { return !got[a] }) {

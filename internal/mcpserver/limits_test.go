@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/hostio"
 )
 
 // Arguments the guest protocol cannot carry are refused before any VM
@@ -16,7 +17,7 @@ import (
 func TestRunArgumentsOverProtocolLimits(t *testing.T) {
 	core, drv := newFakeCore(t)
 	root := t.TempDir()
-	s := connect(t, Config{Core: core, HostIO: HostIO{Root: root, Home: filepath.Join(t.TempDir(), "home"), CopyOut: true}, NoStartupGC: true, GCEvery: -1})
+	s := connect(t, Config{Core: core, HostIO: hostio.Policy{Root: root, Home: filepath.Join(t.TempDir(), "home"), CopyOut: true}, NoStartupGC: true, GCEvery: -1})
 	big := strings.Repeat("x", agentproto.MaxHeader)
 	longPath := "/" + strings.Repeat("p", agentproto.MaxPath)
 	limit, pathMax := strconv.Itoa(agentproto.MaxRequestStrings), strconv.Itoa(agentproto.MaxPath-1)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"isopod/internal/config"
+	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
 
@@ -101,17 +102,17 @@ func mainWith(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 // logging the policies in force: host file I/O and admission.
 func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *sandbox.Service, log *slog.Logger, version string) (Config, error) {
 	home := settings.Paths.Home
-	var hostIO HostIO
+	var hostIO hostio.Policy
 	var warns []string
 	if f.Listen != "" {
-		hostIO, warns = RemoteHostIO(settings.Lookup, f.HostIORoot, home)
+		hostIO, warns = hostio.Remote(settings.HostIO, f.HostIORoot, home)
 	} else {
 		cwd, err := os.Getwd()
 		if err != nil {
 			// An unusable cwd leaves no root: every host path is refused.
 			cwd = ""
 		}
-		hostIO, warns = HostIOFromEnv(settings.Lookup, cwd, home)
+		hostIO, warns = hostio.Local(settings.HostIO, cwd, home)
 	}
 	for _, w := range warns {
 		log.Warn(w)

@@ -173,9 +173,11 @@ func readBack(path, guest string, budget int64) (readBackResult, error) {
 }
 
 // reword says a copy-out failure of a read_files copy in read_files'
-// words: the core names the private path the client never gave.
+// words: the core names the private path the client never gave. Other
+// errors, copy_out's own included, are returned as they are.
 func (rf *readFiles) reword(err error) error {
-	if rf == nil || err == nil || !strings.Contains(err.Error(), rf.tmp) {
+	var coe *sandbox.CopyOutError
+	if rf == nil || !errors.As(err, &coe) || filepath.Dir(coe.Host) != rf.tmp {
 		return err
 	}
 	msg := err.Error()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
 
@@ -240,8 +241,8 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		}
 		r.Stdin = bytes.NewReader(data)
 	} else if in.Stdin != "" {
-		if len(in.Stdin) > MaxStdinFileBytes {
-			return sandbox.Request{}, bad("stdin", "is %d bytes; at most %d (4 MiB): copy larger inputs in through a stage or the network", len(in.Stdin), MaxStdinFileBytes)
+		if len(in.Stdin) > hostio.MaxStdinFileBytes {
+			return sandbox.Request{}, bad("stdin", "is %d bytes; at most %d (4 MiB): copy larger inputs in through a stage or the network", len(in.Stdin), hostio.MaxStdinFileBytes)
 		}
 		r.Stdin = strings.NewReader(in.Stdin)
 	}

@@ -2,7 +2,7 @@
 // server (the isopod-mcp binary) exposing the same core as the CLI as tools.
 // It adds only argument marshaling, JSON shaping, a progress keepalive,
 // periodic VM garbage collection, and the confinement of host paths named
-// by tool arguments (see [HostIO]).
+// by tool arguments (see [hostio.Policy]).
 //
 // stdout carries only the protocol; every log line goes to stderr.
 package mcpserver
@@ -18,6 +18,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
 
@@ -51,7 +52,7 @@ var _ Core = (*sandbox.Service)(nil)
 // Config configures a Server.
 type Config struct {
 	Core    Core // required
-	HostIO  HostIO
+	HostIO  hostio.Policy
 	Logger  *slog.Logger // nil: discard
 	Version string       // reported to clients; "" means "dev"
 

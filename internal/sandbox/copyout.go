@@ -1,18 +1,17 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
 )
 
 // CopyOutError is a copy-out that failed after the command ran: the guest
@@ -71,57 +70,6 @@ func isStagingName(name string, pid int) bool {
 		strings.Contains(name, fmt.Sprintf(".isopod-%d-", pid))
 }
 
-// checkDestination refuses a destination that cannot be written safely
-// before any VM starts: an existing symlink, a directory, a block device
-// or socket, a missing or read-only parent.
-func checkDestination(dest string) error { return checkDestinationFor("copy-out", dest) }
-
-// checkDestinationFor is checkDestination for the request field what
-// (copy_out, workspace_out), named in its errors.
-func checkDestinationFor(what, dest string) error {
-	what = strings.ReplaceAll(what, "_", "-")
-	if dest == "" {
-		return fmt.Errorf("%s: empty host path: %w", what, errdefs.ErrInvalidArgument)
-	}
-	st, err := os.Lstat(dest)
-	switch {
-	case err == nil && st.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("%s: host path %s is a symlink; isopod writes only the path you name, never through a link: %w", what, dest, errdefs.ErrInvalidArgument)
-	case err == nil && st.IsDir():
-		return fmt.Errorf("%s: host path %s is a directory; name the file to write: %w", what, dest, errdefs.ErrInvalidArgument)
-	case err == nil:
-		if err := throughType(what, dest, uint32(st.Sys().(*syscall.Stat_t).Mode)); err != nil {
-			return err
-		}
-	case !errors.Is(err, fs.ErrNotExist):
-		// A name too long, a file used as a directory: the path is wrong.
-		return fmt.Errorf("%s: host path %s: %w: %w", what, dest, pathReason(err), errdefs.ErrInvalidArgument)
-	}
-	parent := filepath.Dir(dest)
-	if st, err := os.Stat(parent); err != nil || !st.IsDir() {
-		return fmt.Errorf("%s: directory %s does not exist; create it first: %w", what, parent, errdefs.ErrInvalidArgument)
-	}
-	// A device or FIFO is written in place; anything else is staged in
-	// its directory.
-	target := parent
-	if st != nil && (st.Mode()&fs.ModeCharDevice != 0 || st.Mode()&fs.ModeNamedPipe != 0) {
-		target = dest
-	}
-	if err := unix.Access(target, unix.W_OK); err != nil {
-		return fmt.Errorf("%s: cannot write %s (%v); name a path you can write: %w", what, target, err, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// pathReason is the bare reason of a path error.
-func pathReason(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
 // newStagedFile stages a write of dest. dir, when set, is the destination's
 // directory opened by the caller (the MCP server opens it beneath its
 // host-I/O root) and dest's last element is the name in it; otherwise the
@@ -135,12 +83,9 @@ func newStagedFile(dest string, dir *os.File) (*stagedFile, error) {
 func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error) {
 	s := &stagedFile{dest: dest, name: filepath.Base(dest)}
 	if dir == nil {
-		if err := checkDestination(dest); err != nil {
-			return nil, err
-		}
-		d, err := os.OpenFile(filepath.Dir(dest), os.O_RDONLY|unix.O_DIRECTORY, 0)
+		d, err := hostio.Operator{}.OpenCopyOut("copy-out", dest)
 		if err != nil {
-			return nil, fmt.Errorf("opening the directory of %s: %w", dest, err)
+			return nil, err
 		}
 		s.dir = d
 	} else {

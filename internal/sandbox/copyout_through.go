@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
 )
 
 // copyDest is where one copy-out's bytes go: a staged file renamed onto
@@ -59,7 +60,7 @@ func openThrough(ctx context.Context, dest string, dir *os.File) (*throughFile, 
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, nil // missing, or the staging says why not
 	}
-	if err := throughType("", dest, st.Mode); err != nil || !isThrough(st.Mode) {
+	if err := hostio.CheckNode("", dest, st.Mode); err != nil || !isThrough(st.Mode) {
 		return nil, err
 	}
 	fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
@@ -76,7 +77,7 @@ func openThrough(ctx context.Context, dest string, dir *os.File) (*throughFile, 
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: %w", dest, err)
 	}
-	if err := throughType("", dest, st.Mode); err != nil || !isThrough(st.Mode) {
+	if err := hostio.CheckNode("", dest, st.Mode); err != nil || !isThrough(st.Mode) {
 		unix.Close(fd)
 		if err == nil {
 			err = fmt.Errorf("host path %s was replaced while it was opened; try again: %w", dest, errdefs.ErrUnavailable)
@@ -103,24 +104,6 @@ func openThrough(ctx context.Context, dest string, dir *os.File) (*throughFile, 
 // isThrough reports whether a node of mode is written straight through.
 func isThrough(mode uint32) bool {
 	return mode&unix.S_IFMT == unix.S_IFCHR || mode&unix.S_IFMT == unix.S_IFIFO
-}
-
-// throughType refuses a destination isopod can neither replace nor
-// write: a block device or a socket. what, when set, is the request field,
-// said first.
-func throughType(what, dest string, mode uint32) error {
-	if what != "" {
-		what += ": "
-	}
-	switch mode & unix.S_IFMT {
-	case unix.S_IFBLK:
-		return fmt.Errorf("%shost path %s is a block device; isopod never writes a disk, and would not replace its node with a file: name a regular file, a character device or a FIFO: %w",
-			what, dest, errdefs.ErrInvalidArgument)
-	case unix.S_IFSOCK:
-		return fmt.Errorf("%shost path %s is a socket, which cannot be opened for writing; name a regular file, a character device or a FIFO: %w",
-			what, dest, errdefs.ErrInvalidArgument)
-	}
-	return nil
 }
 
 // nodeKind names the type of a node that is not a regular file.

@@ -10,6 +10,7 @@ import (
 	"isopod/internal/image"
 	"isopod/internal/sandbox"
 	"isopod/internal/sandbox/sandboxtest"
+	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -22,7 +23,7 @@ func newFakeOver(t *testing.T, bases ...string) *sandbox.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sandbox.New(sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test", NoWarmPool: true})
+	s, err := sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, Kernel: kernel, NoWarmPool: true}, Driver: d, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

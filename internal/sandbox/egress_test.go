@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
+	"isopod/internal/settings"
 )
 
 func TestProxyEnv(t *testing.T) {
@@ -28,7 +29,7 @@ func TestProxyEnv(t *testing.T) {
 
 func TestEgressSuggestErrors(t *testing.T) {
 	home := t.TempDir()
-	s := &Service{opts: Options{Paths: paths.Paths{Home: home}}}
+	s := &Service{opts: Options{Settings: settings.Settings{Paths: paths.Paths{Home: home}}}}
 	ctx := context.Background()
 	for _, tt := range []struct {
 		id   string

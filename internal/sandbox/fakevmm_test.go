@@ -8,6 +8,7 @@ import (
 	"isopod/internal/image"
 	"isopod/internal/sandbox"
 	"isopod/internal/sandbox/sandboxtest"
+	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -42,7 +43,7 @@ func newFakeWith(t *testing.T, cfg vmmfake.Config, tweak func(*sandbox.Options))
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := sandbox.Options{Paths: p, Driver: d, Kernel: kernel, Version: "test"}
+	o := sandbox.Options{Settings: settings.Settings{Paths: p, Kernel: kernel}, Driver: d, Version: "test"}
 	tweak(&o)
 	s, err := sandbox.New(o)
 	if err != nil {

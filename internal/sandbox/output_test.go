@@ -2,12 +2,15 @@ package sandbox
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"unicode/utf8"
+
+	"isopod/internal/hostio"
 )
 
 func TestCaptureHeadTotalAndCap(t *testing.T) {
@@ -69,7 +72,7 @@ func TestStagedFile(t *testing.T) {
 		t.Errorf("commit: %q mode %v", b, st.Mode())
 	}
 	os.Symlink(dest, filepath.Join(dir, "link"))
-	if _, err := newStagedFile(filepath.Join(dir, "link"), nil); err == nil || !strings.Contains(err.Error(), "symlink") {
+	if _, err := newStagedFile(filepath.Join(dir, "link"), nil); !errors.Is(err, hostio.ErrSymlink) {
 		t.Errorf("symlink destination: %v", err)
 	}
 	if _, err := newStagedFile(filepath.Join(dir, "missing", "f"), nil); err == nil {

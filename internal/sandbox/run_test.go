@@ -198,7 +198,8 @@ func TestRunCopyOut(t *testing.T) {
 		Argv: []string{"true"}, NoNetwork: true,
 		CopyOut: []sandbox.CopyOut{{Guest: filepath.Join(dir, "nope"), Host: missing}},
 	})
-	if err == nil || !strings.Contains(err.Error(), "--copy-out") {
+	var coe *sandbox.CopyOutError
+	if !errors.As(err, &coe) {
 		t.Errorf("Run with a missing guest file: %v; want a copy-out error", err)
 	}
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {

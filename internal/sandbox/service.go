@@ -8,56 +8,23 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/jail"
-	"isopod/internal/oci"
-	"isopod/internal/paths"
+	"isopod/internal/settings"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
 
-// Options configures a Service.
+// Options configures a Service: the settings read at the front ends,
+// whole, and what the front end itself decides.
 type Options struct {
-	Paths  paths.Paths
-	Logger *slog.Logger // nil: discard
-	Driver vmm.Driver   // nil: the one VMM names
-	// VMM names the VMM driver (ISOPOD_VMM; see VMMDrivers); empty:
-	// DefaultVMM.
-	VMM     string
-	Version string // isopod version, recorded in stages and reports
-	// AllowBaseSkew lets forks boot over a rebuilt base (ISOPOD_ALLOW_BASE_SKEW=1).
-	AllowBaseSkew bool
-	// Kernel is a custom guest kernel with every driver built in
-	// (--kernel, ISOPOD_KERNEL); empty: the fetched one.
-	Kernel string
-	// AgentBin is the guest agent for image builds (ISOPOD_AGENT_BIN);
-	// empty: next to the running binary, else on PATH.
-	AgentBin string
-	// QEMU is the VMM binary (ISOPOD_QEMU); empty: qemu-system-x86_64 on PATH.
-	QEMU string
-	// Accel forces an accelerator (ISOPOD_ACCEL); empty: KVM when usable.
-	Accel vmm.Accel
-	// Jail says whether the VMM runs inside its jail (ISOPOD_JAIL).
-	Jail JailMode
-	// DockerConfig is the directory of Docker's config.json, whose
-	// credentials image import and stage transfers use (DOCKER_CONFIG,
-	// else ~/.docker); empty: anonymous.
-	DockerConfig string
-	// RegistryStall is how little a registry request may move before it
-	// fails as unavailable (ISOPOD_REGISTRY_STALL_S,
-	// ISOPOD_REGISTRY_MIN_KIBPS); zero: oci.DefaultStall.
-	RegistryStall oci.Stall
-	// NoWarmPool makes every run boot cold and builds no snapshot
-	// (ISOPOD_WARM_POOL=off).
-	NoWarmPool bool
-	// WarmPoolBytes is the disk budget of the warm pool's snapshots; the
-	// least recently used go first (ISOPOD_WARM_POOL_DISK_MIB). 0: none.
-	WarmPoolBytes int64
-	// ReadyVMs is how many restored, paused VMs to keep for each hot
-	// shape (ready.go); 0: none. For a front end that lives long; it must
-	// call Close.
-	ReadyVMs int
-	// BackgroundSnapshots builds a missing warm-pool snapshot after the
-	// run that needed it, which boots cold, instead of inside it. For a
+	settings.Settings
+	Logger  *slog.Logger // nil: discard
+	Driver  vmm.Driver   // nil: the one Settings.VMM names (wiring.go)
+	Version string       // isopod version, recorded in stages and reports
+	// Settings.ReadyVMs (ready.go) and BackgroundSnapshots are for a
 	// front end that lives long; it must call Close.
+	//
+	// BackgroundSnapshots builds a missing warm-pool snapshot after the
+	// run that needed it, which boots cold, instead of inside it.
 	BackgroundSnapshots bool
 	// HoldVM, when set, takes a place for a VM of memMiB of guest memory
 	// that the front end's admission does not see otherwise (a ready VM,
@@ -66,25 +33,12 @@ type Options struct {
 	HoldVM func(memMiB int) (release func(), ok bool)
 }
 
-// JailMode is whether a VMM runs confined by isopod's jail.
-type JailMode uint8
-
-const (
-	// JailDefault: the setting is unset, which means JailOn.
-	JailDefault JailMode = iota
-	// JailOn confines every VMM (ISOPOD_JAIL=1 or on).
-	JailOn
-	// JailOff runs VMMs unconfined and says so in every run's report
-	// (ISOPOD_JAIL=0 or off): see UnconfinedWarning.
-	JailOff
-)
-
 // UnconfinedWarning is the warning every run's report carries under JailOff.
 const UnconfinedWarning = "unconfined: ISOPOD_JAIL=off runs the VMM without its jail"
 
 // jailReport is what a run's report says about the jail.
 func (s *Service) jailReport() []string {
-	if s.opts.Jail == JailOff {
+	if s.opts.Jail == settings.JailOff {
 		return []string{UnconfinedWarning}
 	}
 	return s.jailWarnings
@@ -120,7 +74,7 @@ func (s *Service) driver(ctx context.Context) (vmm.Driver, error) {
 			return
 		}
 		var j *jail.Jailer
-		if s.opts.Jail != JailOff {
+		if s.opts.Jail != settings.JailOff {
 			var err error
 			if j, err = jail.New(jail.Config{Logger: s.log, Scope: s.opts.Paths.Scope()}); err != nil {
 				s.drvErr = err

@@ -83,10 +83,9 @@ type Request struct {
 	Env []string // KEY=VALUE
 	Cwd string
 
-	// Stdin feeds the command. StdinFile is a host path ("-" is not accepted
-	// here; front ends turn it into Stdin).
-	Stdin     io.Reader
-	StdinFile string
+	// Stdin feeds the command; the run closes it when it is an io.Closer.
+	// A front end opens a host file for it through internal/hostio.
+	Stdin io.Reader
 
 	CopyOut []CopyOut
 	// CopyOutMaxData caps the data bytes all copy-outs write to the host;

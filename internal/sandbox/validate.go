@@ -256,9 +256,6 @@ func checkIO(req Request) error {
 			return err
 		}
 	}
-	if req.Stdin != nil && req.StdinFile != "" {
-		return invalid("stdin: give either a stdin file or stdin data, not both")
-	}
 	if req.CopyOutMaxData < 0 {
 		return argError("copy_out_max_bytes", req.CopyOutMaxData, "must be positive (0 means the default, %d)", DefaultCopyOutMaxData)
 	}

@@ -13,6 +13,7 @@ import (
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
+	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 )
@@ -21,7 +22,7 @@ import (
 // made; it boots nothing.
 func newTestService(t *testing.T) *Service {
 	t.Helper()
-	s, err := New(Options{Paths: paths.Paths{Home: t.TempDir()}})
+	s, err := New(Options{Settings: settings.Settings{Paths: paths.Paths{Home: t.TempDir()}}})
 	if err != nil {
 		t.Fatal(err)
 	}

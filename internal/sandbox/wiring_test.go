@@ -12,6 +12,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
+	"isopod/internal/settings"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
 )
@@ -27,13 +28,13 @@ func TestVMMDrivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"", "qemu"} {
-		s, err := sandbox.New(sandbox.Options{Paths: p, VMM: name})
+		s, err := sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, VMM: name}})
 		if err != nil {
 			t.Fatalf("VMM %q: %v", name, err)
 		}
 		s.Close()
 	}
-	_, err = sandbox.New(sandbox.Options{Paths: p, VMM: "firecracker"})
+	_, err = sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, VMM: "firecracker"}})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "use qemu") || !strings.Contains(err.Error(), "ISOPOD_VMM") {
 		t.Fatalf("VMM firecracker: %v; want invalid argument naming ISOPOD_VMM and qemu", err)
 	}

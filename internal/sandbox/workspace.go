@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
 	"isopod/internal/workspace"
 )
 
@@ -124,7 +125,7 @@ func checkWorkspace(w *Workspace) error {
 		d.Close()
 	}
 	if w.Out != "" && w.OutDir == nil {
-		if err := checkDestinationFor("workspace_out", w.Out); err != nil {
+		if err := (hostio.Operator{}).CheckCopyOut("workspace_out", w.Out); err != nil {
 			return err
 		}
 	}

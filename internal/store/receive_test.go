@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,7 +47,7 @@ func TestReceiveRebuildsTheSameStage(t *testing.T) {
 		t.Fatalf("digest %q does not start with the id %s", tip.Digest, tip.ID)
 	}
 	ctx := context.Background()
-	if _, err := dst.Receive(ctx, receiveReq(tip, send(t, src, dst, tip.ID))); !strings.Contains(err.Error(), "parent") {
+	if _, err := dst.Receive(ctx, receiveReq(tip, send(t, src, dst, tip.ID))); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("receiving a tip before its parent: %v; want a refusal naming the parent", err)
 	}
 	got, err := dst.Receive(ctx, receiveReq(root, send(t, src, dst, root.ID)))

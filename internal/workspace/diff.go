@@ -140,6 +140,10 @@ func (r *patchRepo) run(ctx context.Context, stdin io.Reader, stdout io.Writer, 
 	return out.Bytes(), nil
 }
 
+// errFastImportEnded is what the stream's writer gets once fast-import has
+// exited: the writer's own failure, if any, came before.
+var errFastImportEnded = errors.New("fast-import ended")
+
 // load imports two commits with fast-import: refs/heads/orig holds the
 // original entries the plan touches, refs/heads/new the tree after the
 // changes.
@@ -158,8 +162,8 @@ func (r *patchRepo) load(ctx context.Context, root int, p *plan, max int64) erro
 	// The repository lives for one patch: its objects are stored
 	// uncompressed (the patch's binary hunks are still deflated).
 	_, err := r.run(ctx, pr, nil, "-c", "pack.compression=0", "-c", "core.compression=0", "fast-import", "--quiet", "--done")
-	pr.CloseWithError(errors.New("fast-import ended"))
-	if werr := <-errc; werr != nil && !strings.Contains(werr.Error(), "fast-import ended") {
+	pr.CloseWithError(errFastImportEnded)
+	if werr := <-errc; werr != nil && !errors.Is(werr, errFastImportEnded) {
 		return werr
 	}
 	return err

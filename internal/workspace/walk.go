@@ -55,6 +55,10 @@ func (s *sel) child(name string) *sel {
 // errChanged says an entry changed type between its stat and its open.
 var errChanged = errors.New("changed while being copied")
 
+// ErrKeptChanging is an entry that changed again when its copy was
+// retried: the tree is being written to.
+var ErrKeptChanging = errors.New("kept changing while being copied")
+
 // errStop ends a walk that is over a cap and has counted enough.
 var errStop = errors.New("counted enough")
 
@@ -180,8 +184,8 @@ func (w *walker) copyDir(src *os.File, dst int, rel string, s *sel) (err error) 
 			err = w.entry(sfd, dst, join(rel, name), name, k)
 		}
 		if errors.Is(err, errChanged) {
-			return fmt.Errorf("%s kept changing while being copied; run again once the tree is quiet: %w",
-				show(join(rel, name)), errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("%s %w; run again once the tree is quiet: %w",
+				show(join(rel, name)), ErrKeptChanging, errdefs.ErrFailedPrecondition)
 		}
 		if err != nil {
 			return err

@@ -3,9 +3,9 @@
 package workspace
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,7 +113,7 @@ func TestPackSwapRace(t *testing.T) {
 		tr, err := Pack(t.Context(), f, t.TempDir(), Options{})
 		f.Close()
 		if err != nil {
-			if !strings.Contains(err.Error(), "changing") {
+			if !errors.Is(err, ErrKeptChanging) {
 				t.Fatalf("Pack: %v", err)
 			}
 			continue

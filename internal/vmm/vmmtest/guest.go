@@ -25,6 +25,7 @@ import (
 	"testing"
 
 	"isopod/internal/image/cpio"
+	"isopod/internal/knobs"
 )
 
 // Environment knobs for the test guest.
@@ -36,7 +37,7 @@ const (
 // defaultKernel finds the kernel `isopod image fetch-kernel` installed
 // under $ISOPOD_HOME (or ~/.isopod) and its modules.
 func defaultKernel() (kernel, modules string) {
-	home := os.Getenv("ISOPOD_HOME")
+	home := os.Getenv(knobs.Home)
 	if home == "" {
 		h, _ := os.UserHomeDir()
 		home = filepath.Join(h, ".isopod")

@@ -1,4 +1,13 @@
-package mcpserver
+// Package hostio confines the host files a front end reads and writes for
+// a run: the stdin file, copy-out destinations and the workspace. A path is
+// resolved beneath a root one component at a time, each opened relative to
+// a descriptor of the directory before it (beneath.go), and the open
+// descriptors are what the core reads from and writes into, so what was
+// checked is what is used. The MCP server's policy (Policy: Local,
+// Remote) is confined to a root and never touches the state root; the
+// CLI's (Operator) takes the operator's paths as named, refusing only what
+// cannot be written or read as named.
+package hostio
 
 import (
 	"errors"
@@ -7,25 +16,28 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
+	"isopod/internal/settings"
 )
 
 // MaxStdinFileBytes caps a stdin_file read through the MCP server.
 const MaxStdinFileBytes = 4 << 20
 
-// HostIO is the policy for the sandbox_run arguments that name files on
-// the host (stdin_file and copy_out[].host). It is resolved once at start-up
-// from the server's own settings; no tool argument can change it.
+// Policy is the policy for the arguments that name files on the host
+// (stdin_file, copy_out[].host, workspace). The MCP server's is resolved
+// once at start-up from its settings and flags; no tool argument can
+// change it.
 //
 // Every accepted path is resolved beneath Root, one component at a time
 // from a descriptor of the directory before it (see beneath.go), and never
 // lies under the state root (Home), which is refused even when unconfined.
-type HostIO struct {
+type Policy struct {
 	// Root is the canonical confinement root. "/" means unconfined.
 	Root string
 	// Home is the isopod state root; anything under it is always refused.
@@ -50,20 +62,14 @@ type HostIO struct {
 	rootErr error
 }
 
-// HostIOFromEnv resolves the stdio server's policy from environment
-// lookups (os.LookupEnv in production), the server's working directory and
-// the state root. The warnings are for the start-up log: a switch with an
-// unknown value is read as off, and an empty root variable falls back to
-// cwd.
-func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO, []string) {
-	var warns []string
-	h := HostIO{Home: canonicalOrAbs(home)}
-
-	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
-	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
-	h.Workspace, warns = readSwitch(lookup, knobs.MCPWorkspace, warns)
-
-	root, set := lookup(knobs.MCPHostIORoot)
+// Local resolves the stdio server's policy from its settings, its working
+// directory and the state root. The warnings are for the start-up log: a
+// switch with an unknown value is read as off, and an empty root setting
+// falls back to cwd.
+func Local(s settings.HostIO, cwd, home string) (Policy, []string) {
+	h := Policy{Home: canonicalOrAbs(home), StdinFile: s.StdinFile, CopyOut: s.CopyOut, Workspace: s.Workspace}
+	warns := slices.Clone(s.Warnings)
+	root, set := s.Root, s.RootSet
 	if set && strings.TrimSpace(root) == "" {
 		warns = append(warns, fmt.Sprintf("%s is set but empty; using the working directory", knobs.MCPHostIORoot))
 		set = false
@@ -78,18 +84,16 @@ func HostIOFromEnv(lookup func(string) (string, bool), cwd, home string) (HostIO
 	return h, warns
 }
 
-// RemoteHostIO is a network listener's policy: host paths are off unless
-// the operator named a root (--host-io-root); then the environment's
-// switches apply as on stdio.
-func RemoteHostIO(lookup func(string) (string, bool), root, home string) (HostIO, []string) {
-	h := HostIO{Home: canonicalOrAbs(home), Remote: true, RootSetting: "--host-io-root"}
+// Remote is a network listener's policy: host paths are off unless the
+// operator named a root (--host-io-root); then the settings' switches
+// apply as on stdio.
+func Remote(s settings.HostIO, root, home string) (Policy, []string) {
+	h := Policy{Home: canonicalOrAbs(home), Remote: true, RootSetting: "--host-io-root"}
 	if root == "" {
 		return h, nil
 	}
-	var warns []string
-	h.StdinFile, warns = readSwitch(lookup, knobs.MCPStdinFile, warns)
-	h.CopyOut, warns = readSwitch(lookup, knobs.MCPCopyOut, warns)
-	h.Workspace, warns = readSwitch(lookup, knobs.MCPWorkspace, warns)
+	h.StdinFile, h.CopyOut, h.Workspace = s.StdinFile, s.CopyOut, s.Workspace
+	warns := slices.Clone(s.Warnings)
 	h.setRoot(root, "--host-io-root")
 	if h.rootErr != nil {
 		warns = append(warns, h.rootErr.Error())
@@ -99,7 +103,7 @@ func RemoteHostIO(lookup func(string) (string, bool), root, home string) (HostIO
 
 // setRoot makes root, named by setting, the confinement root, or records
 // why it cannot be.
-func (h *HostIO) setRoot(root, setting string) {
+func (h *Policy) setRoot(root, setting string) {
 	if !filepath.IsAbs(root) {
 		h.rootErr = fmt.Errorf("%s=%q is not an absolute path; host file I/O is refused until it names an existing directory", setting, root)
 		return
@@ -121,24 +125,8 @@ func (h *HostIO) setRoot(root, setting string) {
 	}
 }
 
-// readSwitch reads an on/off variable: unset means on; an unknown value
-// means off, with a warning.
-func readSwitch(lookup func(string) (string, bool), name string, warns []string) (bool, []string) {
-	v, ok := lookup(name)
-	if !ok {
-		return true, warns
-	}
-	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "on", "1", "true", "yes", "enabled", "":
-		return true, warns
-	case "off", "0", "false", "no", "disabled":
-		return false, warns
-	}
-	return false, append(warns, fmt.Sprintf("%s=%q is not on or off; treating it as off", name, v))
-}
-
 // String is the one start-up line stating the policy in force.
-func (h HostIO) String() string {
+func (h Policy) String() string {
 	where := "confined to " + h.Root
 	switch {
 	case h.Remote && h.Root == "" && h.rootErr == nil:
@@ -159,8 +147,13 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// disabled is the refusal of a host-path argument whose switch is off.
-func (h HostIO) disabled(what, instead string) error {
+// HasRoot reports whether the policy has a usable root: without one every
+// host path is refused.
+func (h Policy) HasRoot() bool { return h.rootErr == nil && h.Root != "" }
+
+// Disabled is the refusal of a host-path argument whose switch is off:
+// what names the argument, instead the way to do without it.
+func (h Policy) Disabled(what, instead string) error {
 	if h.Remote {
 		return fmt.Errorf("%s is off on this network listener: it names a file on the server, which a remote client does not own; %s (the operator can allow host files under a root with --host-io-root DIR): %w",
 			what, instead, errdefs.ErrInvalidArgument)
@@ -180,9 +173,9 @@ func (h HostIO) disabled(what, instead string) error {
 // MaxStdinFileBytes. The file read is the one the walk found (its device
 // and inode are checked on the descriptor read from), whatever its path
 // names by then.
-func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err error) {
+func (h Policy) ReadStdinFile(arg string) (data []byte, resolved string, err error) {
 	if !h.StdinFile {
-		return nil, "", h.disabled("stdin_file", "pass the input inline with stdin instead")
+		return nil, "", h.Disabled("stdin_file", "pass the input inline with stdin instead")
 	}
 	w, err := h.walk("stdin_file", arg, walkRead)
 	if err != nil {
@@ -219,7 +212,7 @@ func (h HostIO) ReadStdinFile(arg string) (data []byte, resolved string, err err
 // checkReadable checks what a stdin_file walk found, before it is opened
 // for reading: a regular file (opening a FIFO or device can block or have
 // side effects), one link, within the size cap.
-func (h HostIO) checkReadable(arg string, w *walked) error {
+func (h Policy) checkReadable(arg string, w *walked) error {
 	mode := fileMode(w.st.Mode)
 	if !mode.IsRegular() {
 		return fmt.Errorf("stdin_file %q resolves to %s, which is not a regular file (%s); only regular files are accepted: %w",
@@ -241,7 +234,7 @@ func (h HostIO) checkReadable(arg string, w *walked) error {
 // The destination must be new, a regular file, or a character device or
 // FIFO (written straight through); its missing parents (created by
 // OpenCopyOut) are allowed.
-func (h HostIO) ResolveCopyOut(arg string) (string, error) {
+func (h Policy) ResolveCopyOut(arg string) (string, error) {
 	w, err := h.copyOutWalk(arg, walkCheck)
 	if err != nil {
 		return "", err
@@ -256,7 +249,7 @@ func (h HostIO) ResolveCopyOut(arg string) (string, error) {
 // directory, open: the core writes the file relative to that descriptor
 // (sandbox.CopyOut.HostDir), so the write lands where the check was made
 // whatever the path names by then. The caller closes dir.
-func (h HostIO) OpenCopyOut(arg string) (path string, dir *os.File, err error) {
+func (h Policy) OpenCopyOut(arg string) (path string, dir *os.File, err error) {
 	w, err := h.copyOutWalk(arg, walkCreate)
 	if err != nil {
 		return "", nil, err
@@ -267,9 +260,9 @@ func (h HostIO) OpenCopyOut(arg string) (path string, dir *os.File, err error) {
 	return w.path, w.dir, nil
 }
 
-func (h HostIO) copyOutWalk(arg string, mode walkMode) (*walked, error) {
+func (h Policy) copyOutWalk(arg string, mode walkMode) (*walked, error) {
 	if !h.CopyOut {
-		return nil, h.disabled("copy_out", "print small results to stdout, or name guest files in read_files to get them back in the result")
+		return nil, h.Disabled("copy_out", "print small results to stdout, or name guest files in read_files to get them back in the result")
 	}
 	w, err := h.walk("copy_out host path", arg, mode)
 	if err != nil {
@@ -311,7 +304,7 @@ func fileMode(m uint32) fs.FileMode {
 
 // walk checks a host path argument's shape and resolves it beneath the
 // root for mode, wording any refusal for what (the argument).
-func (h HostIO) walk(what, arg string, mode walkMode) (*walked, error) {
+func (h Policy) walk(what, arg string, mode walkMode) (*walked, error) {
 	if err := h.usable(what, arg); err != nil {
 		return nil, err
 	}
@@ -351,7 +344,7 @@ func (h HostIO) walk(what, arg string, mode walkMode) (*walked, error) {
 }
 
 // outside words a path that leads out of the root.
-func (h HostIO) outside(what, arg, resolved, why string) error {
+func (h Policy) outside(what, arg, resolved, why string) error {
 	if why != "" {
 		why = " (" + why + ")"
 	}
@@ -360,7 +353,7 @@ func (h HostIO) outside(what, arg, resolved, why string) error {
 }
 
 // rootSetting says what sets the root, for refusals.
-func (h HostIO) rootSetting() string {
+func (h Policy) rootSetting() string {
 	if h.RootSetting != "" {
 		return "the root is set by " + h.RootSetting
 	}
@@ -368,7 +361,7 @@ func (h HostIO) rootSetting() string {
 }
 
 // usable checks the policy and the shape of a host path argument.
-func (h HostIO) usable(what, arg string) error {
+func (h Policy) usable(what, arg string) error {
 	if h.rootErr != nil {
 		return fmt.Errorf("%s refused: %v: %w", what, h.rootErr, errdefs.ErrFailedPrecondition)
 	}

@@ -1,4 +1,4 @@
-package mcpserver
+package hostio
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
+	"isopod/internal/settings"
 )
 
 // hostTree is a confinement fixture: a root holding the state directory (as
@@ -68,8 +69,8 @@ func newHostTree(t *testing.T) hostTree {
 	return h
 }
 
-func (h hostTree) policy() HostIO {
-	return HostIO{Root: h.root, Home: h.home, StdinFile: true, CopyOut: true}
+func (h hostTree) policy() Policy {
+	return Policy{Root: h.root, Home: h.home, StdinFile: true, CopyOut: true}
 }
 
 func mustMkdir(t *testing.T, d string) {
@@ -303,36 +304,37 @@ func TestHostIODisabled(t *testing.T) {
 	}
 }
 
-func TestHostIOFromEnv(t *testing.T) {
+func TestLocal(t *testing.T) {
 	h := newHostTree(t)
 	viaLink := filepath.Join(h.base, "root-link")
 	if err := os.Symlink(h.root, viaLink); err != nil {
 		t.Fatal(err)
 	}
+	on := settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}
+	with := func(f func(*settings.HostIO)) settings.HostIO { s := on; f(&s); return s }
+	root := func(r string) settings.HostIO { return with(func(s *settings.HostIO) { s.Root, s.RootSet = r, true }) }
 	tests := []struct {
 		name       string
-		env        map[string]string
+		set        settings.HostIO
 		wantRoot   string // "" means fail closed
 		stdin, cpy bool
 		warn       string
 	}{
-		{"defaults", nil, h.root, true, true, ""},
-		{"cwd through a symlink is canonical", map[string]string{knobs.MCPHostIORoot: viaLink}, h.root, true, true, ""},
-		{"moved root", map[string]string{knobs.MCPHostIORoot: h.outside}, h.outside, true, true, ""},
-		{"copy_out off", map[string]string{knobs.MCPCopyOut: "off"}, h.root, true, false, ""},
-		{"stdin_file off", map[string]string{knobs.MCPStdinFile: "0"}, h.root, false, true, ""},
-		{"unknown switch value is off", map[string]string{knobs.MCPCopyOut: "maybe"}, h.root, true, false, "treating it as off"},
-		{"explicit on", map[string]string{knobs.MCPCopyOut: "Yes"}, h.root, true, true, ""},
-		{"blank root falls back", map[string]string{knobs.MCPHostIORoot: "  "}, h.root, true, true, "set but empty"},
-		{"relative root fails closed", map[string]string{knobs.MCPHostIORoot: "proj"}, "", true, true, "not an absolute path"},
-		{"missing root fails closed", map[string]string{knobs.MCPHostIORoot: filepath.Join(h.base, "nope")}, "", true, true, "unusable"},
-		{"file root fails closed", map[string]string{knobs.MCPHostIORoot: h.secret}, "", true, true, "unusable"},
+		{"defaults", on, h.root, true, true, ""},
+		{"cwd through a symlink is canonical", root(viaLink), h.root, true, true, ""},
+		{"moved root", root(h.outside), h.outside, true, true, ""},
+		{"copy_out off", with(func(s *settings.HostIO) { s.CopyOut = false }), h.root, true, false, ""},
+		{"stdin_file off", with(func(s *settings.HostIO) { s.StdinFile = false }), h.root, false, true, ""},
+		{"the settings' warnings are kept", with(func(s *settings.HostIO) { s.CopyOut, s.Warnings = false, []string{"treating it as off"} }), h.root, true, false, "treating it as off"},
+		{"blank root falls back", root("  "), h.root, true, true, "set but empty"},
+		{"relative root fails closed", root("proj"), "", true, true, "not an absolute path"},
+		{"missing root fails closed", root(filepath.Join(h.base, "nope")), "", true, true, "unusable"},
+		{"file root fails closed", root(h.secret), "", true, true, "unusable"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
 			// The working directory is given through a symlink too.
-			p, warns := HostIOFromEnv(lookup, viaLink, h.home)
+			p, warns := Local(tc.set, viaLink, h.home)
 			if p.StdinFile != tc.stdin || p.CopyOut != tc.cpy {
 				t.Errorf("switches = stdin_file %v copy_out %v, want %v %v", p.StdinFile, p.CopyOut, tc.stdin, tc.cpy)
 			}
@@ -366,7 +368,7 @@ func TestHostIOFromEnv(t *testing.T) {
 
 func TestZeroHostIOFailsClosed(t *testing.T) {
 	h := newHostTree(t)
-	var p HostIO
+	var p Policy
 	p.StdinFile, p.CopyOut = true, true
 	if _, _, err := p.ReadStdinFile(h.secret); err == nil {
 		t.Error("a policy without a root allowed a read")
@@ -378,13 +380,7 @@ func TestZeroHostIOFailsClosed(t *testing.T) {
 
 func TestHostIOUnconfinedStillGuardsState(t *testing.T) {
 	h := newHostTree(t)
-	lookup := func(k string) (string, bool) {
-		if k == knobs.MCPHostIORoot {
-			return "/", true
-		}
-		return "", false
-	}
-	p, _ := HostIOFromEnv(lookup, h.root, h.home)
+	p, _ := Local(settings.HostIO{Root: "/", RootSet: true, StdinFile: true, CopyOut: true}, h.root, h.home)
 	if !strings.Contains(p.String(), "UNCONFINED") {
 		t.Errorf("policy line %q does not say unconfined", p.String())
 	}

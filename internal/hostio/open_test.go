@@ -1,4 +1,4 @@
-package mcpserver
+package hostio
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"isopod/internal/knobs"
+	"isopod/internal/settings"
 )
 
 func TestOpenCopyOut(t *testing.T) {
@@ -49,26 +49,20 @@ func TestHostIOAliasAndUnconfinedRoot(t *testing.T) {
 	if err := os.Symlink(h.root, via); err != nil {
 		t.Fatal(err)
 	}
-	lookup := func(k string) (string, bool) {
-		if k == knobs.MCPHostIORoot {
-			return via, true
-		}
-		return "", false
-	}
-	p, _ := HostIOFromEnv(lookup, h.root, h.home)
+	p, _ := Local(settings.HostIO{Root: via, RootSet: true, StdinFile: true, CopyOut: true}, h.root, h.home)
 	if data, _, err := p.ReadStdinFile(filepath.Join(via, "ok.txt")); err != nil || !bytes.HasPrefix(data, []byte("hello")) {
 		t.Errorf("an absolute path under the root as configured: %q, %v", data, err)
 	}
-	un := HostIO{Root: "/", Home: h.home, StdinFile: true}
+	un := Policy{Root: "/", Home: h.home, StdinFile: true}
 	if _, _, err := un.ReadStdinFile("/../.." + h.secret); err != nil {
 		t.Errorf("unconfined: %v", err)
 	}
 }
 
-func TestRemoteHostIO(t *testing.T) {
+func TestRemote(t *testing.T) {
 	h := newHostTree(t)
-	none := func(string) (string, bool) { return "", false }
-	off, _ := RemoteHostIO(none, "", h.home)
+	on := settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}
+	off, _ := Remote(on, "", h.home)
 	if _, _, err := off.ReadStdinFile("ok.txt"); err == nil || !strings.Contains(err.Error(), "--host-io-root") {
 		t.Errorf("stdin_file without --host-io-root: %v", err)
 	}
@@ -78,11 +72,11 @@ func TestRemoteHostIO(t *testing.T) {
 	if !strings.Contains(off.String(), "off") {
 		t.Errorf("policy line %q does not say off", off.String())
 	}
-	on, _ := RemoteHostIO(none, h.root, h.home)
-	if _, _, err := on.ReadStdinFile("ok.txt"); err != nil {
+	rooted, _ := Remote(on, h.root, h.home)
+	if _, _, err := rooted.ReadStdinFile("ok.txt"); err != nil {
 		t.Errorf("stdin_file under --host-io-root: %v", err)
 	}
-	if _, _, err := on.ReadStdinFile("../outside/secret.txt"); err == nil || !strings.Contains(err.Error(), "--host-io-root") {
+	if _, _, err := rooted.ReadStdinFile("../outside/secret.txt"); err == nil || !strings.Contains(err.Error(), "--host-io-root") {
 		t.Errorf("an escape is not refused naming --host-io-root: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package mcpserver
+package hostio
 
 import (
 	"errors"
@@ -41,7 +41,7 @@ const (
 	walkCreate                 // missing parents are created, descriptor-relative
 )
 
-// walkErr is why a walk stopped; HostIO words it for the argument.
+// walkErr is why a walk stopped; Policy words it for the argument.
 type walkErr struct {
 	kind   walkKind
 	path   string // the path as resolved so far, or the link's target
