@@ -57,9 +57,9 @@ type Settings struct {
 	// it gets ready VMs and builds missing snapshots in the background,
 	// and must close the Service.
 	LongLived bool
-	// HoldVM is the long-lived front end's admission for background VMs
-	// (sandbox.Options.HoldVM).
-	HoldVM func(memMiB int) (release func(), ok bool)
+	// Places is the long-lived front end's admission for background VMs
+	// (sandbox.Options.Places).
+	Places sandbox.Places
 
 	// raw keeps every knob as read, for front-end policies that interpret
 	// their own (the MCP server's host-I/O switches).
@@ -207,7 +207,7 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 		WarmPoolBytes: s.WarmPoolBytes,
 	}
 	if s.LongLived {
-		o.ReadyVMs, o.BackgroundSnapshots, o.HoldVM = s.ReadyVMs, true, s.HoldVM
+		o.ReadyVMs, o.BackgroundSnapshots, o.Places = s.ReadyVMs, true, s.Places
 	}
 	return sandbox.New(o)
 }

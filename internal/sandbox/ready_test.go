@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,13 +17,9 @@ import (
 // machine; Close leaves nothing running.
 func TestReadyVMs(t *testing.T) {
 	t.Parallel()
-	var held atomic.Int32
+	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 8, MemoryBudgetMiB: 100000, OverheadMiB: 256})
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs, o.BackgroundSnapshots = 1, true
-		o.HoldVM = func(memMiB int) (func(), bool) {
-			held.Add(1)
-			return func() { held.Add(-1) }, true
-		}
+		o.ReadyVMs, o.BackgroundSnapshots, o.Places = 1, true, a
 	})
 	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
 	if first.Path != "cold" || first.SnapshotBuilt || first.ReadyVM {
@@ -59,12 +54,12 @@ func TestReadyVMs(t *testing.T) {
 		t.Errorf("two ready runs share the name %q", names[0])
 	}
 	waitFor(t, "the refill", func() bool { return pausedMachines(d) == 1 })
-	if held.Load() != 1 {
-		t.Errorf("%d places held with one ready VM waiting; want 1", held.Load())
+	if n := a.Stats().Background; n != 1 {
+		t.Errorf("%d places held with one ready VM waiting; want 1", n)
 	}
 	s.Close()
-	if held.Load() != 0 {
-		t.Errorf("%d places still held after Close", held.Load())
+	if st := a.Stats(); st.Background != 0 || st.Running != 0 {
+		t.Errorf("places still held after Close: %+v", st)
 	}
 }
 
@@ -73,8 +68,7 @@ func TestReadyVMs(t *testing.T) {
 func TestReadyVMsNeedRoom(t *testing.T) {
 	t.Parallel()
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs = 1
-		o.HoldVM = func(int) (func(), bool) { return nil, false }
+		o.ReadyVMs, o.Places = 1, noRoom{}
 	})
 	for i := 0; i < 3; i++ {
 		rep := run(t, s, sandbox.Request{Argv: []string{"true"}})
@@ -87,6 +81,13 @@ func TestReadyVMsNeedRoom(t *testing.T) {
 		t.Errorf("%d ready VMs made without room", n)
 	}
 }
+
+// noRoom is a front end's admission that never has a place.
+type noRoom struct{}
+
+func (noRoom) TryHold(int, sandbox.Yield) (*sandbox.Ticket, bool) { return nil, false }
+func (noRoom) Freed() <-chan struct{}                             { return nil }
+func (noRoom) CanHold(int) bool                                   { return true }
 
 // pausedMachines counts the restored machines that never ran a command
 // and still wait.
@@ -135,8 +136,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestReadyVMsOfRemovedStage(t *testing.T) {
 	t.Parallel()
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs = 1
-		o.HoldVM = func(int) (func(), bool) { return func() {}, true }
+		o.ReadyVMs = 1 // and no limits on places
 	})
 	ctx := context.Background()
 	commit := run(t, s, sandbox.Request{Argv: []string{"sh", "-c", "echo s > /s"}, NoNetwork: true, CommitAs: "lay"})

@@ -78,6 +78,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
 	}
+	// Ready VMs whose places were lent to this run and that it did not
+	// claim end before its own VM starts.
+	s.ready.settle(req.Place)
 	defer func() {
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.

@@ -84,6 +84,11 @@ type Request struct {
 	// Workspace, when set, copies a host directory into the run and can
 	// bring its changes back as a patch (workspace.go).
 	Workspace *Workspace
+
+	// Place is the admission place a front end took for the run (nil:
+	// none). A ready VM whose place was lent to it is claimed by the run
+	// or ended before the run's VM starts.
+	Place *Ticket
 }
 
 // Copied reports one copied file.
