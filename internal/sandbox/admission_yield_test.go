@@ -96,7 +96,7 @@ func (h *placeHost) call(t *testing.T, what string, req sandbox.Request) *sandbo
 // lendable.
 func (h *placeHost) waitReady(t *testing.T) {
 	t.Helper()
-	waitFor(t, "a ready VM", func() bool { return h.a.Stats().Lendable == 1 && pausedMachines(h.d) == 1 })
+	waitFor(t, "a ready VM", func() bool { return readyIn(h.a, h.d) == 1 })
 }
 
 func (h *placeHost) snapshots() int {
