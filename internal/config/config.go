@@ -41,9 +41,9 @@ type Settings struct {
 	// it gets ready VMs and builds missing snapshots in the background,
 	// and must close the Service.
 	LongLived bool
-	// HoldVM is the long-lived front end's admission for background VMs
-	// (sandbox.Options.HoldVM).
-	HoldVM func(memMiB int) (release func(), ok bool)
+	// Places is the long-lived front end's admission for background VMs
+	// (sandbox.Options.Places).
+	Places sandbox.Places
 }
 
 // Load reads the settings through lookup (os.LookupEnv in production).
@@ -203,7 +203,7 @@ func (s Settings) NewService(log *slog.Logger, version string) (*sandbox.Service
 	}
 	o := sandbox.Options{Settings: core, Logger: log, Version: version}
 	if s.LongLived {
-		o.BackgroundSnapshots, o.HoldVM = true, s.HoldVM
+		o.BackgroundSnapshots, o.Places = true, s.Places
 	}
 	return sandbox.New(o)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"isopod/internal/sandbox"
 )
@@ -73,4 +74,58 @@ func waitAdmitted(ctx context.Context, t *sandbox.Ticket, st *runStatus) error {
 		return fmt.Errorf("waiting for a VM place: %w", err)
 	}
 	return nil
+}
+
+// latePlaces is the server's admission as the core's background VMs see
+// it (sandbox.Options.Places): the core is made before the admission,
+// whose defaults ask the core for the accelerator, so it is set once
+// known. Until then no background VM has a place.
+type latePlaces struct {
+	mu    sync.Mutex // guards following
+	a     *sandbox.Admission
+	ready chan struct{} // closed by set
+}
+
+var _ sandbox.Places = (*latePlaces)(nil)
+
+func newLatePlaces() *latePlaces { return &latePlaces{ready: make(chan struct{})} }
+
+// set makes a the admission, once.
+func (l *latePlaces) set(a *sandbox.Admission) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.a == nil && a != nil {
+		l.a = a
+		close(l.ready)
+	}
+}
+
+func (l *latePlaces) get() *sandbox.Admission {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.a
+}
+
+// TryHold is the admission's, or no place before it is set.
+func (l *latePlaces) TryHold(memMiB int, y sandbox.Yield) (*sandbox.Ticket, bool) {
+	if a := l.get(); a != nil {
+		return a.TryHold(memMiB, y)
+	}
+	return nil, false
+}
+
+// CanHold is the admission's, or true before it is set.
+func (l *latePlaces) CanHold(memMiB int) bool {
+	if a := l.get(); a != nil {
+		return a.CanHold(memMiB)
+	}
+	return true
+}
+
+// Freed is the admission's, or closed when it is set.
+func (l *latePlaces) Freed() <-chan struct{} {
+	if a := l.get(); a != nil {
+		return a.Freed()
+	}
+	return l.ready
 }

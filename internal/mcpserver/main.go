@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sync/atomic"
 
 	"isopod/internal/config"
 	"isopod/internal/hostio"
@@ -54,14 +53,9 @@ func mainWith(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	// The server lives long: the core keeps ready VMs and builds missing
 	// snapshots in the background, taking their places from the same
 	// admission as the runs (made once the core can say its accelerator).
-	var adm atomic.Pointer[sandbox.Admission]
+	places := newLatePlaces()
 	settings.LongLived = true
-	settings.HoldVM = func(memMiB int) (func(), bool) {
-		if a := adm.Load(); a != nil {
-			return a.HoldVM(memMiB)
-		}
-		return nil, false
-	}
+	settings.Places = places
 	svc, err := settings.NewService(log, version)
 	if err != nil {
 		log.Error("isopod-mcp: starting the sandbox core", "err", err)
@@ -77,7 +71,7 @@ func mainWith(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		log.Error("isopod-mcp: " + err.Error())
 		return 1
 	}
-	adm.Store(cfg.Admission)
+	places.set(cfg.Admission)
 	if tweak != nil {
 		tweak(&cfg)
 	}

@@ -140,6 +140,7 @@ func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *sandbox
 	if err := waitAdmitted(ctx, t, st); err != nil {
 		return nil, reg, err
 	}
+	r.Place = t
 	rep, err := s.cfg.Core.Run(ctx, *r)
 	if err == nil && rep == nil {
 		err = fmt.Errorf("the core returned no report")

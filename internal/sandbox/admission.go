@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"isopod/internal/errdefs"
@@ -26,11 +27,15 @@ import (
 type Admission struct {
 	cfg AdmissionConfig
 
-	mu         sync.Mutex // guards following
-	running    int        // VMs holding a place
-	background int        // of those, background VMs (TryHold)
-	usedMiB    int        // their cost
-	queue      []*Ticket  // waiting, oldest first
+	mu        sync.Mutex    // guards following
+	running   int           // VMs holding a place
+	usedMiB   int           // their cost
+	queue     []*Ticket     // calls waiting, oldest first
+	held      []*Ticket     // background VMs holding a place (TryHold), oldest first
+	heldMiB   int           // their cost
+	endingVMs int           // of those, VMs asked to end for a waiting call
+	endingMiB int           // their cost
+	freed     chan struct{} // closed and replaced at every release
 }
 
 // AdmissionConfig configures an Admission.
@@ -112,7 +117,7 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Admission{cfg: cfg}, nil
+	return &Admission{cfg: cfg, freed: make(chan struct{})}, nil
 }
 
 // Config returns the limits.
@@ -128,20 +133,31 @@ const (
 	TicketQueued TicketState = iota
 	TicketAdmitted
 	TicketReleased
+	// TicketLent: a background VM's place, lent to a waiting call while
+	// the VM lives on (see [Yield]).
+	TicketLent
 )
 
-// Ticket is one VM's place: admitted, or waiting in the queue.
+// Ticket is one VM's place: admitted, or waiting in the queue. A nil
+// Ticket holds nothing: releasing it does nothing.
 type Ticket struct {
-	a          *Admission
-	cost       int
-	background bool
-	state      TicketState   // guarded by a.mu
-	changed    chan struct{} // closed and replaced when state or position changes; guarded by a.mu
+	a     *Admission
+	cost  int
+	yield *Yield // a background VM's; nil for a call
+
+	// Guarded by a.mu:
+	state   TicketState
+	changed chan struct{} // closed and replaced when state or position changes
+	ending  bool          // a background VM asked to end
+	lentTo  *Ticket       // the call a TicketLent place is lent to
+	lent    []*Ticket     // background places lent to this call
 }
 
 // Reserve takes a place for a VM of memMiB of guest memory: admitted at
 // once when the VM limit and the budget allow and nobody waits, else at
-// the back of the queue. A full queue is ErrBusy; a VM that alone costs
+// the back of the queue. Background VMs give their places to calls
+// ([Yield]): a call they make room for waits only for them to end, even
+// past the queue limit. A full queue is ErrBusy; a VM that alone costs
 // more than the budget is refused too (it would never start here).
 func (a *Admission) Reserve(memMiB int) (*Ticket, error) {
 	cost := memMiB + a.cfg.OverheadMiB
@@ -150,49 +166,21 @@ func (a *Admission) Reserve(memMiB int) (*Ticket, error) {
 			memMiB, cost, a.cfg.MemoryBudgetMiB, errdefs.ErrUnavailable)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	t := &Ticket{a: a, cost: cost, changed: make(chan struct{})}
 	if len(a.queue) == 0 && a.fitsLocked(cost) {
 		a.admitLocked(t)
+		a.mu.Unlock()
 		return t, nil
 	}
-	if len(a.queue) >= a.cfg.Queue {
-		return nil, fmt.Errorf("%d VMs hold this host's places (limit %d, %d of %d MiB) and %d calls wait (limit %d): %w",
+	if len(a.queue) >= a.cfg.Queue && (len(a.queue) > 0 || !a.reclaimableLocked(cost)) {
+		err := fmt.Errorf("%d VMs hold this host's places (limit %d, %d of %d MiB) and %d calls wait (limit %d): %w",
 			a.running, a.cfg.MaxVMs, a.usedMiB, a.cfg.MemoryBudgetMiB, len(a.queue), a.cfg.Queue, ErrBusy)
+		a.mu.Unlock()
+		return nil, err
 	}
 	a.queue = append(a.queue, t)
+	a.unlockEnding(a.advanceLocked())
 	return t, nil
-}
-
-// TryHold takes a place for a background VM (a ready VM, a snapshot
-// build) at once or not at all: ok is false when calls wait, when no place
-// is free, or when background VMs already hold half the places (one on a
-// host of one or two). On a host of more than one place it must also leave
-// memory for a default-sized run. So background VMs never hold every
-// place while runs could use one.
-func (a *Admission) TryHold(memMiB int) (t *Ticket, ok bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t = &Ticket{a: a, cost: memMiB + a.cfg.OverheadMiB, background: true, changed: make(chan struct{})}
-	spare := 0
-	if a.cfg.MaxVMs > 1 {
-		spare = DefaultMemMiB + a.cfg.OverheadMiB
-	}
-	if len(a.queue) > 0 || a.running >= a.cfg.MaxVMs || a.background >= max(1, a.cfg.MaxVMs/2) ||
-		a.usedMiB+t.cost+spare > a.cfg.MemoryBudgetMiB {
-		return nil, false
-	}
-	a.admitLocked(t)
-	return t, true
-}
-
-// HoldVM adapts TryHold to sandbox.Options.HoldVM.
-func (a *Admission) HoldVM(memMiB int) (release func(), ok bool) {
-	t, ok := a.TryHold(memMiB)
-	if !ok {
-		return nil, false
-	}
-	return t.Release, true
 }
 
 // Preconditions: a.mu is held.
@@ -204,10 +192,29 @@ func (a *Admission) fitsLocked(cost int) bool {
 func (a *Admission) admitLocked(t *Ticket) {
 	a.running++
 	a.usedMiB += t.cost
-	if t.background {
-		a.background++
+	if t.yield != nil {
+		a.held = append(a.held, t)
+		a.heldMiB += t.cost
 	}
 	t.setLocked(TicketAdmitted)
+}
+
+// freeLocked gives back an admitted t's place.
+//
+// Preconditions: a.mu is held.
+func (a *Admission) freeLocked(t *Ticket) {
+	a.running--
+	a.usedMiB -= t.cost
+	if t.yield == nil {
+		return
+	}
+	a.held = slices.DeleteFunc(a.held, func(h *Ticket) bool { return h == t })
+	a.heldMiB -= t.cost
+	if t.ending {
+		t.ending = false
+		a.endingVMs--
+		a.endingMiB -= t.cost
+	}
 }
 
 // Preconditions: a.mu is held.
@@ -217,22 +224,40 @@ func (t *Ticket) setLocked(s TicketState) {
 	t.changed = make(chan struct{})
 }
 
-// advanceLocked admits queued VMs, oldest first, while they fit; the rest
-// learn their new positions.
+// advanceLocked admits queued VMs, oldest first, while they fit, taking
+// places from background VMs for them (reclaimLocked); the rest learn
+// their new positions. It returns the background VMs' End functions to
+// call once a.mu is released.
 //
 // Preconditions: a.mu is held.
-func (a *Admission) advanceLocked() {
+func (a *Admission) advanceLocked() (ends []func()) {
 	n := 0
-	for n < len(a.queue) && a.fitsLocked(a.queue[n].cost) {
-		a.admitLocked(a.queue[n])
+	for n < len(a.queue) {
+		t := a.queue[n]
+		if !a.fitsLocked(t.cost) {
+			ends = append(ends, a.reclaimLocked(t)...)
+			if !a.fitsLocked(t.cost) {
+				break
+			}
+		}
+		a.admitLocked(t)
 		n++
 	}
 	if n == 0 {
-		return
+		return ends
 	}
 	a.queue = append(a.queue[:0], a.queue[n:]...)
 	for _, t := range a.queue {
 		t.setLocked(TicketQueued)
+	}
+	return ends
+}
+
+// unlockEnding releases a.mu and asks the background VMs in ends to end.
+func (a *Admission) unlockEnding(ends []func()) {
+	a.mu.Unlock()
+	for _, end := range ends {
+		go end()
 	}
 }
 
@@ -257,7 +282,7 @@ func (t *Ticket) Wait(ctx context.Context) error {
 		switch state {
 		case TicketAdmitted:
 			return nil
-		case TicketReleased:
+		case TicketReleased, TicketLent:
 			return errors.New("admission: the ticket was released")
 		}
 		select {
@@ -269,39 +294,55 @@ func (t *Ticket) Wait(ctx context.Context) error {
 	}
 }
 
-// Release gives t's place (or its place in the queue) back. Idempotent.
+// Release gives t's place (or its place in the queue) back. A lent
+// background place is the call's: releasing it only says that its VM is
+// gone (ended, or claimed by a run with a place of its own). A call's
+// release gives each place lent to it whose VM is still there back to
+// that VM, which is asked to end. Idempotent.
 func (t *Ticket) Release() {
+	if t == nil {
+		return
+	}
 	a := t.a
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	switch t.state {
 	case TicketReleased:
+		a.mu.Unlock()
+		return
+	case TicketLent:
+		t.lentTo = nil
+		t.setLocked(TicketReleased)
+		a.mu.Unlock()
 		return
 	case TicketAdmitted:
-		a.running--
-		a.usedMiB -= t.cost
-		if t.background {
-			a.background--
-		}
+		a.freeLocked(t)
 	case TicketQueued:
-		for i, q := range a.queue {
-			if q == t {
-				a.queue = append(a.queue[:i], a.queue[i+1:]...)
-				break
-			}
-		}
+		a.queue = slices.DeleteFunc(a.queue, func(q *Ticket) bool { return q == t })
 		for _, q := range a.queue {
 			q.setLocked(TicketQueued)
 		}
 	}
+	var ends []func()
+	for _, v := range t.lent {
+		if v.state == TicketLent && v.lentTo == t {
+			v.lentTo = nil
+			a.admitLocked(v)
+			ends = append(ends, a.endLocked(v))
+		}
+	}
+	t.lent = nil
 	t.setLocked(TicketReleased)
-	a.advanceLocked()
+	close(a.freed)
+	a.freed = make(chan struct{})
+	a.unlockEnding(append(ends, a.advanceLocked()...))
 }
 
 // AdmissionStats is a moment's view of an Admission.
 type AdmissionStats struct {
-	Running         int `json:"running"`
-	Background      int `json:"background"`
+	Running    int `json:"running"`
+	Background int `json:"background"`
+	// Lendable: background places a call takes at once (ready VMs).
+	Lendable        int `json:"lendable"`
 	Queued          int `json:"queued"`
 	UsedMiB         int `json:"used_mib"`
 	MaxVMs          int `json:"max_vms"`
@@ -313,6 +354,12 @@ type AdmissionStats struct {
 func (a *Admission) Stats() AdmissionStats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return AdmissionStats{Running: a.running, Background: a.background, Queued: len(a.queue), UsedMiB: a.usedMiB,
-		MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB}
+	lendable := 0
+	for _, t := range a.held {
+		if t.yield.Lend && !t.ending {
+			lendable++
+		}
+	}
+	return AdmissionStats{Running: a.running, Background: len(a.held), Lendable: lendable, Queued: len(a.queue),
+		UsedMiB: a.usedMiB, MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB}
 }

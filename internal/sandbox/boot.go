@@ -41,7 +41,9 @@ func (r *run) boot(ctx context.Context) error {
 		infoDone := make(chan struct{})
 		go func() {
 			defer close(infoDone)
-			if info, err := drv.Info(ctx); err == nil {
+			ictx, cancel := context.WithDeadline(ctx, r.deadline())
+			defer cancel()
+			if info, err := drv.Info(ictx); err == nil {
 				r.rep.VMM = info
 			}
 		}()

@@ -2,8 +2,8 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,18 +67,14 @@ type readyVM struct {
 	layerPaths []string
 	layers     []os.FileInfo
 	vmmInfo    vmm.Info
-	// release gives back the place the VM holds until a run claims it.
-	release func()
-	once    sync.Once
+	// place is what the VM holds until a run claims it (nil: nothing).
+	place *Ticket
 }
 
-// releasePlace gives back the ready VM's place. Idempotent.
-func (rv *readyVM) releasePlace() {
-	rv.once.Do(func() {
-		if rv.release != nil {
-			rv.release()
-		}
-	})
+// readySlot is one fill's ready VM, for a call that takes its place.
+type readySlot struct {
+	cancel context.CancelFunc // ends the making
+	rv     *readyVM           // once made and in the pool; guarded by readyPool.mu
 }
 
 // readyPool holds the ready VMs of a Service.
@@ -218,28 +214,127 @@ func (p *readyPool) refill() {
 	}
 }
 
-// fill makes one ready VM of sp and adds it to the pool.
+// fill makes one ready VM of sp, once it has a place (it waits for one
+// without a bound: close ends the wait), and adds it to the pool. The
+// place is lendable once the VM waits in the pool.
 func (p *readyPool) fill(sp readySpec) {
 	defer p.wg.Done()
-	ctx, cancel := context.WithTimeout(p.ctx, readyFillTimeout)
+	ctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
-	rv, err := p.s.makeReady(ctx, sp)
+	slot := &readySlot{cancel: cancel}
+	place, err := p.s.holdVM(ctx, sp.in.key.MemMiB, Yield{End: func() { p.yield(slot) }}, false)
+	var rv *readyVM
+	if err == nil {
+		mctx, cancelMake := context.WithTimeout(ctx, readyFillTimeout)
+		rv, err = p.s.makeReady(mctx, sp, place)
+		cancelMake()
+	}
 	p.mu.Lock()
 	p.filling[sp.shape]--
-	keep := err == nil && !p.closed
+	// A call that took the place while the VM was made ended ctx.
+	keep := err == nil && !p.closed && ctx.Err() == nil
 	if keep {
 		p.vms[sp.shape] = append(p.vms[sp.shape], rv)
+		slot.rv = rv
 	}
 	p.mu.Unlock()
-	if err != nil {
-		if p.ctx.Err() == nil && !errors.Is(err, errNoRoom) {
+	switch {
+	case err != nil:
+		place.Release()
+		if ctx.Err() == nil {
 			p.s.log.Warn("ready VM: not made", "shape", sp.shape.key, "err", err)
 		}
+	case !keep:
+		rv.discard()
+	default:
+		place.AllowLend()
 		return
 	}
-	if !keep {
+	if ctx.Err() != nil && p.ctx.Err() == nil {
+		p.refill() // a call took the place: again once one is free
+	}
+}
+
+// yield ends the ready VM of slot (or its making) for a call that needs
+// its place, to be made again once a place is free; a VM claimed
+// meanwhile took its place with it.
+func (p *readyPool) yield(slot *readySlot) {
+	slot.cancel()
+	p.mu.Lock()
+	rv := slot.rv
+	slot.rv = nil
+	if p.closed || rv == nil || !p.removeLocked(rv) {
+		p.mu.Unlock()
+		return
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	rv.discard()
+	p.refill() // again once a place is free
+}
+
+// settle ends the ready VMs whose places were lent to the call that holds
+// place and that its run did not claim: the run's own VM starts in their
+// place. They are made again once a place is free.
+func (p *readyPool) settle(place *Ticket) {
+	if p == nil || place == nil {
+		return
+	}
+	var lent []*readyVM
+	p.mu.Lock()
+	for _, list := range p.vms {
+		for _, rv := range list {
+			if rv.place.LentTo(place) {
+				lent = append(lent, rv)
+			}
+		}
+	}
+	for _, rv := range lent {
+		p.removeLocked(rv)
+	}
+	p.mu.Unlock()
+	for _, rv := range lent {
 		rv.discard()
 	}
+	if len(lent) > 0 {
+		p.refill() // again once a place is free
+	}
+}
+
+// giveWay ends the ready VM of the least recently used shape that has
+// one, for a snapshot build that needs its place; it is made again once a
+// place is free.
+func (p *readyPool) giveWay() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	var rv *readyVM
+	for i := len(p.hot) - 1; i >= 0 && rv == nil; i-- {
+		if list := p.vms[p.hot[i].shape]; len(list) > 0 {
+			rv = list[len(list)-1]
+			p.removeLocked(rv)
+		}
+	}
+	p.mu.Unlock()
+	if rv != nil {
+		rv.discard()
+		p.refill()
+	}
+}
+
+// removeLocked takes rv out of the pool; false when it is not there.
+//
+// Preconditions: p.mu is held.
+func (p *readyPool) removeLocked(rv *readyVM) bool {
+	list := p.vms[rv.shape]
+	i := slices.Index(list, rv)
+	if i < 0 {
+		return false
+	}
+	p.vms[rv.shape] = slices.Delete(list, i, i+1)
+	return true
 }
 
 // close discards every ready VM and waits for fills under way. Idempotent.
@@ -316,5 +411,5 @@ func (rv *readyVM) discard() {
 	}
 	cleanDisks(rv.dir.path, rv.scratch)
 	rv.dir.finish(nil)
-	rv.releasePlace()
+	rv.place.Release()
 }

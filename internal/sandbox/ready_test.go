@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,13 +17,9 @@ import (
 // machine; Close leaves nothing running.
 func TestReadyVMs(t *testing.T) {
 	t.Parallel()
-	var held atomic.Int32
+	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 8, MemoryBudgetMiB: 100000, OverheadMiB: 256})
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs, o.BackgroundSnapshots = 1, true
-		o.HoldVM = func(memMiB int) (func(), bool) {
-			held.Add(1)
-			return func() { held.Add(-1) }, true
-		}
+		o.ReadyVMs, o.BackgroundSnapshots, o.Places = 1, true, a
 	})
 	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
 	if first.Path != "cold" || first.SnapshotBuilt || first.ReadyVM {
@@ -40,7 +35,7 @@ func TestReadyVMs(t *testing.T) {
 	}
 	var names []string
 	for i := 0; i < 2; i++ {
-		waitFor(t, "a ready VM", func() bool { return pausedMachines(d) == 1 })
+		waitFor(t, "a ready VM", func() bool { return readyIn(a, d) == 1 })
 		rep := run(t, s, sandbox.Request{Argv: []string{"echo", "ready"}})
 		if rep.Path != "warm" || !rep.ReadyVM || rep.Stdout != "ready\n" || rep.ResumeMS == nil {
 			t.Fatalf("run %d: path %q ready %v stdout %q; want one served by a ready VM", i, rep.Path, rep.ReadyVM, rep.Stdout)
@@ -58,13 +53,13 @@ func TestReadyVMs(t *testing.T) {
 	if names[0] == names[1] {
 		t.Errorf("two ready runs share the name %q", names[0])
 	}
-	waitFor(t, "the refill", func() bool { return pausedMachines(d) == 1 })
-	if held.Load() != 1 {
-		t.Errorf("%d places held with one ready VM waiting; want 1", held.Load())
+	waitFor(t, "the refill", func() bool { return readyIn(a, d) == 1 })
+	if n := a.Stats().Background; n != 1 {
+		t.Errorf("%d places held with one ready VM waiting; want 1", n)
 	}
 	s.Close()
-	if held.Load() != 0 {
-		t.Errorf("%d places still held after Close", held.Load())
+	if st := a.Stats(); st.Background != 0 || st.Running != 0 {
+		t.Errorf("places still held after Close: %+v", st)
 	}
 }
 
@@ -73,8 +68,7 @@ func TestReadyVMs(t *testing.T) {
 func TestReadyVMsNeedRoom(t *testing.T) {
 	t.Parallel()
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs = 1
-		o.HoldVM = func(int) (func(), bool) { return nil, false }
+		o.ReadyVMs, o.Places = 1, noRoom{}
 	})
 	for i := 0; i < 3; i++ {
 		rep := run(t, s, sandbox.Request{Argv: []string{"true"}})
@@ -86,6 +80,22 @@ func TestReadyVMsNeedRoom(t *testing.T) {
 	if n := pausedMachines(d); n != 0 {
 		t.Errorf("%d ready VMs made without room", n)
 	}
+}
+
+// noRoom is a front end's admission that never has a place.
+type noRoom struct{}
+
+func (noRoom) TryHold(int, sandbox.Yield) (*sandbox.Ticket, bool) { return nil, false }
+func (noRoom) Freed() <-chan struct{}                             { return nil }
+func (noRoom) CanHold(int) bool                                   { return true }
+
+// readyIn counts the ready VMs that wait in the pool (made, and their
+// places lendable), -1 while that differs from the paused machines.
+func readyIn(a *sandbox.Admission, d *vmmfake.Driver) int {
+	if n := a.Stats().Lendable; n == pausedMachines(d) {
+		return n
+	}
+	return -1
 }
 
 // pausedMachines counts the restored machines that never ran a command
@@ -134,9 +144,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // discards those of a removed stage, so that nothing holds its layer.
 func TestReadyVMsOfRemovedStage(t *testing.T) {
 	t.Parallel()
+	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 8, MemoryBudgetMiB: 100000, OverheadMiB: 256})
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs = 1
-		o.HoldVM = func(int) (func(), bool) { return func() {}, true }
+		o.ReadyVMs, o.Places = 1, a
 	})
 	ctx := context.Background()
 	commit := run(t, s, sandbox.Request{Argv: []string{"sh", "-c", "echo s > /s"}, NoNetwork: true, CommitAs: "lay"})
@@ -161,7 +171,7 @@ func TestReadyVMsOfRemovedStage(t *testing.T) {
 		t.Fatalf("fork: path %q stdout %q", rep.Path, rep.Stdout)
 	}
 	// A ready VM of the base shape (hot since the commit) and of the fork's.
-	waitFor(t, "ready VMs of both shapes", func() bool { return pausedMachines(d) == 2 })
+	waitFor(t, "ready VMs of both shapes", func() bool { return readyIn(a, d) == 2 })
 
 	// Removed and put back (as a pull of the same stage would): the same
 	// id and path, another file.
@@ -179,7 +189,7 @@ func TestReadyVMsOfRemovedStage(t *testing.T) {
 	if rep.ReadyVM || rep.Stdout != "s\n" {
 		t.Errorf("fork of the stage put back: ready %v stdout %q; want a VM made with the new layer file", rep.ReadyVM, rep.Stdout)
 	}
-	waitFor(t, "the refill", func() bool { return pausedMachines(d) == 2 })
+	waitFor(t, "the refill", func() bool { return readyIn(a, d) == 2 })
 
 	// Removed for good: the next run's refill discards its ready VM.
 	if _, err := s.StageRemove(ctx, "lay"); err != nil {
@@ -188,7 +198,7 @@ func TestReadyVMsOfRemovedStage(t *testing.T) {
 	if rep := run(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true}); !rep.ReadyVM {
 		t.Errorf("base run: not served by its ready VM")
 	}
-	waitFor(t, "only the base shape's ready VM", func() bool { return pausedMachines(d) == 1 })
+	waitFor(t, "only the base shape's ready VM", func() bool { return readyIn(a, d) == 1 })
 	for _, m := range d.Machines() {
 		select {
 		case <-m.Done():

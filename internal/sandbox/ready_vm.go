@@ -13,10 +13,10 @@ import (
 )
 
 // makeReady restores a VM of sp's shape from its snapshot, paused, with
-// its disks backed and its NIC's socket parked. It gets a VM directory and
-// record like a run, so that `isopod vm gc` finds its VMM should this
-// process die.
-func (s *Service) makeReady(ctx context.Context, sp readySpec) (_ *readyVM, retErr error) {
+// its disks backed and its NIC's socket parked, in place (which a failure
+// releases). It gets a VM directory and record like a run, so that `isopod
+// vm gc` finds its VMM should this process die.
+func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_ *readyVM, retErr error) {
 	r, err := s.restorer(ctx)
 	if err != nil {
 		return nil, err
@@ -25,16 +25,11 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec) (_ *readyVM, retE
 	if err != nil {
 		return nil, err
 	}
-	release, ok := s.holdVM(sp.in.key.MemMiB)
-	if !ok {
-		return nil, errNoRoom
-	}
 	d, err := s.newVMDir([]string{"isopod", "ready"}, sp.base, "")
 	if err != nil {
-		release()
 		return nil, err
 	}
-	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: &vm{log: s.log}, vmmInfo: meta.VMM, release: release}
+	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: &vm{log: s.log}, vmmInfo: meta.VMM, place: place}
 	defer func() {
 		if retErr != nil {
 			rv.discard()
@@ -91,7 +86,7 @@ func (r *run) adoptReady() {
 	writeRecord(d.path, d.rec)
 	r.dir, r.scratch, r.vm = d, rv.scratch, rv.vm
 	// The run holds its own place (the front end admitted it).
-	rv.releasePlace()
+	rv.place.Release()
 }
 
 // resumeReady lets the claimed ready VM run and makes it the run's root.
@@ -137,9 +132,6 @@ func (r *run) bootReady(ctx context.Context) (done bool, err error) {
 	r.ready = nil
 	return false, nil
 }
-
-// errNoRoom: the front end's admission has no place for a background VM.
-var errNoRoom = errors.New("no room for a background VM under the host's limits")
 
 // cleanDisks removes a VM's scratch disk and slot placeholders.
 func cleanDisks(dir, scratch string) {

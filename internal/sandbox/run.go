@@ -55,7 +55,7 @@ type run struct {
 	// goes with the cleanup.
 	unrecord bool
 	// uncharged is time spent inside the run that its timeout does not
-	// cover (building a snapshot on first use).
+	// cover (packing the workspace).
 	uncharged time.Duration
 }
 
@@ -78,6 +78,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
 	}
+	// Ready VMs whose places were lent to this run and that it did not
+	// claim end before its own VM starts.
+	s.ready.settle(req.Place)
 	defer func() {
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
@@ -157,8 +160,9 @@ func (r *run) died(ctx context.Context, err error) bool {
 
 var errBootTimeout = errors.New("the guest was not ready before the run's timeout")
 
-// deadline is when the run's timeout (boot and exec together) runs out;
-// time the timeout does not cover (a first-use snapshot build) moves it.
+// deadline is when the run's timeout (boot and exec together, a snapshot
+// build on first use included) runs out; time the timeout does not cover
+// (packing the workspace) moves it.
 func (r *run) deadline() time.Time {
 	return r.t0.Add(time.Duration(r.req.TimeoutS)*time.Second + r.uncharged)
 }

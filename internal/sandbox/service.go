@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/jail"
@@ -26,11 +27,11 @@ type Options struct {
 	// BackgroundSnapshots builds a missing warm-pool snapshot after the
 	// run that needed it, which boots cold, instead of inside it.
 	BackgroundSnapshots bool
-	// HoldVM, when set, takes a place for a VM of memMiB of guest memory
-	// that the front end's admission does not see otherwise (a ready VM,
-	// a background snapshot build), at once or not at all; release gives
-	// it back. Without a place the VM is not made.
-	HoldVM func(memMiB int) (release func(), ok bool)
+	// Places, when set, is the front end's admission for the VMs it does
+	// not see otherwise: a ready VM or a background snapshot build takes a
+	// place from it before its VM starts, waiting for one to be free, and
+	// gives it to a call that needs it (Yield). Nil: they need none.
+	Places Places
 }
 
 // UnconfinedWarning is the warning every run's report carries under JailOff.
@@ -55,6 +56,8 @@ type Service struct {
 	// builds.
 	ready *readyPool
 	bg    *bgWork
+	// buildsWaiting counts background snapshot builds waiting for a place.
+	buildsWaiting atomic.Int32
 
 	driverOnce sync.Once
 	drv        vmm.Driver
@@ -107,12 +110,39 @@ func New(opts Options) (*Service, error) {
 	return s, nil
 }
 
-// holdVM takes a place for a background VM (see Options.HoldVM).
-func (s *Service) holdVM(memMiB int) (release func(), ok bool) {
-	if s.opts.HoldVM == nil {
-		return func() {}, true
+// holdVM takes a place for a background VM of memMiB from Options.Places,
+// waiting for a release while there is none, until ctx ends. The place is
+// nil (it holds nothing) without Places. Snapshot builds (build true) come
+// before ready VMs: while one waits no ready VM takes a place, and it ends
+// an idle ready VM to take its place.
+func (s *Service) holdVM(ctx context.Context, memMiB int, y Yield, build bool) (*Ticket, error) {
+	pl := s.opts.Places
+	if pl == nil {
+		return nil, nil
 	}
-	return s.opts.HoldVM(memMiB)
+	if !pl.CanHold(memMiB) {
+		return nil, fmt.Errorf("a background VM of %d MiB never fits this host's memory budget beside a run: %w", memMiB, errdefs.ErrUnavailable)
+	}
+	if build {
+		s.buildsWaiting.Add(1)
+		defer s.buildsWaiting.Add(-1)
+	}
+	for {
+		freed := pl.Freed()
+		if build || s.buildsWaiting.Load() == 0 {
+			if t, ok := pl.TryHold(memMiB, y); ok {
+				return t, nil
+			}
+			if build {
+				s.ready.giveWay()
+			}
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // Close ends the Service's background work: ready VMs are discarded and

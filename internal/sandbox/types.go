@@ -100,6 +100,10 @@ type Request struct {
 	// rules are the network switches parsed, by normalize: the one form
 	// the run's network takes.
 	rules egress.Rules
+	// Place is the admission place a front end took for the run (nil:
+	// none). A ready VM whose place was lent to it is claimed by the run
+	// or ended before the run's VM starts.
+	Place *Ticket
 }
 
 // Copied reports one copied file.

@@ -186,25 +186,10 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 	}
 	defer unlock()
 	if _, err := r.s.warm.Read(key); err != nil {
-		// The build is not charged to the run's timeout: it has its own
-		// bound, and the run's deadline moves by the time it took.
-		tBuild := time.Now()
-		// boot_ms is a cold boot's; the snapshot VM's boot is part of
-		// snapshot_build_ms.
-		meta, _, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
-			dir: r.dir, vm: r.vm, deadline: tBuild.Add(snapshotBuildTimeout),
-			started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
-		})
-		r.uncharged += time.Since(tBuild)
-		if err != nil {
-			if ctx.Err() != nil {
-				return false, ctx.Err()
-			}
-			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot failed (%v); this run cold-booted", err))
-			return false, nil
+		meta, err := r.buildInline(ctx, drv)
+		if meta == nil || err != nil {
+			return false, err
 		}
-		r.rep.SnapshotBuilt = true
-		r.rep.SnapshotBuildMS = &meta.BuildMS
 		key = meta.Key
 	}
 	meta, err := r.s.warm.Read(key)
@@ -222,6 +207,42 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 		return false, nil
 	}
 	return true, nil
+}
+
+// buildInline builds the run's snapshot inside the run. The build is
+// charged to the run's timeout: it may take half of what is left of it, so
+// that a build that fails or hangs (its VM is then killed) leaves the other
+// half to a cold boot. With less than inlineBuildMin for it, nothing is
+// built. meta is nil, and a warning says why, when the run must boot cold.
+func (r *run) buildInline(ctx context.Context, drv vmm.Driver) (*warmpool.Meta, error) {
+	budget := min(snapshotBuildTimeout, time.Until(r.deadline())/2)
+	if budget < inlineBuildMin {
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no warm-pool snapshot was built for this run's shape: "+
+			"half of what was left of its timeout (%.1f s) is too short for a build; this run cold-booted (`isopod warmpool build` builds it)",
+			budget.Seconds()))
+		return nil, nil
+	}
+	// boot_ms is a cold boot's; the snapshot VM's boot is part of
+	// snapshot_build_ms.
+	deadline := time.Now().Add(budget)
+	meta, _, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
+		dir: r.dir, vm: r.vm, deadline: deadline,
+		started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
+	})
+	switch {
+	case err == nil:
+		r.rep.SnapshotBuilt = true
+		r.rep.SnapshotBuildMS = &meta.BuildMS
+		return meta, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case !time.Now().Before(deadline):
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot did not finish within %.1f s, "+
+			"half of what was left of the run's timeout; the snapshot VM was killed and this run cold-booted (%v)", budget.Seconds(), err))
+	default:
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot failed (%v); this run cold-booted", err))
+	}
+	return nil, nil
 }
 
 // resume starts the run's VM from the snapshot meta and says hello. A

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"isopod/internal/vmm"
 )
@@ -57,18 +58,40 @@ func (b *bgWork) close() {
 
 // buildInBackground builds in's snapshot after the run that needed it (a
 // long-lived front end's choice: that run boots cold and reports
-// snapshot_built false).
+// snapshot_built false). The build waits for a place of its own; a call
+// that needs the place ends it, and it is tried again once a place is
+// free.
 func (s *Service) buildInBackground(drv vmm.Driver, in warmInputs) {
 	key := in.key.ID()
 	s.bg.start("snapshot "+key, func(ctx context.Context) {
-		release, ok := s.holdVM(in.key.MemMiB)
-		if !ok {
-			s.log.Info("warm pool: no room to build a snapshot in the background; a later run tries again", "key", key)
-			return
-		}
-		defer release()
-		if _, _, err := s.buildShape(ctx, drv, in); err != nil && ctx.Err() == nil {
-			s.log.Warn("warm pool: background snapshot build failed", "key", key, "err", err)
+		for {
+			yielded, err := s.buildHeld(ctx, drv, in)
+			switch {
+			case err == nil || ctx.Err() != nil:
+				return
+			case !yielded:
+				s.log.Warn("warm pool: background snapshot build failed", "key", key, "err", err)
+				return
+			}
+			s.log.Info("warm pool: a call took the background build's place; it is tried again when a place is free", "key", key)
 		}
 	})
+}
+
+// buildHeld builds in's snapshot in a place of its own, once one is
+// free; yielded says a call took the place, which ended the build.
+func (s *Service) buildHeld(ctx context.Context, drv vmm.Driver, in warmInputs) (yielded bool, _ error) {
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var took atomic.Bool
+	place, err := s.holdVM(ctx, in.key.MemMiB, Yield{End: func() {
+		took.Store(true)
+		cancel()
+	}}, true)
+	if err != nil {
+		return false, err
+	}
+	defer place.Release()
+	_, _, err = s.buildShape(bctx, drv, in)
+	return took.Load(), err
 }

@@ -23,9 +23,15 @@ const (
 	// snapshotTimeout bounds writing a snapshot.
 	snapshotTimeout = 2 * time.Minute
 	// snapshotBuildTimeout bounds a whole snapshot build (boot, preparing
-	// the guest, writing); it is not charged to the run that needed it.
+	// the guest, writing).
 	snapshotBuildTimeout = 3 * time.Minute
 )
+
+// inlineBuildMin is the least time a build inside a run gets (half of
+// what is left of the run's timeout, see buildAndResume): a run whose
+// timeout leaves less boots cold and builds nothing, rather than spend the
+// time on a build that cannot finish. A variable for tests.
+var inlineBuildMin = 15 * time.Second
 
 // warmBuild is where a snapshot VM runs: a VM directory and a vm whose
 // network (if any) the snapshot VM uses. The builder's machine is dropped
@@ -58,7 +64,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	if err != nil {
 		return nil, bootMS, err
 	}
-	info, err := drv.Info(ctx)
+	info, err := drv.Info(bctx)
 	if err != nil {
 		return nil, bootMS, err
 	}
@@ -85,7 +91,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 			return nil, bootMS, fmt.Errorf("waiting for the snapshot VM's link to settle: %w", bctx.Err())
 		}
 	}
-	sctx, cancelSnap := context.WithTimeout(ctx, snapshotTimeout)
+	sctx, cancelSnap := context.WithTimeout(bctx, snapshotTimeout)
 	defer cancelSnap()
 	if err := snapper.Snapshot(sctx, tmp); err != nil {
 		return nil, bootMS, err

@@ -64,8 +64,10 @@ func fdPath(n int) string { return "/proc/self/fd/" + strconv.Itoa(n) }
 // openFiles opens cfg's kernel, initramfs, disks and NIC and the guest RAM
 // for a launch, filling l's descriptor fields. snapshotRAM, for a restore,
 // is the snapshot's RAM file.
-func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (mf *machineFiles, err error) {
-	mf = &machineFiles{}
+func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (_ *machineFiles, err error) {
+	// Not the named result, which an error return sets to nil before the
+	// deferred close runs.
+	mf := &machineFiles{}
 	defer func() {
 		if err != nil {
 			mf.closeAll()

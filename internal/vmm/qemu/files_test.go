@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"isopod/internal/jail"
+	"isopod/internal/vmm"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -179,3 +180,36 @@ func TestJailedRAM(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestOpenFilesFailsCleanly: a file that cannot be opened (the NIC's
+// socket gone, a disk removed) is an error, and what was opened is closed.
+func TestOpenFilesFailsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "kernel")
+	if err := os.WriteFile(kernel, []byte("k"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []vmm.Config{
+		{Kernel: kernel, Disks: []vmm.Disk{{Path: filepath.Join(dir, "missing.ext4")}}},
+		{Kernel: kernel, Net: &vmm.Net{Socket: filepath.Join(dir, "missing.sock")}},
+	} {
+		before := openFDs(t)
+		mf, err := (&Driver{}).openFiles(&cfg, &launch{}, "")
+		if err == nil || mf != nil {
+			t.Fatalf("openFiles with a missing file: %v, %v; want an error", mf, err)
+		}
+		if after := openFDs(t); after != before {
+			t.Errorf("%d descriptors open after a failed openFiles; want %d", after, before)
+		}
+	}
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}

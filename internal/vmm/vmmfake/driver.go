@@ -12,9 +12,10 @@
 // small JSON file; a restored Machine is a fresh agent that, like a resumed
 // guest, sends no Hello of its own and answers the host's.
 //
-// Seams for tests: [Config] sets a boot delay, a boot error in the Hello,
-// failing starts, snapshots and restores, and a hook that sees every
-// request; [Machine.Crash] makes a guest die at any moment.
+// Seams for tests: [Config] sets a boot delay, guests that never boot, a
+// boot error in the Hello, failing starts, snapshots and restores, and a
+// hook that sees every request; [Machine.Crash] makes a guest die at any
+// moment.
 //
 // Lifecycle as [vmm] describes it: Start returns a running Machine; a Halt
 // from the host powers it off (Wait gives nil); Kill and Crash end it with
@@ -62,6 +63,10 @@ type Config struct {
 	FailStart    func(cfg vmm.Config) error
 	FailSnapshot func(m *Machine, dir string) error
 	FailRestore  func(cfg vmm.Config, dir string) error
+	// Hang, when set, is asked before every start (not restore); a guest
+	// whose config it reports true for never sends its Hello, as one
+	// whose kernel never boots, and runs until it is killed.
+	Hang func(cfg vmm.Config) bool
 	// OnRequest is called with the header of every frame the host sends,
 	// before the agent sees it, on the machine's reading goroutine: it
 	// must not block. It may call [Machine.Crash]; the frame is then never
@@ -167,7 +172,8 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, error)
 			return nil, fmt.Errorf("vmmfake: start: %w", err)
 		}
 	}
-	return d.launch(cfg, guest{delay: d.cfg.BootDelay, bootError: d.cfg.BootError})
+	hang := d.cfg.Hang != nil && d.cfg.Hang(cfg)
+	return d.launch(cfg, guest{delay: d.cfg.BootDelay, bootError: d.cfg.BootError, hang: hang})
 }
 
 // check validates cfg and turns missing inputs into errors, as a real

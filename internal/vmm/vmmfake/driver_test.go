@@ -203,6 +203,35 @@ func TestBootDelay(t *testing.T) {
 	}
 }
 
+// A guest Hang picks never says hello and runs until killed; the others
+// boot.
+func TestHang(t *testing.T) {
+	d := newDriver(t, vmmfake.Config{Hang: func(c vmm.Config) bool { return strings.Contains(c.Cmdline, "hang") }})
+	boot(t, d, nil)
+	cfg := vmmtest.Config(t, vmmtest.PlaceholderGuest(t))
+	cfg.Cmdline += " hang"
+	m, err := d.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := agentclient.New(m.Agent(), nil)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.WaitHello(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("WaitHello from a hung guest: %v; want a timeout", err)
+	}
+	select {
+	case <-m.Done():
+		t.Fatal("a hung guest stopped on its own")
+	default:
+	}
+	m.Kill()
+	if err := m.Wait(); !errors.Is(err, vmmfake.ErrKilled) {
+		t.Errorf("Wait: %v; want ErrKilled", err)
+	}
+}
+
 func TestStateSnapshotRestore(t *testing.T) {
 	d := newDriver(t, vmmfake.Config{BootError: "no base disk"})
 	s := boot(t, d, func(c *vmm.Config) { c.Cmdline += " " + agentproto.CmdlineHostname + "=first" })

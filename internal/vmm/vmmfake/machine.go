@@ -33,6 +33,7 @@ var (
 // guest is how one machine's guest starts.
 type guest struct {
 	delay     time.Duration // before the Hello of a cold boot
+	hang      bool          // never boots: no Hello, ever
 	bootError string
 	restored  bool      // resumed from a snapshot: no Hello of its own
 	paused    bool      // restored paused: nothing runs until Resume
@@ -155,6 +156,10 @@ func (m *Machine) run() {
 	select {
 	case <-m.resumed:
 	case <-m.stopped:
+		return
+	}
+	if m.g.hang {
+		<-m.stopped
 		return
 	}
 	if m.g.delay > 0 {
