@@ -48,7 +48,7 @@ func (s *Service) startFilteredNetwork(nic *nicSocket, id, dir string, rules egr
 	if err != nil {
 		return nil, err
 	}
-	sock, err := takeNIC(id, nic)
+	sock, err := takeNIC(s.opts.Paths.Scope(), id, nic)
 	n.sockDir, n.ln = sock.dir, sock.ln
 	if err != nil {
 		return nil, err

@@ -30,20 +30,25 @@ type runNetwork struct {
 	env    []string
 }
 
-// socketBase is the user's private directory for run sockets.
-func socketBase() (string, error) {
-	base := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
+// socketBase is the user's private directory for the run sockets of the
+// state root whose scope (paths.Paths.Scope) is given: each state root
+// has its own, so that one root's garbage collection never sees another's
+// live runs.
+func socketBase(scope string) (string, error) {
+	user := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
+	base := filepath.Join(user, scope)
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return "", fmt.Errorf("creating socket directory: %w", err)
 	}
+	os.Chmod(user, 0o700)
 	os.Chmod(base, 0o700)
 	return base, nil
 }
 
 // socketDir is a short private directory for a run's unix sockets (a socket
 // path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
-func socketDir(id string) (string, error) {
-	base, err := socketBase()
+func socketDir(scope, id string) (string, error) {
+	base, err := socketBase(scope)
 	if err != nil {
 		return "", err
 	}
@@ -66,8 +71,8 @@ func (n *nicSocket) path() string { return filepath.Join(n.dir, "net.sock") }
 
 // parkNIC makes the socket a ready VM's NIC connects to before its run,
 // and with it, its network, exists.
-func parkNIC(id string) (*nicSocket, error) {
-	dir, err := socketDir(id)
+func parkNIC(scope, id string) (*nicSocket, error) {
+	dir, err := socketDir(scope, id)
 	if err != nil {
 		return nil, err
 	}
@@ -98,13 +103,13 @@ func (n *nicSocket) vmmNet() *vmm.Net {
 
 // takeNIC is the socket a run's network serves: nic (parked, now the
 // network's to close) or a fresh one.
-func takeNIC(id string, nic *nicSocket) (nicSocket, error) {
+func takeNIC(scope, id string, nic *nicSocket) (nicSocket, error) {
 	if nic != nil {
 		t := *nic
 		*nic = nicSocket{}
 		return t, nil
 	}
-	dir, err := socketDir(id)
+	dir, err := socketDir(scope, id)
 	return nicSocket{dir: dir}, err
 }
 
@@ -127,7 +132,7 @@ func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, rules egress.Ru
 			n.close()
 		}
 	}()
-	sock, err := takeNIC(id, nic)
+	sock, err := takeNIC(s.opts.Paths.Scope(), id, nic)
 	n.sockDir, n.ln = sock.dir, sock.ln
 	if err != nil {
 		return nil, err

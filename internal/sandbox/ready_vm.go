@@ -45,7 +45,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 	}
 	var net *vmm.Net
 	if sp.in.key.NIC {
-		if rv.nic, err = parkNIC(d.rec.ID); err != nil {
+		if rv.nic, err = parkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
 			return nil, err
 		}
 		net = rv.nic.vmmNet()

@@ -164,19 +164,30 @@ func TestParseStatStartTime(t *testing.T) {
 func TestGCRemovesStaleSocketDirs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	s := newTestService(t)
-	base, err := socketBase()
+	base, err := socketBase(s.opts.Paths.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Another state root's run, old and unknown here, may be live: it is
+	// that root's to collect.
+	otherBase, err := socketBase("0ther5c0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(otherBase, "vm-0000cccc")
 	stale, fresh := filepath.Join(base, "vm-0000aaaa"), filepath.Join(base, "vm-0000bbbb")
-	for _, d := range []string{stale, fresh} {
+	for _, d := range []string{stale, fresh, other} {
 		os.Mkdir(d, 0o700)
 		os.WriteFile(filepath.Join(d, "net.sock"), nil, 0o600)
 	}
 	old := time.Now().Add(-time.Hour)
 	os.Chtimes(stale, old, old)
+	os.Chtimes(other, old, old)
 	if _, err := s.VMGC(context.Background(), 20); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("another state root's socket directory was removed: %v", err)
 	}
 	if _, err := os.Stat(stale); err == nil {
 		t.Errorf("a stale socket directory was kept")
