@@ -164,8 +164,9 @@ func checkNothingLeft(t *testing.T, dir string, ids []string) {
 		if pids := e2e.QEMUPIDs(t, "isopod-"+id); len(pids) > 0 {
 			t.Errorf("QEMU of %s still runs: %v", id, pids)
 		}
-		if _, err := os.Stat(filepath.Join(os.TempDir(), "isopod-"+strconv.Itoa(os.Getuid()), id)); err == nil {
-			t.Errorf("socket directory of %s left", id)
+		// Run sockets live under a directory per state root.
+		if left, _ := filepath.Glob(filepath.Join(os.TempDir(), "isopod-"+strconv.Itoa(os.Getuid()), "*", id)); len(left) > 0 {
+			t.Errorf("socket directory of %s left: %v", id, left)
 		}
 		for _, cg := range []string{"memory", "pids", "cpu", "unified", ""} {
 			found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cg, "*", "*", "isopod", "isopod-*"+id))
