@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"sync"
 
+	"isopod/internal/admission"
 	"isopod/internal/sandbox"
 )
 
 // Admission: every sandbox_run takes a place from the server's
-// [sandbox.Admission] before its VM starts, waits in its queue when the
+// [admission.Admission] before its VM starts, waits in its queue when the
 // host is full, and is refused at once as busy when the queue is full
 // too. Over HTTP the place is taken by the gate (gate.go) before the SDK
 // sees the call, so that a busy host answers 503; the handler then finds
@@ -22,7 +23,7 @@ import (
 // it reserved, and the stream its answer is recorded on.
 type httpCall struct {
 	ctx    context.Context
-	ticket *sandbox.Ticket
+	ticket *admission.Ticket
 	stream *callStream
 }
 
@@ -38,7 +39,7 @@ func httpCallFrom(ctx context.Context) *httpCall {
 
 // reserve takes the call's place: the one the gate reserved, or a new one.
 // nil without an Admission.
-func (s *Server) reserve(ctx context.Context, memMiB int) (*sandbox.Ticket, error) {
+func (s *Server) reserve(ctx context.Context, memMiB int) (*admission.Ticket, error) {
 	if c := httpCallFrom(ctx); c != nil && c.ticket != nil {
 		return c.ticket, nil
 	}
@@ -57,7 +58,7 @@ func runMemMiB(m int) int {
 // busyText words a refused place for a tool error.
 func busyText(err error) string {
 	msg := plain(err)
-	if errors.Is(err, sandbox.ErrBusy) {
+	if errors.Is(err, admission.ErrBusy) {
 		return fmt.Sprintf("%s busy (unavailable): %s. Fix: this host is full; retry in a few seconds or send the call to another host.", ToolSandboxRun, msg)
 	}
 	return fmt.Sprintf("%s failed (unavailable): %s. Fix: ask for less mem_mib, or send the call to a host with a larger budget.", ToolSandboxRun, msg)
@@ -65,7 +66,7 @@ func busyText(err error) string {
 
 // waitAdmitted waits for t (nil: no admission) while the status says the
 // call is queued.
-func waitAdmitted(ctx context.Context, t *sandbox.Ticket, st *runStatus) error {
+func waitAdmitted(ctx context.Context, t *admission.Ticket, st *runStatus) error {
 	if t == nil {
 		return nil
 	}
@@ -82,7 +83,7 @@ func waitAdmitted(ctx context.Context, t *sandbox.Ticket, st *runStatus) error {
 // known. Until then no background VM has a place.
 type latePlaces struct {
 	mu    sync.Mutex // guards following
-	a     *sandbox.Admission
+	a     *admission.Admission
 	ready chan struct{} // closed by set
 }
 
@@ -91,7 +92,7 @@ var _ sandbox.Places = (*latePlaces)(nil)
 func newLatePlaces() *latePlaces { return &latePlaces{ready: make(chan struct{})} }
 
 // set makes a the admission, once.
-func (l *latePlaces) set(a *sandbox.Admission) {
+func (l *latePlaces) set(a *admission.Admission) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.a == nil && a != nil {
@@ -100,14 +101,14 @@ func (l *latePlaces) set(a *sandbox.Admission) {
 	}
 }
 
-func (l *latePlaces) get() *sandbox.Admission {
+func (l *latePlaces) get() *admission.Admission {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.a
 }
 
 // TryHold is the admission's, or no place before it is set.
-func (l *latePlaces) TryHold(memMiB int, y sandbox.Yield) (*sandbox.Ticket, bool) {
+func (l *latePlaces) TryHold(memMiB int, y admission.Yield) (*admission.Ticket, bool) {
 	if a := l.get(); a != nil {
 		return a.TryHold(memMiB, y)
 	}

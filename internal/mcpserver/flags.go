@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
-	"isopod/internal/sandbox"
 )
 
 // Flags are isopod-mcp's command line, registered in one place (register).
@@ -195,7 +195,7 @@ func localAddr(addr string) (bool, error) {
 }
 
 // admissionConfig applies the flags to the host's defaults.
-func (f Flags) admissionConfig(def sandbox.AdmissionConfig) sandbox.AdmissionConfig {
+func (f Flags) admissionConfig(def admission.Config) admission.Config {
 	c := def
 	if f.MemoryBudgetMiB > 0 {
 		c.MemoryBudgetMiB = f.MemoryBudgetMiB

@@ -14,7 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/admission"
 )
 
 // The gate stands between the bearer-token check and the SDK's stateless
@@ -129,7 +129,7 @@ func principalOf(r *http.Request) string {
 // serveCall runs a call on a stream of its own and follows the stream on
 // the POST's response; for sandbox_run it first takes a VM place.
 func (g *gate) serveCall(w http.ResponseWriter, r *http.Request, key callKey, m peeked, p callParams) {
-	var ticket *sandbox.Ticket
+	var ticket *admission.Ticket
 	if m.Method == "tools/call" && p.Name == ToolSandboxRun && g.s.cfg.Admission != nil {
 		mem, _ := strconv.Atoi(strings.Trim(string(p.Arguments.MemMiB), `" `))
 		t, err := g.s.cfg.Admission.Reserve(runMemMiB(mem))

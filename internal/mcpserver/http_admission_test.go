@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/admission"
 	"isopod/internal/sandbox"
 )
 
@@ -79,9 +80,10 @@ func TestHTTPAdmission(t *testing.T) {
 	}
 }
 
-func mustAdmission(t testing.TB, vms, queue int) *sandbox.Admission {
+func mustAdmission(t testing.TB, vms, queue int) *admission.Admission {
 	t.Helper()
-	a, err := sandbox.NewAdmission(sandbox.AdmissionConfig{MaxVMs: vms, Queue: queue, MemoryBudgetMiB: 1 << 20, OverheadMiB: 256})
+	a, err := admission.New(admission.Config{MaxVMs: vms, Queue: queue, MemoryBudgetMiB: 1 << 20, OverheadMiB: 256,
+		MinMemMiB: sandbox.MinMemMiB, RunMemMiB: sandbox.DefaultMemMiB})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 
+	"isopod/internal/admission"
 	"isopod/internal/config"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
@@ -114,7 +115,7 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 	// The one start-up line that states the host-I/O policy in force.
 	log.Info(hostIO.String())
 	ac := f.admissionConfig(sandbox.DefaultAdmission(sandbox.Host(), svc.AccelGuess(ctx)))
-	adm, err := sandbox.NewAdmission(ac)
+	adm, err := admission.New(ac)
 	if err != nil {
 		return Config{}, fmt.Errorf("admission: %w (set --max-vms, --queue, --memory-budget-mib)", err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/admission"
 )
 
 // runStatus is what a sandbox_run's progress notifications say: queued
@@ -17,7 +17,7 @@ type runStatus struct {
 	start time.Time
 
 	mu     sync.Mutex // guards following
-	ticket *sandbox.Ticket
+	ticket *admission.Ticket
 	phase  string        // "" while running
 	poke   chan struct{} // closed and replaced when phase changes
 }
@@ -27,7 +27,7 @@ func newRunStatus() *runStatus {
 }
 
 // setTicket makes the status follow t's place in the queue.
-func (st *runStatus) setTicket(t *sandbox.Ticket) {
+func (st *runStatus) setTicket(t *admission.Ticket) {
 	st.mu.Lock()
 	st.ticket = t
 	st.mu.Unlock()
@@ -60,7 +60,7 @@ func (st *runStatus) message() (string, <-chan struct{}, <-chan struct{}) {
 	if t != nil {
 		state, pos, ch := t.Status()
 		changed = ch
-		if state == sandbox.TicketQueued {
+		if state == admission.TicketQueued {
 			return fmt.Sprintf("sandbox_run queued: number %d in line for a VM on this host (%ds)", pos, secs), changed, poke
 		}
 	}

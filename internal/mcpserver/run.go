@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/admission"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
@@ -132,7 +133,7 @@ func (s *Server) prepareRun(in RunArgs) (sandbox.Request, func(), *readFiles, er
 
 // runAdmitted pulls the stage when this host lacks it, waits for the
 // call's VM place, and runs.
-func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *sandbox.Ticket, st *runStatus) (*sandbox.Report, *RegistryResult, error) {
+func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admission.Ticket, st *runStatus) (*sandbox.Report, *RegistryResult, error) {
 	reg, err := s.ensureStage(ctx, r, st)
 	if err != nil {
 		return nil, nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/admission"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
@@ -64,7 +65,7 @@ type Config struct {
 
 	// Admission, when set, bounds the VMs sandbox_run starts: a call waits
 	// in its queue or is refused as busy (nil: no bound).
-	Admission *sandbox.Admission
+	Admission *admission.Admission
 	// Remote: the server answers on a network listener, where every call
 	// carries a bearer token and the token's roles decide which tools it
 	// may call (tokens.go).

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/vmm"
 )
 
@@ -68,7 +69,7 @@ type readyVM struct {
 	layers     []os.FileInfo
 	vmmInfo    vmm.Info
 	// place is what the VM holds until a run claims it (nil: nothing).
-	place *Ticket
+	place *admission.Ticket
 }
 
 // readySlot is one fill's ready VM, for a call that takes its place.
@@ -222,7 +223,7 @@ func (p *readyPool) fill(sp readySpec) {
 	ctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
 	slot := &readySlot{cancel: cancel}
-	place, err := p.s.holdVM(ctx, sp.in.key.MemMiB, Yield{End: func() { p.yield(slot) }}, false)
+	place, err := p.s.holdVM(ctx, sp.in.key.MemMiB, admission.Yield{End: func() { p.yield(slot) }}, false)
 	var rv *readyVM
 	if err == nil {
 		mctx, cancelMake := context.WithTimeout(ctx, readyFillTimeout)
@@ -277,7 +278,7 @@ func (p *readyPool) yield(slot *readySlot) {
 // settle ends the ready VMs whose places were lent to the call that holds
 // place and that its run did not claim: the run's own VM starts in their
 // place. They are made again once a place is free.
-func (p *readyPool) settle(place *Ticket) {
+func (p *readyPool) settle(place *admission.Ticket) {
 	if p == nil || place == nil {
 		return
 	}

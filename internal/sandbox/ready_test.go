@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm/vmmfake"
 )
@@ -17,7 +18,7 @@ import (
 // machine; Close leaves nothing running.
 func TestReadyVMs(t *testing.T) {
 	t.Parallel()
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 8, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	a := newAdmission(t, 8, 8)
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
 		o.ReadyVMs, o.BackgroundSnapshots, o.Places = 1, true, a
 	})
@@ -85,13 +86,13 @@ func TestReadyVMsNeedRoom(t *testing.T) {
 // noRoom is a front end's admission that never has a place.
 type noRoom struct{}
 
-func (noRoom) TryHold(int, sandbox.Yield) (*sandbox.Ticket, bool) { return nil, false }
-func (noRoom) Freed() <-chan struct{}                             { return nil }
-func (noRoom) CanHold(int) bool                                   { return true }
+func (noRoom) TryHold(int, admission.Yield) (*admission.Ticket, bool) { return nil, false }
+func (noRoom) Freed() <-chan struct{}                                 { return nil }
+func (noRoom) CanHold(int) bool                                       { return true }
 
 // readyIn counts the ready VMs that wait in the pool (made, and their
 // places lendable), -1 while that differs from the paused machines.
-func readyIn(a *sandbox.Admission, d *vmmfake.Driver) int {
+func readyIn(a *admission.Admission, d *vmmfake.Driver) int {
 	if n := a.Stats().Lendable; n == pausedMachines(d) {
 		return n
 	}
@@ -144,7 +145,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // discards those of a removed stage, so that nothing holds its layer.
 func TestReadyVMsOfRemovedStage(t *testing.T) {
 	t.Parallel()
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 8, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	a := newAdmission(t, 8, 8)
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
 		o.ReadyVMs, o.Places = 1, a
 	})

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
@@ -16,7 +17,7 @@ import (
 // its disks backed and its NIC's socket parked, in place (which a failure
 // releases). It gets a VM directory and record like a run, so that `isopod
 // vm gc` finds its VMM should this process die.
-func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_ *readyVM, retErr error) {
+func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.Ticket) (_ *readyVM, retErr error) {
 	r, err := s.restorer(ctx)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 	"isopod/internal/jail"
 	"isopod/internal/settings"
@@ -115,7 +116,7 @@ func New(opts Options) (*Service, error) {
 // nil (it holds nothing) without Places. Snapshot builds (build true) come
 // before ready VMs: while one waits no ready VM takes a place, and it ends
 // an idle ready VM to take its place.
-func (s *Service) holdVM(ctx context.Context, memMiB int, y Yield, build bool) (*Ticket, error) {
+func (s *Service) holdVM(ctx context.Context, memMiB int, y admission.Yield, build bool) (*admission.Ticket, error) {
 	pl := s.opts.Places
 	if pl == nil {
 		return nil, nil

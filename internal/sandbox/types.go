@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 
+	"isopod/internal/admission"
 	"isopod/internal/egress"
 	"isopod/internal/vmm"
 )
@@ -103,7 +104,7 @@ type Request struct {
 	// Place is the admission place a front end took for the run (nil:
 	// none). A ready VM whose place was lent to it is claimed by the run
 	// or ended before the run's VM starts.
-	Place *Ticket
+	Place *admission.Ticket
 }
 
 // Copied reports one copied file.

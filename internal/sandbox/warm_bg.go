@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"isopod/internal/admission"
 	"isopod/internal/vmm"
 )
 
@@ -84,7 +85,7 @@ func (s *Service) buildHeld(ctx context.Context, drv vmm.Driver, in warmInputs) 
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var took atomic.Bool
-	place, err := s.holdVM(ctx, in.key.MemMiB, Yield{End: func() {
+	place, err := s.holdVM(ctx, in.key.MemMiB, admission.Yield{End: func() {
 		took.Store(true)
 		cancel()
 	}}, true)

@@ -1,4 +1,4 @@
-package sandbox_test
+package admission_test
 
 import (
 	"context"
@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
-	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 )
 
-func newAdmission(t *testing.T, cfg sandbox.AdmissionConfig) *sandbox.Admission {
+func newAdmission(t *testing.T, cfg admission.Config) *admission.Admission {
 	t.Helper()
-	a, err := sandbox.NewAdmission(cfg)
+	a, err := admission.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,16 +21,16 @@ func newAdmission(t *testing.T, cfg sandbox.AdmissionConfig) *sandbox.Admission 
 }
 
 // bg is a background VM's Yield that does nothing when asked to end.
-var bg = sandbox.Yield{End: func() {}}
+var bg = admission.Yield{End: func() {}}
 
-func state(t *sandbox.Ticket) (sandbox.TicketState, int) {
+func state(t *admission.Ticket) (admission.TicketState, int) {
 	s, pos, _ := t.Status()
 	return s, pos
 }
 
 func TestAdmissionLimitsAndQueue(t *testing.T) {
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 2, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
-	var tickets []*sandbox.Ticket
+	a := newAdmission(t, admission.Config{MaxVMs: 2, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
+	var tickets []*admission.Ticket
 	for i := range 4 {
 		tk, err := a.Reserve(512)
 		if err != nil {
@@ -38,11 +38,11 @@ func TestAdmissionLimitsAndQueue(t *testing.T) {
 		}
 		tickets = append(tickets, tk)
 	}
-	if _, err := a.Reserve(512); !errors.Is(err, sandbox.ErrBusy) || !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := a.Reserve(512); !errors.Is(err, admission.ErrBusy) || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a fifth reserve: %v, want busy (unavailable)", err)
 	}
-	for i, want := range []sandbox.TicketState{sandbox.TicketAdmitted, sandbox.TicketAdmitted, sandbox.TicketQueued, sandbox.TicketQueued} {
-		if got, pos := state(tickets[i]); got != want || (want == sandbox.TicketQueued && pos != i-1) {
+	for i, want := range []admission.TicketState{admission.TicketAdmitted, admission.TicketAdmitted, admission.TicketQueued, admission.TicketQueued} {
+		if got, pos := state(tickets[i]); got != want || (want == admission.TicketQueued && pos != i-1) {
 			t.Errorf("ticket %d: state %d position %d; want %d position %d", i, got, pos, want, i-1)
 		}
 	}
@@ -78,24 +78,24 @@ func TestAdmissionLimitsAndQueue(t *testing.T) {
 }
 
 func TestAdmissionMemoryBudget(t *testing.T) {
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 10, Queue: 5, MemoryBudgetMiB: 2048, OverheadMiB: 256})
+	a := newAdmission(t, admission.Config{MaxVMs: 10, Queue: 5, MemoryBudgetMiB: 2048, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 	if _, err := a.Reserve(4096); err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a VM over the whole budget: %v", err)
 	}
 	big, _ := a.Reserve(1024)  // 1280
 	small, _ := a.Reserve(512) // 768 more would be 2048: fits
-	if s, _ := state(small); s != sandbox.TicketAdmitted {
+	if s, _ := state(small); s != admission.TicketAdmitted {
 		t.Fatal("a VM that fits the rest of the budget waits")
 	}
 	third, _ := a.Reserve(128) // 384 more would overcommit
-	if s, _ := state(third); s != sandbox.TicketQueued {
+	if s, _ := state(third); s != admission.TicketQueued {
 		t.Fatal("a VM over the remaining budget was admitted")
 	}
 	if _, ok := a.TryHold(128, bg); ok {
 		t.Fatal("a ready VM jumped the queue")
 	}
 	big.Release()
-	if s, _ := state(third); s != sandbox.TicketAdmitted {
+	if s, _ := state(third); s != admission.TicketAdmitted {
 		t.Fatal("freed memory did not admit the waiting VM")
 	}
 	if st := a.Stats(); st.UsedMiB > st.MemoryBudgetMiB {
@@ -105,21 +105,23 @@ func TestAdmissionMemoryBudget(t *testing.T) {
 	third.Release()
 }
 
-func TestDefaultAdmission(t *testing.T) {
+func TestDefault(t *testing.T) {
+	host := func(cpus, memMiB int, accel vmm.Accel) admission.Host {
+		return admission.Host{CPUs: cpus, MemTotalMiB: memMiB, Accel: accel, MinMemMiB: 128, RunMemMiB: 512}
+	}
 	tests := []struct {
-		h           sandbox.HostLimits
-		accel       vmm.Accel
+		h           admission.Host
 		vms, budget int
 	}{
-		{sandbox.HostLimits{CPUs: 2, MemTotalMiB: 24105}, vmm.AccelTCG, 2, 24105 - 3013},
-		{sandbox.HostLimits{CPUs: 16, MemTotalMiB: 131072}, vmm.AccelKVM, 32, 131072 - 16384},
-		{sandbox.HostLimits{CPUs: 64, MemTotalMiB: 8192}, vmm.AccelKVM, 9, 8192 - 1024},
-		{sandbox.HostLimits{CPUs: 1, MemTotalMiB: 1024}, vmm.AccelTCG, 1, 128 + 768},
+		{host(2, 24105, vmm.AccelTCG), 2, 24105 - 3013},
+		{host(16, 131072, vmm.AccelKVM), 32, 131072 - 16384},
+		{host(64, 8192, vmm.AccelKVM), 9, 8192 - 1024},
+		{host(1, 1024, vmm.AccelTCG), 1, 128 + 768},
 	}
 	for _, tc := range tests {
-		c := sandbox.DefaultAdmission(tc.h, tc.accel)
+		c := admission.Default(tc.h)
 		if c.MaxVMs != tc.vms || c.MemoryBudgetMiB != tc.budget || c.Queue != 4*tc.vms {
-			t.Errorf("%+v %s: %+v; want %d VMs, %d MiB", tc.h, tc.accel, c, tc.vms, tc.budget)
+			t.Errorf("%+v: %+v; want %d VMs, %d MiB", tc.h, c, tc.vms, tc.budget)
 		}
 		if err := c.Validate(); err != nil {
 			t.Errorf("%+v: %v", tc.h, err)
@@ -128,7 +130,7 @@ func TestDefaultAdmission(t *testing.T) {
 }
 
 func TestAdmissionBackgroundVMsLeaveRoomForARun(t *testing.T) {
-	a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 4, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	a := newAdmission(t, admission.Config{MaxVMs: 4, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 	first, ok := a.TryHold(512, bg)
 	second, ok2 := a.TryHold(512, bg)
 	if !ok || !ok2 {
@@ -137,13 +139,13 @@ func TestAdmissionBackgroundVMsLeaveRoomForARun(t *testing.T) {
 	if _, ok := a.TryHold(512, bg); ok {
 		t.Fatal("background VMs took more than half the places")
 	}
-	var runs []*sandbox.Ticket
+	var runs []*admission.Ticket
 	for range 2 {
 		run, err := a.Reserve(512)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s, _ := state(run); s != sandbox.TicketAdmitted {
+		if s, _ := state(run); s != admission.TicketAdmitted {
 			t.Fatal("a run waits behind background VMs while places are free")
 		}
 		runs = append(runs, run)
@@ -158,7 +160,7 @@ func TestAdmissionBackgroundVMsLeaveRoomForARun(t *testing.T) {
 		t.Fatal("a background VM went ahead of a waiting run")
 	}
 	second.Release()
-	if s, _ := state(queued); s != sandbox.TicketAdmitted {
+	if s, _ := state(queued); s != admission.TicketAdmitted {
 		t.Fatal("a released background place did not go to the waiting run")
 	}
 	for _, r := range append(runs, queued, third) {
@@ -169,19 +171,19 @@ func TestAdmissionBackgroundVMsLeaveRoomForARun(t *testing.T) {
 	}
 	// A host of two: one background VM beside a run (a snapshot build
 	// while runs go on); a host of one: only when it is idle.
-	two := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 2, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	two := newAdmission(t, admission.Config{MaxVMs: 2, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 	run, _ := two.Reserve(512)
 	if _, ok := two.TryHold(512, bg); !ok {
 		t.Error("no background VM beside one run on a host of two")
 	}
 	run.Release()
-	one := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 1, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+	one := newAdmission(t, admission.Config{MaxVMs: 1, Queue: 2, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 	if held, ok := one.TryHold(512, bg); !ok {
 		t.Error("no background VM on an idle host of one")
 	} else {
 		held.Release()
 	}
-	small := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 8, Queue: 2, MemoryBudgetMiB: 1500, OverheadMiB: 256})
+	small := newAdmission(t, admission.Config{MaxVMs: 8, Queue: 2, MemoryBudgetMiB: 1500, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 	if _, ok := small.TryHold(512, bg); ok {
 		t.Fatal("a background VM took the memory a run needs")
 	}
@@ -192,8 +194,8 @@ type ender struct{ asked chan struct{} }
 
 func newEnder() *ender { return &ender{asked: make(chan struct{}, 1)} }
 
-func (e *ender) yield(lend bool) sandbox.Yield {
-	return sandbox.Yield{Lend: lend, End: func() { e.asked <- struct{}{} }}
+func (e *ender) yield(lend bool) admission.Yield {
+	return admission.Yield{Lend: lend, End: func() { e.asked <- struct{}{} }}
 }
 
 // wasAsked reports whether the VM was asked to end within a second.
@@ -217,7 +219,7 @@ func (e *ender) notAsked() bool {
 }
 
 // waitAdmitted waits a few seconds for t to be admitted.
-func waitAdmitted(t *testing.T, tk *sandbox.Ticket, what string) {
+func waitAdmitted(t *testing.T, tk *admission.Ticket, what string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -230,7 +232,7 @@ func waitAdmitted(t *testing.T, tk *sandbox.Ticket, what string) {
 // passes to it at once, any other background VM (a snapshot build) is
 // asked to end and its place goes to the call when it has.
 func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
-	cfg := sandbox.AdmissionConfig{MaxVMs: 1, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256}
+	cfg := admission.Config{MaxVMs: 1, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512}
 
 	t.Run("a ready VM's place is lent at once", func(t *testing.T) {
 		a := newAdmission(t, cfg)
@@ -244,7 +246,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s, _ := state(call); s != sandbox.TicketAdmitted {
+		if s, _ := state(call); s != admission.TicketAdmitted {
 			t.Fatalf("a call behind a ready VM: state %d; want admitted at once", s)
 		}
 		if !ready.LentTo(call) || !e.notAsked() {
@@ -304,7 +306,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 	})
 
 	t.Run("a build ends for a call", func(t *testing.T) {
-		a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 1, Queue: 0, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+		a := newAdmission(t, admission.Config{MaxVMs: 1, Queue: 0, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 		e := newEnder()
 		build, _ := a.TryHold(512, e.yield(false))
 		freed := a.Freed()
@@ -315,10 +317,10 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 		if !e.wasAsked() {
 			t.Fatal("the build was not asked to end")
 		}
-		if s, _ := state(call); s != sandbox.TicketQueued {
+		if s, _ := state(call); s != admission.TicketQueued {
 			t.Fatalf("state %d before the build ended; want queued", s)
 		}
-		if _, err := a.Reserve(512); !errors.Is(err, sandbox.ErrBusy) {
+		if _, err := a.Reserve(512); !errors.Is(err, admission.ErrBusy) {
 			t.Errorf("a second call: %v; want busy", err)
 		}
 		build.Release()
@@ -342,7 +344,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 	t.Run("memory too", func(t *testing.T) {
 		// Four places, memory for two VMs: a background VM and a run
 		// hold it all, and the next call takes the background VM's.
-		a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 4, Queue: 4, MemoryBudgetMiB: 2*768 + 100, OverheadMiB: 256})
+		a := newAdmission(t, admission.Config{MaxVMs: 4, Queue: 4, MemoryBudgetMiB: 2*768 + 100, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 		e := newEnder()
 		build, ok := a.TryHold(512, e.yield(false))
 		if !ok {
@@ -363,7 +365,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 	})
 
 	t.Run("newest first, and only what the call needs", func(t *testing.T) {
-		a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 4, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256})
+		a := newAdmission(t, admission.Config{MaxVMs: 4, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 		older, newer := newEnder(), newEnder()
 		a.TryHold(512, older.yield(false))
 		newest, _ := a.TryHold(512, newer.yield(false))
@@ -375,7 +377,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 		}
 		newest.Release()
 		waitAdmitted(t, r3, "the third call")
-		for _, r := range []*sandbox.Ticket{r1, r2, r3} {
+		for _, r := range []*admission.Ticket{r1, r2, r3} {
 			r.Release()
 		}
 	})
@@ -384,7 +386,7 @@ func TestAdmissionCallsTakeBackgroundPlaces(t *testing.T) {
 		// Three places and memory for three VMs of 512: a background VM
 		// and two runs. A call of 1024 would not fit even with the
 		// background VM gone: it waits for a run, and the VM stays.
-		a := newAdmission(t, sandbox.AdmissionConfig{MaxVMs: 3, Queue: 4, MemoryBudgetMiB: 3 * 768, OverheadMiB: 256})
+		a := newAdmission(t, admission.Config{MaxVMs: 3, Queue: 4, MemoryBudgetMiB: 3 * 768, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512})
 		e := newEnder()
 		held, ok := a.TryHold(512, e.yield(false))
 		r1, _ := a.Reserve(512)

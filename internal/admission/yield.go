@@ -1,4 +1,4 @@
-package sandbox
+package admission
 
 // Background VMs in an Admission. A long-lived front end keeps VMs no
 // call asked for: ready VMs and snapshot builds. They take a place only
@@ -22,21 +22,6 @@ type Yield struct {
 	// end first, the place goes back to the VM and End is called.
 	Lend bool
 }
-
-// Places hands background VMs their places; *Admission is one.
-type Places interface {
-	// TryHold takes a place for a background VM of memMiB of guest
-	// memory at once or not at all.
-	TryHold(memMiB int, y Yield) (*Ticket, bool)
-	// Freed returns a channel closed at the next release of a place (or
-	// of a place in the queue): the moment to try TryHold again.
-	Freed() <-chan struct{}
-	// CanHold reports whether a background VM of memMiB could take a
-	// place here at all (on an idle host).
-	CanHold(memMiB int) bool
-}
-
-var _ Places = (*Admission)(nil)
 
 // TryHold takes a place for a background VM (a ready VM, a snapshot
 // build) at once or not at all: ok is false when calls wait, when no place
@@ -63,7 +48,7 @@ func (a *Admission) TryHold(memMiB int, y Yield) (t *Ticket, ok bool) {
 // default-sized run: none on a host of one place.
 func (a *Admission) spareMiB() int {
 	if a.cfg.MaxVMs > 1 {
-		return DefaultMemMiB + a.cfg.OverheadMiB
+		return a.cfg.RunMemMiB + a.cfg.OverheadMiB
 	}
 	return 0
 }

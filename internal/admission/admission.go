@@ -1,4 +1,11 @@
-package sandbox
+// Package admission bounds the VMs one process keeps at once and the
+// memory they take together: places for runs, a bounded FIFO queue for
+// calls that wait, and places that background VMs (ready VMs, snapshot
+// builds) hold until a call needs them. It is shared code, not shared
+// state: each long-lived front end makes its own Admission. It imports
+// neither the core nor a front end; the core sees it through the small
+// interface it asks places of (sandbox.Places).
+package admission
 
 import (
 	"context"
@@ -25,7 +32,7 @@ import (
 // load balancer can try another host. Processes do not share an
 // Admission: CLI runs on the same host are outside it.
 type Admission struct {
-	cfg AdmissionConfig
+	cfg Config
 
 	mu        sync.Mutex    // guards following
 	running   int           // VMs holding a place
@@ -38,8 +45,8 @@ type Admission struct {
 	freed     chan struct{} // closed and replaced at every release
 }
 
-// AdmissionConfig configures an Admission.
-type AdmissionConfig struct {
+// Config configures an Admission.
+type Config struct {
 	// MaxVMs is how many VMs may hold a place at once (runs, ready VMs,
 	// snapshot builders).
 	MaxVMs int
@@ -49,20 +56,27 @@ type AdmissionConfig struct {
 	MemoryBudgetMiB int
 	// OverheadMiB is each VM's cost beyond its guest memory.
 	OverheadMiB int
+	// MinMemMiB is the guest memory of the smallest VM: the budget must
+	// hold one.
+	MinMemMiB int
+	// RunMemMiB is the guest memory of a default-sized run: on a host of
+	// more than one place, background VMs leave room for one.
+	RunMemMiB int
 }
 
 // Validate checks the limits.
-func (c AdmissionConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.MaxVMs < 1:
 		return fmt.Errorf("admission: at least one VM must be allowed (got %d): %w", c.MaxVMs, errdefs.ErrInvalidArgument)
 	case c.Queue < 0:
 		return fmt.Errorf("admission: a negative queue (%d): %w", c.Queue, errdefs.ErrInvalidArgument)
-	case c.OverheadMiB < 0:
-		return fmt.Errorf("admission: a negative overhead (%d MiB): %w", c.OverheadMiB, errdefs.ErrInvalidArgument)
-	case c.MemoryBudgetMiB < MinMemMiB+c.OverheadMiB:
+	case c.OverheadMiB < 0 || c.MinMemMiB < 0 || c.RunMemMiB < 0:
+		return fmt.Errorf("admission: a negative size (overhead %d, smallest VM %d, run %d MiB): %w",
+			c.OverheadMiB, c.MinMemMiB, c.RunMemMiB, errdefs.ErrInvalidArgument)
+	case c.MemoryBudgetMiB < c.MinMemMiB+c.OverheadMiB:
 		return fmt.Errorf("admission: a memory budget of %d MiB fits no VM (the smallest costs %d MiB): %w",
-			c.MemoryBudgetMiB, MinMemMiB+c.OverheadMiB, errdefs.ErrInvalidArgument)
+			c.MemoryBudgetMiB, c.MinMemMiB+c.OverheadMiB, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -76,44 +90,37 @@ func VMMOverheadMiB(accel vmm.Accel) int {
 	return 768
 }
 
-// DefaultAdmission derives the limits from the host: the memory budget is
+// Host is what the default limits are derived from: the host's cores
+// and memory, the acceleration its VMs get, and the guest memory of the
+// smallest VM and of a default-sized run.
+type Host struct {
+	CPUs        int
+	MemTotalMiB int
+	Accel       vmm.Accel
+	MinMemMiB   int
+	RunMemMiB   int
+}
+
+// Default derives the limits from the host: the memory budget is
 // MemTotal less an eighth (at least 1 GiB) kept for the host; a VM per
 // core under TCG, where each running guest keeps a core busy, and two
 // under KVM; no more default-sized VMs than the budget holds; and a queue
 // four times the VM limit.
-func DefaultAdmission(h HostLimits, accel vmm.Accel) AdmissionConfig {
-	c := AdmissionConfig{OverheadMiB: VMMOverheadMiB(accel)}
+func Default(h Host) Config {
+	c := Config{OverheadMiB: VMMOverheadMiB(h.Accel), MinMemMiB: h.MinMemMiB, RunMemMiB: h.RunMemMiB}
 	keep := max(1024, h.MemTotalMiB/8)
-	c.MemoryBudgetMiB = max(h.MemTotalMiB-keep, MinMemMiB+c.OverheadMiB)
+	c.MemoryBudgetMiB = max(h.MemTotalMiB-keep, h.MinMemMiB+c.OverheadMiB)
 	perCore := 1
-	if accel == vmm.AccelKVM {
+	if h.Accel == vmm.AccelKVM {
 		perCore = 2
 	}
-	c.MaxVMs = max(1, min(perCore*max(h.CPUs, 1), c.MemoryBudgetMiB/(DefaultMemMiB+c.OverheadMiB)))
+	c.MaxVMs = max(1, min(perCore*max(h.CPUs, 1), c.MemoryBudgetMiB/(h.RunMemMiB+c.OverheadMiB)))
 	c.Queue = 4 * c.MaxVMs
 	return c
 }
 
-// AccelGuess is the acceleration a VM would get now, without booting
-// one; TCG when it cannot be told.
-func (s *Service) AccelGuess(ctx context.Context) vmm.Accel {
-	d, err := s.driver(ctx)
-	if err != nil {
-		return vmm.AccelTCG
-	}
-	r, ok := d.(vmm.Restorer)
-	if !ok {
-		return vmm.AccelTCG
-	}
-	id, err := r.SnapshotIdentity(ctx)
-	if err != nil || id.Accel == "" {
-		return vmm.AccelTCG
-	}
-	return id.Accel
-}
-
-// NewAdmission returns an Admission with cfg's limits.
-func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
+// New returns an Admission with cfg's limits.
+func New(cfg Config) (*Admission, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -121,7 +128,7 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 }
 
 // Config returns the limits.
-func (a *Admission) Config() AdmissionConfig { return a.cfg }
+func (a *Admission) Config() Config { return a.cfg }
 
 // ErrBusy is the refusal of a VM that can neither start nor wait here.
 var ErrBusy = fmt.Errorf("busy: %w", errdefs.ErrUnavailable)
@@ -337,8 +344,8 @@ func (t *Ticket) Release() {
 	a.unlockEnding(append(ends, a.advanceLocked()...))
 }
 
-// AdmissionStats is a moment's view of an Admission.
-type AdmissionStats struct {
+// Stats is a moment's view of an Admission.
+type Stats struct {
 	Running    int `json:"running"`
 	Background int `json:"background"`
 	// Lendable: background places a call takes at once (ready VMs).
@@ -351,7 +358,7 @@ type AdmissionStats struct {
 }
 
 // Stats reports what holds places and waits now.
-func (a *Admission) Stats() AdmissionStats {
+func (a *Admission) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lendable := 0
@@ -360,6 +367,6 @@ func (a *Admission) Stats() AdmissionStats {
 			lendable++
 		}
 	}
-	return AdmissionStats{Running: a.running, Background: len(a.held), Lendable: lendable, Queued: len(a.queue),
+	return Stats{Running: a.running, Background: len(a.held), Lendable: lendable, Queued: len(a.queue),
 		UsedMiB: a.usedMiB, MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
@@ -18,10 +19,22 @@ import (
 // background snapshot builds take places only when they are free, and
 // give them to calls at once.
 
+// newAdmission is a front end's admission of maxVMs places and a queue of
+// queue, with memory to spare, for the core's sizes of VMs.
+func newAdmission(t *testing.T, maxVMs, queue int) *admission.Admission {
+	t.Helper()
+	a, err := admission.New(admission.Config{MaxVMs: maxVMs, Queue: queue, MemoryBudgetMiB: 100000,
+		OverheadMiB: 256, MinMemMiB: sandbox.MinMemMiB, RunMemMiB: sandbox.DefaultMemMiB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // placeHost is a Service whose background VMs take their places from a,
 // and which counts the most machines that ever ran at once.
 type placeHost struct {
-	a       *sandbox.Admission
+	a       *admission.Admission
 	s       *sandbox.Service
 	d       *vmmfake.Driver
 	maxLive atomic.Int32
@@ -31,7 +44,7 @@ type placeHost struct {
 // background snapshot builds; hang picks the guests that never boot.
 func newPlaceHost(t *testing.T, maxVMs int, hang func(vmm.Config) bool) *placeHost {
 	t.Helper()
-	h := &placeHost{a: newAdmission(t, sandbox.AdmissionConfig{MaxVMs: maxVMs, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256})}
+	h := &placeHost{a: newAdmission(t, maxVMs, 4)}
 	var drv atomic.Pointer[vmmfake.Driver]
 	count := func() {
 		n := int32(1) // the machine about to start
