@@ -141,6 +141,14 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config"
 			}},
+		{"admission imports neither the core, nor a front end, nor config",
+			under("internal/admission"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config"
+			}},
+		{"the CLI has no admission: its runs are outside any",
+			under("internal/cli"),
+			func(_, imp string) bool { return imp != mod+"internal/admission" }},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},
