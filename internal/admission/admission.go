@@ -3,8 +3,8 @@
 // calls that wait, and places that background VMs (ready VMs, snapshot
 // builds) hold until a call needs them. It is shared code, not shared
 // state: each long-lived front end makes its own Admission. It imports
-// neither the core nor a front end; the core sees it through the small
-// interface it asks places of (sandbox.Places).
+// neither the core nor a front end; the core asks it for places through
+// a small interface of its own (sandbox.Places).
 package admission
 
 import (
@@ -20,9 +20,9 @@ import (
 
 // Admission bounds the VMs one process keeps at once, and the memory they
 // may take together: a long-lived front end (isopod-mcp) admits every run
-// through it, and the warm pool is to hold its ready VMs and snapshot
-// builders through it too, so that runs, ready VMs and builders share one
-// VM limit and one memory budget. A VM's cost is its guest memory plus
+// through it, and the core's ready VMs and snapshot builds take their
+// places from it too, so that runs, ready VMs and builds share one VM
+// limit and one memory budget. A VM's cost is its guest memory plus
 // the VMM's own allowance ([VMMOverheadMiB], what the jail caps a VMM at
 // beyond guest RAM), so the budget is never overcommitted by VMs that stay
 // within their caps.
