@@ -3,6 +3,7 @@ package hostio
 import (
 	"bytes"
 	"errors"
+	"isopod/internal/hostio/hostiotest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,120 +16,23 @@ import (
 	"isopod/internal/settings"
 )
 
-// hostTree is a confinement fixture: a root holding the state directory (as
-// when the server runs in a home directory), and a sibling outside it.
-type hostTree struct {
-	base, root, outside, home string
-	secret                    string // outside/secret.txt
-}
+// hostTree is the confinement fixture of hostiotest, with the policy
+// that confines to its root.
+type hostTree struct{ hostiotest.Tree }
 
 func newHostTree(t *testing.T) hostTree {
 	t.Helper()
-	base, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hostTree{
-		base:    base,
-		root:    filepath.Join(base, "root"),
-		outside: filepath.Join(base, "outside"),
-	}
-	h.home = filepath.Join(h.root, ".isopod")
-	h.secret = filepath.Join(h.outside, "secret.txt")
-	for _, d := range []string{h.root, h.outside, h.home, filepath.Join(h.root, "sub")} {
-		mustMkdir(t, d)
-	}
-	mustWrite(t, h.secret, "secret")
-	mustWrite(t, filepath.Join(h.outside, "linked.txt"), "linked")
-	mustWrite(t, filepath.Join(h.home, "credentials.json"), "{}")
-	mustWrite(t, filepath.Join(h.root, "ok.txt"), "hello from the host\n")
-	mustWrite(t, filepath.Join(h.root, "big"), strings.Repeat("x", 5<<20))
-	mustWrite(t, filepath.Join(h.root, "exact"), strings.Repeat("y", MaxStdinFileBytes))
-	links := map[string]string{
-		"out-link":    h.secret,
-		"outdir-link": h.outside,
-		"dangling":    filepath.Join(h.outside, "not-yet"),
-		"in-link":     filepath.Join(h.root, "ok.txt"),
-		"home-link":   h.home,
-		"loop":        filepath.Join(h.root, "loop"),
-		"in-dangling": filepath.Join(h.root, "not-yet"),
-		"rel-link":    "sub/../ok.txt",
-		"rel-out":     "../outside/secret.txt",
-	}
-	for name, target := range links {
-		if err := os.Symlink(target, filepath.Join(h.root, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := syscall.Mkfifo(filepath.Join(h.root, "fifo"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Link(filepath.Join(h.outside, "linked.txt"), filepath.Join(h.root, "hard")); err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return hostTree{hostiotest.NewTree(t, MaxStdinFileBytes)}
 }
 
 func (h hostTree) policy() Policy {
-	return Policy{Root: h.root, Home: h.home, StdinFile: true, CopyOut: true}
-}
-
-func mustMkdir(t *testing.T, d string) {
-	t.Helper()
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func mustWrite(t *testing.T, p, s string) {
-	t.Helper()
-	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// snapshotDir records every name and content under dir, so a test can show
-// a refused call left it untouched.
-func snapshotDir(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		v := fi.Mode().String()
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			v += ":" + string(b)
-		}
-		out[p] = v
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sameSnapshot(t *testing.T, before, after map[string]string) {
-	t.Helper()
-	if len(before) != len(after) {
-		t.Errorf("directory changed: %d entries before, %d after", len(before), len(after))
-	}
-	for k, v := range before {
-		if after[k] != v {
-			t.Errorf("%s changed", k)
-		}
-	}
+	return Policy{Root: h.Root, Home: h.Home, StdinFile: true, CopyOut: true}
 }
 
 func TestResolveCopyOut(t *testing.T) {
 	h := newHostTree(t)
 	p := h.policy()
-	if err := syscall.Mknod(filepath.Join(h.root, "sock"), syscall.S_IFSOCK|0o600, 0); err != nil {
+	if err := syscall.Mknod(filepath.Join(h.Root, "sock"), syscall.S_IFSOCK|0o600, 0); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -137,30 +41,30 @@ func TestResolveCopyOut(t *testing.T) {
 		want string // resolved path; "" means refused
 		msg  []string
 	}{
-		{"plain relative", "out.txt", filepath.Join(h.root, "out.txt"), nil},
-		{"absolute inside", filepath.Join(h.root, "sub", "x"), filepath.Join(h.root, "sub", "x"), nil},
-		{"dot and trailing separators", "sub/./x.txt//", filepath.Join(h.root, "sub", "x.txt"), nil},
-		{"dotdot over existing dir", "sub/../ok.txt", filepath.Join(h.root, "ok.txt"), nil},
-		{"missing parents", "new/dir/x.txt", filepath.Join(h.root, "new", "dir", "x.txt"), nil},
-		{"symlink inside to inside", "in-link", filepath.Join(h.root, "ok.txt"), nil},
-		{"dotdot escape", "../outside/x", "", []string{h.root, knobs.MCPHostIORoot}},
-		{"deep dotdot escape", "sub/../../outside/secret.txt", "", []string{h.root, knobs.MCPHostIORoot}},
-		{"absolute outside", filepath.Join(h.outside, "new.txt"), "", []string{h.root, knobs.MCPHostIORoot}},
+		{"plain relative", "out.txt", filepath.Join(h.Root, "out.txt"), nil},
+		{"absolute inside", filepath.Join(h.Root, "sub", "x"), filepath.Join(h.Root, "sub", "x"), nil},
+		{"dot and trailing separators", "sub/./x.txt//", filepath.Join(h.Root, "sub", "x.txt"), nil},
+		{"dotdot over existing dir", "sub/../ok.txt", filepath.Join(h.Root, "ok.txt"), nil},
+		{"missing parents", "new/dir/x.txt", filepath.Join(h.Root, "new", "dir", "x.txt"), nil},
+		{"symlink inside to inside", "in-link", filepath.Join(h.Root, "ok.txt"), nil},
+		{"dotdot escape", "../outside/x", "", []string{h.Root, knobs.MCPHostIORoot}},
+		{"deep dotdot escape", "sub/../../outside/secret.txt", "", []string{h.Root, knobs.MCPHostIORoot}},
+		{"absolute outside", filepath.Join(h.Outside, "new.txt"), "", []string{h.Root, knobs.MCPHostIORoot}},
 		{"absolute etc", "/etc/passwd", "", []string{"outside the host-I/O root"}},
-		{"symlink pointing out", "out-link", "", []string{h.secret, h.root}},
-		{"symlinked dir pointing out", "outdir-link/new.txt", "", []string{h.root}},
-		{"relative symlink inside", "rel-link", filepath.Join(h.root, "ok.txt"), nil},
-		{"relative symlink pointing out", "rel-out", "", []string{h.root, knobs.MCPHostIORoot}},
-		{"dangling symlink pointing out", "dangling", "", []string{h.outside, "outside the host-I/O root"}},
+		{"symlink pointing out", "out-link", "", []string{h.Secret, h.Root}},
+		{"symlinked dir pointing out", "outdir-link/new.txt", "", []string{h.Root}},
+		{"relative symlink inside", "rel-link", filepath.Join(h.Root, "ok.txt"), nil},
+		{"relative symlink pointing out", "rel-out", "", []string{h.Root, knobs.MCPHostIORoot}},
+		{"dangling symlink pointing out", "dangling", "", []string{h.Outside, "outside the host-I/O root"}},
 		{"dangling symlink", "in-dangling", "", []string{"does not resolve"}},
 		{"dangling symlink with trailing separator", "in-dangling/", "", []string{"does not resolve"}},
 		{"dangling symlink as a parent", "in-dangling/x", "", []string{"does not resolve"}},
 		{"symlink loop", "loop", "", []string{"does not resolve"}},
 		{"dotdot below a missing dir", "newdir/../x", "", []string{`".." below a directory that does not exist`}},
-		{"into the state dir", ".isopod/credentials.json", "", []string{"state directory", h.home}},
+		{"into the state dir", ".isopod/credentials.json", "", []string{"state directory", h.Home}},
 		{"into the state dir via a link", "home-link/x", "", []string{"state directory"}},
 		// A FIFO is written straight through, as a device is.
-		{"a FIFO", "fifo", filepath.Join(h.root, "fifo"), nil},
+		{"a FIFO", "fifo", filepath.Join(h.Root, "fifo"), nil},
 		{"a socket", "sock", "", []string{"a socket", "a character device or a FIFO"}},
 		{"a directory", "sub", "", []string{"a directory"}},
 		{"a file as a parent", "ok.txt/x", "", []string{"not a directory"}},
@@ -169,9 +73,9 @@ func TestResolveCopyOut(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			before := snapshotDir(t, h.base)
+			before := hostiotest.Snapshot(t, h.Base)
 			got, err := p.ResolveCopyOut(tc.arg)
-			sameSnapshot(t, before, snapshotDir(t, h.base))
+			hostiotest.SameSnapshot(t, before, hostiotest.Snapshot(t, h.Base))
 			if tc.want != "" {
 				if err != nil {
 					t.Fatalf("ResolveCopyOut(%q): %v", tc.arg, err)
@@ -209,9 +113,9 @@ func TestReadStdinFile(t *testing.T) {
 		{"relative", "ok.txt", "hello from the host", nil, nil},
 		{"through a symlink inside", "in-link", "hello from the host", nil, nil},
 		{"exactly 4 MiB", "exact", "yyyy", nil, nil},
-		{"dotdot escape", "../outside/secret.txt", "", errdefs.ErrInvalidArgument, []string{h.root, knobs.MCPHostIORoot}},
-		{"absolute outside", h.secret, "", errdefs.ErrInvalidArgument, []string{h.root, knobs.MCPHostIORoot}},
-		{"symlink pointing out", "out-link", "", errdefs.ErrInvalidArgument, []string{h.root}},
+		{"dotdot escape", "../outside/secret.txt", "", errdefs.ErrInvalidArgument, []string{h.Root, knobs.MCPHostIORoot}},
+		{"absolute outside", h.Secret, "", errdefs.ErrInvalidArgument, []string{h.Root, knobs.MCPHostIORoot}},
+		{"symlink pointing out", "out-link", "", errdefs.ErrInvalidArgument, []string{h.Root}},
 		{"state dir", ".isopod/credentials.json", "", errdefs.ErrInvalidArgument, []string{"state directory"}},
 		{"state dir via link", "home-link/credentials.json", "", errdefs.ErrInvalidArgument, []string{"state directory"}},
 		{"a FIFO", "fifo", "", errdefs.ErrInvalidArgument, []string{"a FIFO"}},
@@ -222,7 +126,7 @@ func TestReadStdinFile(t *testing.T) {
 		{"dangling inside", "in-dangling", "", errdefs.ErrNotFound, nil},
 		{"dangling pointing out", "dangling", "", errdefs.ErrInvalidArgument, []string{"outside the host-I/O root"}},
 		{"relative symlink inside", "rel-link", "hello from the host", nil, nil},
-		{"relative symlink pointing out", "rel-out", "", errdefs.ErrInvalidArgument, []string{h.root}},
+		{"relative symlink pointing out", "rel-out", "", errdefs.ErrInvalidArgument, []string{h.Root}},
 		{"symlink loop", "loop", "", errdefs.ErrNotFound, []string{"too many levels"}},
 		{"dash", "-", "", errdefs.ErrInvalidArgument, []string{"stdin"}},
 	}
@@ -269,7 +173,7 @@ func TestReadStdinFile(t *testing.T) {
 
 func TestReadStdinFileDevice(t *testing.T) {
 	h := newHostTree(t)
-	dev := filepath.Join(h.root, "null")
+	dev := filepath.Join(h.Root, "null")
 	// Character device 1:3 (the null device); needs CAP_MKNOD.
 	if err := syscall.Mknod(dev, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
 		t.Skipf("cannot create a device node here (%v); needs root", err)
@@ -283,7 +187,7 @@ func TestReadStdinFileDevice(t *testing.T) {
 	if _, err := h.policy().ResolveCopyOut("null"); err != nil {
 		t.Errorf("ResolveCopyOut(character device): %v; want it accepted, to be written through", err)
 	}
-	blk := filepath.Join(h.root, "blk")
+	blk := filepath.Join(h.Root, "blk")
 	if err := syscall.Mknod(blk, syscall.S_IFBLK|0o600, 7<<8|250); err != nil {
 		t.Fatal(err)
 	}
@@ -306,8 +210,8 @@ func TestHostIODisabled(t *testing.T) {
 
 func TestLocal(t *testing.T) {
 	h := newHostTree(t)
-	viaLink := filepath.Join(h.base, "root-link")
-	if err := os.Symlink(h.root, viaLink); err != nil {
+	viaLink := filepath.Join(h.Base, "root-link")
+	if err := os.Symlink(h.Root, viaLink); err != nil {
 		t.Fatal(err)
 	}
 	on := settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}
@@ -320,21 +224,21 @@ func TestLocal(t *testing.T) {
 		stdin, cpy bool
 		warn       string
 	}{
-		{"defaults", on, h.root, true, true, ""},
-		{"cwd through a symlink is canonical", root(viaLink), h.root, true, true, ""},
-		{"moved root", root(h.outside), h.outside, true, true, ""},
-		{"copy_out off", with(func(s *settings.HostIO) { s.CopyOut = false }), h.root, true, false, ""},
-		{"stdin_file off", with(func(s *settings.HostIO) { s.StdinFile = false }), h.root, false, true, ""},
-		{"the settings' warnings are kept", with(func(s *settings.HostIO) { s.CopyOut, s.Warnings = false, []string{"treating it as off"} }), h.root, true, false, "treating it as off"},
-		{"blank root falls back", root("  "), h.root, true, true, "set but empty"},
+		{"defaults", on, h.Root, true, true, ""},
+		{"cwd through a symlink is canonical", root(viaLink), h.Root, true, true, ""},
+		{"moved root", root(h.Outside), h.Outside, true, true, ""},
+		{"copy_out off", with(func(s *settings.HostIO) { s.CopyOut = false }), h.Root, true, false, ""},
+		{"stdin_file off", with(func(s *settings.HostIO) { s.StdinFile = false }), h.Root, false, true, ""},
+		{"the settings' warnings are kept", with(func(s *settings.HostIO) { s.CopyOut, s.Warnings = false, []string{"treating it as off"} }), h.Root, true, false, "treating it as off"},
+		{"blank root falls back", root("  "), h.Root, true, true, "set but empty"},
 		{"relative root fails closed", root("proj"), "", true, true, "not an absolute path"},
-		{"missing root fails closed", root(filepath.Join(h.base, "nope")), "", true, true, "unusable"},
-		{"file root fails closed", root(h.secret), "", true, true, "unusable"},
+		{"missing root fails closed", root(filepath.Join(h.Base, "nope")), "", true, true, "unusable"},
+		{"file root fails closed", root(h.Secret), "", true, true, "unusable"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// The working directory is given through a symlink too.
-			p, warns := Local(tc.set, viaLink, h.home)
+			p, warns := Local(tc.set, viaLink, h.Home)
 			if p.StdinFile != tc.stdin || p.CopyOut != tc.cpy {
 				t.Errorf("switches = stdin_file %v copy_out %v, want %v %v", p.StdinFile, p.CopyOut, tc.stdin, tc.cpy)
 			}
@@ -345,10 +249,10 @@ func TestLocal(t *testing.T) {
 				t.Errorf("unexpected warnings %q", warns)
 			}
 			if tc.wantRoot == "" {
-				if _, err := p.ResolveCopyOut(filepath.Join(h.root, "x")); err == nil || !strings.Contains(err.Error(), knobs.MCPHostIORoot) {
+				if _, err := p.ResolveCopyOut(filepath.Join(h.Root, "x")); err == nil || !strings.Contains(err.Error(), knobs.MCPHostIORoot) {
 					t.Errorf("fail-closed policy allowed a write or did not name the variable: %v", err)
 				}
-				if _, _, err := p.ReadStdinFile(filepath.Join(h.root, "ok.txt")); err == nil {
+				if _, _, err := p.ReadStdinFile(filepath.Join(h.Root, "ok.txt")); err == nil {
 					t.Error("fail-closed policy allowed a read")
 				}
 				if !strings.Contains(p.String(), "refused") {
@@ -370,27 +274,27 @@ func TestZeroHostIOFailsClosed(t *testing.T) {
 	h := newHostTree(t)
 	var p Policy
 	p.StdinFile, p.CopyOut = true, true
-	if _, _, err := p.ReadStdinFile(h.secret); err == nil {
+	if _, _, err := p.ReadStdinFile(h.Secret); err == nil {
 		t.Error("a policy without a root allowed a read")
 	}
-	if _, err := p.ResolveCopyOut(filepath.Join(h.outside, "x")); err == nil {
+	if _, err := p.ResolveCopyOut(filepath.Join(h.Outside, "x")); err == nil {
 		t.Error("a policy without a root allowed a write")
 	}
 }
 
 func TestHostIOUnconfinedStillGuardsState(t *testing.T) {
 	h := newHostTree(t)
-	p, _ := Local(settings.HostIO{Root: "/", RootSet: true, StdinFile: true, CopyOut: true}, h.root, h.home)
+	p, _ := Local(settings.HostIO{Root: "/", RootSet: true, StdinFile: true, CopyOut: true}, h.Root, h.Home)
 	if !strings.Contains(p.String(), "UNCONFINED") {
 		t.Errorf("policy line %q does not say unconfined", p.String())
 	}
-	if _, _, err := p.ReadStdinFile(h.secret); err != nil {
+	if _, _, err := p.ReadStdinFile(h.Secret); err != nil {
 		t.Errorf("unconfined read outside: %v", err)
 	}
-	if _, _, err := p.ReadStdinFile(filepath.Join(h.home, "credentials.json")); err == nil {
+	if _, _, err := p.ReadStdinFile(filepath.Join(h.Home, "credentials.json")); err == nil {
 		t.Error("unconfined policy read the state directory")
 	}
-	if _, err := p.ResolveCopyOut(filepath.Join(h.home, "credentials.json")); err == nil {
+	if _, err := p.ResolveCopyOut(filepath.Join(h.Home, "credentials.json")); err == nil {
 		t.Error("unconfined policy wrote into the state directory")
 	}
 }

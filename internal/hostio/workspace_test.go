@@ -13,7 +13,7 @@ func TestOpenWorkspace(t *testing.T) {
 	h := newHostTree(t)
 	p := h.policy()
 	p.Workspace = true
-	noHome := filepath.Join(h.root, "sub")
+	noHome := filepath.Join(h.Root, "sub")
 	tests := []struct {
 		name string
 		arg  string
@@ -22,13 +22,13 @@ func TestOpenWorkspace(t *testing.T) {
 	}{
 		{"relative", "sub", noHome, nil},
 		{"absolute inside", noHome, noHome, nil},
-		{"dotdot escape", "../outside", "", []string{h.root, knobs.MCPHostIORoot}},
-		{"absolute outside", h.outside, "", []string{"outside the host-I/O root"}},
-		{"symlinked dir pointing out", "outdir-link", "", []string{h.root}},
-		{"through a symlinked parent pointing out", "outdir-link/.", "", []string{h.root}},
+		{"dotdot escape", "../outside", "", []string{h.Root, knobs.MCPHostIORoot}},
+		{"absolute outside", h.Outside, "", []string{"outside the host-I/O root"}},
+		{"symlinked dir pointing out", "outdir-link", "", []string{h.Root}},
+		{"through a symlinked parent pointing out", "outdir-link/.", "", []string{h.Root}},
 		{"the state dir", ".isopod", "", []string{"state directory"}},
-		{"the root holding the state dir", ".", "", []string{"holds the isopod state directory", h.home}},
-		{"the root by its path", h.root, "", []string{"holds the isopod state directory"}},
+		{"the root holding the state dir", ".", "", []string{"holds the isopod state directory", h.Home}},
+		{"the root by its path", h.Root, "", []string{"holds the isopod state directory"}},
 		{"a file", "ok.txt", "", []string{"not a directory"}},
 		{"missing", "nope", "", []string{"does not exist"}},
 		{"empty", "", "", []string{"empty"}},
@@ -68,7 +68,7 @@ func TestOpenWorkspace(t *testing.T) {
 // the switch turns the argument off.
 func TestOpenWorkspaceRootAndSwitch(t *testing.T) {
 	h := newHostTree(t)
-	p := Policy{Root: filepath.Join(h.root, "sub"), Home: h.home, Workspace: true}
+	p := Policy{Root: filepath.Join(h.Root, "sub"), Home: h.Home, Workspace: true}
 	got, dir, err := p.OpenWorkspace(".")
 	if err != nil || got != p.Root {
 		t.Fatalf("OpenWorkspace(.) = %s, %v; want the root", got, err)

@@ -11,7 +11,7 @@ import (
 // usable.
 func TestSchemaHidesHostPathsTurnedOff(t *testing.T) {
 	tree := newHostTree(t)
-	on := hostio.Policy{Root: tree.root, Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}
+	on := hostio.Policy{Root: tree.Root, Home: tree.Home, StdinFile: true, CopyOut: true, Workspace: true}
 	tests := []struct {
 		name   string
 		policy hostio.Policy
@@ -20,7 +20,7 @@ func TestSchemaHidesHostPathsTurnedOff(t *testing.T) {
 		{"all on", on, map[string]bool{"stdin_file": true, "copy_out": true, "workspace": true, "workspace_all": true, "workspace_out": true}},
 		{"copy_out off", func() hostio.Policy { p := on; p.CopyOut = false; return p }(),
 			map[string]bool{"stdin_file": true, "workspace": true, "workspace_all": true}},
-		{"no usable root", hostio.Policy{Home: tree.home, StdinFile: true, CopyOut: true, Workspace: true}, map[string]bool{}},
+		{"no usable root", hostio.Policy{Home: tree.Home, StdinFile: true, CopyOut: true, Workspace: true}, map[string]bool{}},
 	}
 	for _, tt := range tests {
 		s := connect(t, Config{Core: &scriptedCore{}, HostIO: tt.policy, NoStartupGC: true})

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"io"
+	"isopod/internal/hostio/hostiotest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,7 +33,7 @@ func TestCopyOutOntoDeviceAndFIFO(t *testing.T) {
 	root := t.TempDir()
 	home := filepath.Join(t.TempDir(), "home")
 	guest := filepath.Join(t.TempDir(), "guest.txt")
-	mustWrite(t, guest, "made in the guest\n")
+	hostiotest.MustWrite(t, guest, "made in the guest\n")
 
 	t.Run("/dev/null, unconfined", func(t *testing.T) {
 		if os.Geteuid() != 0 {

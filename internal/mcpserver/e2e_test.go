@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"isopod/internal/hostio/hostiotest"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -125,7 +126,7 @@ func startStdio(t *testing.T, dir string, env map[string]string) *stdioServer {
 
 func TestStdioServer(t *testing.T) {
 	h := newHostTree(t)
-	s := startStdio(t, h.root, map[string]string{knobs.Home: h.home})
+	s := startStdio(t, h.Root, map[string]string{knobs.Home: h.Home})
 	ctx := context.Background()
 
 	res, err := s.cs.ListTools(ctx, nil)
@@ -143,7 +144,7 @@ func TestStdioServer(t *testing.T) {
 			}
 		}
 	}
-	if line := "host file I/O: confined to " + h.root; !strings.Contains(s.stderr.String(), line) {
+	if line := "host file I/O: confined to " + h.Root; !strings.Contains(s.stderr.String(), line) {
 		t.Errorf("stderr lacks the policy line %q:\n%s", line, s.stderr)
 	}
 
@@ -154,14 +155,14 @@ func TestStdioServer(t *testing.T) {
 		want string
 	}{
 		{"dotdot", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}}, knobs.MCPHostIORoot},
-		{"absolute outside", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": h.secret}}}, h.root},
-		{"symlink out", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}}, h.root},
+		{"absolute outside", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": h.Secret}}}, h.Root},
+		{"symlink out", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}}, h.Root},
 		{"dangling link/", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "in-dangling/"}}}, "does not resolve"},
 		{"link pointing out, dangling", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "dangling/"}}}, "outside the host-I/O root"},
-		{"state dir", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(h.home, "credentials.json")}}}, "state directory"},
+		{"state dir", map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(h.Home, "credentials.json")}}}, "state directory"},
 		{"stdin FIFO", map[string]any{"stdin_file": "fifo"}, "a FIFO"},
 		{"stdin 5 MiB", map[string]any{"stdin_file": "big"}, "4 MiB"},
-		{"stdin outside", map[string]any{"stdin_file": "../outside/secret.txt"}, h.root},
+		{"stdin outside", map[string]any{"stdin_file": "../outside/secret.txt"}, h.Root},
 	}
 	for _, a := range attacks {
 		t.Run(a.name, func(t *testing.T) {
@@ -169,11 +170,11 @@ func TestStdioServer(t *testing.T) {
 			for k, v := range a.args {
 				args[k] = v
 			}
-			before := snapshotDir(t, h.outside)
-			cred, _ := os.ReadFile(filepath.Join(h.home, "credentials.json"))
+			before := hostiotest.Snapshot(t, h.Outside)
+			cred, _ := os.ReadFile(filepath.Join(h.Home, "credentials.json"))
 			r := s.call(t, ctx, ToolSandboxRun, args, nil)
-			sameSnapshot(t, before, snapshotDir(t, h.outside))
-			if after, _ := os.ReadFile(filepath.Join(h.home, "credentials.json")); !bytes.Equal(cred, after) {
+			hostiotest.SameSnapshot(t, before, hostiotest.Snapshot(t, h.Outside))
+			if after, _ := os.ReadFile(filepath.Join(h.Home, "credentials.json")); !bytes.Equal(cred, after) {
 				t.Error("credentials.json changed")
 			}
 			if !r.IsError || !strings.Contains(resultText(r), a.want) {
@@ -185,22 +186,22 @@ func TestStdioServer(t *testing.T) {
 
 func TestStdioCopyOutOff(t *testing.T) {
 	h := newHostTree(t)
-	s := startStdio(t, h.root, map[string]string{knobs.Home: h.home, knobs.MCPCopyOut: "off"})
+	s := startStdio(t, h.Root, map[string]string{knobs.Home: h.Home, knobs.MCPCopyOut: "off"})
 	if !strings.Contains(s.stderr.String(), "copy_out=off") {
 		t.Errorf("policy line does not say copy_out=off:\n%s", s.stderr)
 	}
-	before := snapshotDir(t, h.root)
+	before := hostiotest.Snapshot(t, h.Root)
 	r := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true",
 		"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "new.txt"}}}, nil)
 	if !r.IsError || !strings.Contains(resultText(r), knobs.MCPCopyOut+"=off") {
 		t.Errorf("copy_out with %s=off: %q", knobs.MCPCopyOut, resultText(r))
 	}
-	after := snapshotDir(t, h.root)
-	if _, ok := after[filepath.Join(h.root, "new.txt")]; ok {
+	after := hostiotest.Snapshot(t, h.Root)
+	if _, ok := after[filepath.Join(h.Root, "new.txt")]; ok {
 		t.Error("new.txt was created")
 	}
 	for k, v := range before {
-		if after[k] != v && !strings.HasPrefix(k, h.home) {
+		if after[k] != v && !strings.HasPrefix(k, h.Home) {
 			t.Errorf("%s changed", k)
 		}
 	}
@@ -261,7 +262,7 @@ func reportOf(t *testing.T, r *mcp.CallToolResult) RunResult {
 func TestVMRunEchoStdinCopyOut(t *testing.T) {
 	base := vmBase(t)
 	root := t.TempDir()
-	mustWrite(t, filepath.Join(root, "in.txt"), "from the host\n")
+	hostiotest.MustWrite(t, filepath.Join(root, "in.txt"), "from the host\n")
 	s := startStdio(t, root, nil)
 	r := s.call(t, context.Background(), ToolSandboxRun, map[string]any{
 		"cmd": "echo hi && cat > /tmp/o", "base": base, "network": false,

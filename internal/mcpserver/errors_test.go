@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"isopod/internal/hostio/hostiotest"
 	"strings"
 	"testing"
 
@@ -88,9 +89,9 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 		want   []string
 	}{
 		{"copy_out escape", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "../outside/secret.txt"}}},
-			[]string{h.root, knobs.MCPHostIORoot}},
+			[]string{h.Root, knobs.MCPHostIORoot}},
 		{"copy_out through a symlink out", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "out-link"}}},
-			[]string{h.root, knobs.MCPHostIORoot}},
+			[]string{h.Root, knobs.MCPHostIORoot}},
 		{"copy_out dangling link/", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "in-dangling/"}}},
 			[]string{"does not resolve"}},
 		{"copy_out into the state dir", nil, map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": ".isopod/credentials.json"}}},
@@ -98,7 +99,7 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 		{"copy_out switched off", func(p hostio.Policy) hostio.Policy { p.CopyOut = false; return p },
 			map[string]any{"copy_out": []map[string]string{{"guest": "/etc/hostname", "host": "fine.txt"}}},
 			[]string{knobs.MCPCopyOut + "=off"}},
-		{"stdin_file outside", nil, map[string]any{"stdin_file": h.secret}, []string{h.root, knobs.MCPHostIORoot}},
+		{"stdin_file outside", nil, map[string]any{"stdin_file": h.Secret}, []string{h.Root, knobs.MCPHostIORoot}},
 		{"stdin_file FIFO", nil, map[string]any{"stdin_file": "fifo"}, []string{"a FIFO"}},
 		{"stdin_file 5 MiB", nil, map[string]any{"stdin_file": "big"}, []string{"4 MiB"}},
 		{"stdin and stdin_file", nil, map[string]any{"stdin_file": "ok.txt", "stdin": "x"}, []string{"give one"}},
@@ -120,9 +121,9 @@ func TestRefusalsNeverReachTheCore(t *testing.T) {
 			for k, v := range tc.args {
 				args[k] = v
 			}
-			before := snapshotDir(t, h.base)
+			before := hostiotest.Snapshot(t, h.Base)
 			res := s.call(t, context.Background(), ToolSandboxRun, args, nil)
-			sameSnapshot(t, before, snapshotDir(t, h.base))
+			hostiotest.SameSnapshot(t, before, hostiotest.Snapshot(t, h.Base))
 			if !res.IsError {
 				t.Fatalf("accepted: %s", resultText(res))
 			}

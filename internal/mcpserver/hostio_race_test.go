@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"isopod/internal/hostio/hostiotest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,10 +37,10 @@ func newSwapTree(t *testing.T) *swapTree {
 		t.Fatal(err)
 	}
 	s := &swapTree{root: filepath.Join(base, "root"), outside: filepath.Join(base, "outside"), stop: make(chan struct{})}
-	mustMkdir(t, filepath.Join(s.root, "d"))
-	mustMkdir(t, s.outside)
-	mustWrite(t, filepath.Join(s.root, "d", "in.txt"), "inside\n")
-	mustWrite(t, filepath.Join(s.outside, "in.txt"), "SECRET\n")
+	hostiotest.MustMkdir(t, filepath.Join(s.root, "d"))
+	hostiotest.MustMkdir(t, s.outside)
+	hostiotest.MustWrite(t, filepath.Join(s.root, "d", "in.txt"), "inside\n")
+	hostiotest.MustWrite(t, filepath.Join(s.outside, "in.txt"), "SECRET\n")
 	if err := os.Symlink(s.outside, filepath.Join(s.root, "swap")); err != nil {
 		t.Fatal(err)
 	}

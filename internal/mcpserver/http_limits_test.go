@@ -74,7 +74,7 @@ func hugeCalls(v string) []hugeCall {
 func TestHugeValuesAreNotEchoed(t *testing.T) {
 	core, drv := newFakeCore(t)
 	tree := newHostTree(t)
-	hostIO, _ := hostio.Remote(settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}, tree.root, tree.home)
+	hostIO, _ := hostio.Remote(settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}, tree.Root, tree.Home)
 	h := startHTTP(t, Config{Core: core, HostIO: hostIO, ProgressInterval: time.Hour}, nil)
 	tp := &tap{next: http.DefaultTransport}
 	s, err := connectHTTPAs(t, h.url, adminToken, tp, "2025-11-25", 0)

@@ -174,14 +174,14 @@ func TestHTTPWithTLS(t *testing.T) {
 func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	tree := newHostTree(t)
 	on := settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}
-	hostIO, _ := hostio.Remote(on, "", tree.home)
+	hostIO, _ := hostio.Remote(on, "", tree.Home)
 	core := &scriptedCore{}
 	h := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s := mustConnectHTTP(t, h.url, runToken)
 	for _, args := range []map[string]any{
-		{"cmd": "cat", "stdin_file": filepath.Join(tree.root, "ok.txt")},
-		{"cmd": "true", "copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(tree.root, "x")}}},
-		{"cmd": "true", "workspace": tree.root},
+		{"cmd": "cat", "stdin_file": filepath.Join(tree.Root, "ok.txt")},
+		{"cmd": "true", "copy_out": []map[string]string{{"guest": "/etc/hostname", "host": filepath.Join(tree.Root, "x")}}},
+		{"cmd": "true", "workspace": tree.Root},
 	} {
 		res := s.call(t, context.Background(), ToolSandboxRun, args, nil)
 		if !res.IsError || !strings.Contains(resultText(res), "--host-io-root") || !strings.Contains(resultText(res), "off on this network listener") {
@@ -196,7 +196,7 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 		t.Errorf("without --host-io-root the schema offers host paths: %v", got)
 	}
 	// An operator's root turns them on, confined as on stdio.
-	hostIO, _ = hostio.Remote(on, tree.root, tree.home)
+	hostIO, _ = hostio.Remote(on, tree.Root, tree.Home)
 	h2 := startHTTP(t, Config{Core: core, HostIO: hostIO}, nil)
 	s2 := mustConnectHTTP(t, h2.url, runToken)
 	if got := runProperties(t, s2); slices.ContainsFunc(hostArgs, func(a string) bool { return !got[a] }) {
@@ -205,7 +205,7 @@ func TestHTTPRefusesHostPathsByDefault(t *testing.T) {
 	if res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": "ok.txt"}, nil); res.IsError {
 		t.Errorf("stdin_file under --host-io-root: %s", resultText(res))
 	}
-	res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": tree.secret}, nil)
+	res := s2.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "cat", "stdin_file": tree.Secret}, nil)
 	if !res.IsError || !strings.Contains(resultText(res), knobs.MCPHostIORoot) && !strings.Contains(resultText(res), "--host-io-root") {
 		t.Errorf("stdin_file outside --host-io-root: %s", resultText(res))
 	}

@@ -164,12 +164,12 @@ func runInterop(t *testing.T, node, dir string, h hostTree, steps []map[string]a
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), serverBin, string(stepsJSON))
-	cmd.Dir = h.root
+	cmd.Dir = h.Root
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if privateHome {
 		// No VMs here: keep the server's state in the fixture, and hold
 		// its runs.
-		cmd.Env = append(cmd.Env, knobs.Home+"="+h.home, holdEnv+"=1")
+		cmd.Env = append(cmd.Env, knobs.Home+"="+h.Home, holdEnv+"=1")
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"bytes"
+	"isopod/internal/hostio/hostiotest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,7 @@ func TestPluginLauncher(t *testing.T) {
 	}
 	fake := func(dir, name string) string {
 		t.Helper()
-		mustMkdir(t, dir)
+		hostiotest.MustMkdir(t, dir)
 		p := filepath.Join(dir, "isopod-mcp")
 		if err := os.WriteFile(p, []byte("#!/bin/sh\necho "+name+" \"$@\"\n"), 0o755); err != nil {
 			t.Fatal(err)
@@ -36,7 +37,7 @@ func TestPluginLauncher(t *testing.T) {
 	pathDir := filepath.Join(tmp, "pathdir")
 	fake(pathDir, "path")
 	home := filepath.Join(tmp, "home")
-	mustMkdir(t, home)
+	hostiotest.MustMkdir(t, home)
 	basePath := "/usr/sbin:/sbin:/bin"
 
 	tests := []struct {

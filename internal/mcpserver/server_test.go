@@ -137,7 +137,7 @@ func TestRunArgsMapping(t *testing.T) {
 			}
 		}},
 		{"copy_out is resolved", map[string]any{"cmd": "true", "copy_out": []map[string]string{{"guest": "/out/a", "host": "sub/./a.txt/"}}}, func(t *testing.T, r sandbox.Request) {
-			want := filepath.Join(h.root, "sub", "a.txt")
+			want := filepath.Join(h.Root, "sub", "a.txt")
 			if len(r.CopyOut) != 1 || r.CopyOut[0].Guest != "/out/a" || r.CopyOut[0].Host != want {
 				t.Errorf("copy_out %+v, want /out/a to %s", r.CopyOut, want)
 			}
@@ -146,7 +146,7 @@ func TestRunArgsMapping(t *testing.T) {
 			}
 		}},
 		{"copy_out creates missing parents under the root", map[string]any{"cmd": "true", "copy_out": []map[string]string{{"guest": "/o", "host": "made/here/o.txt"}}}, func(t *testing.T, r sandbox.Request) {
-			want := filepath.Join(h.root, "made", "here", "o.txt")
+			want := filepath.Join(h.Root, "made", "here", "o.txt")
 			if len(r.CopyOut) != 1 || r.CopyOut[0].Host != want {
 				t.Errorf("copy_out %+v", r.CopyOut)
 			}

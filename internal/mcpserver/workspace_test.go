@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"isopod/internal/hostio/hostiotest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,12 +27,12 @@ func TestOpenWorkspaceArgs(t *testing.T) {
 	}
 	w := r.Workspace
 	if w == nil || !w.All || w.MaxBytes != workspace.MCPMaxBytes || w.MaxFiles != workspace.MCPMaxFiles ||
-		w.MaxPatchBytes != workspace.MCPMaxPatchBytes || w.Out != filepath.Join(h.root, "out", "ws.patch") || w.OutDir == nil {
+		w.MaxPatchBytes != workspace.MCPMaxPatchBytes || w.Out != filepath.Join(h.Root, "out", "ws.patch") || w.OutDir == nil {
 		t.Errorf("workspace %+v; want sub, all, the MCP caps and the patch destination opened", w)
 	}
 	release()
 
-	before := snapshotDir(t, h.root)
+	before := hostiotest.Snapshot(t, h.Root)
 	for _, tt := range []struct {
 		name string
 		in   RunArgs
@@ -48,7 +49,7 @@ func TestOpenWorkspaceArgs(t *testing.T) {
 			t.Errorf("%s: %v; want a refusal naming %q", tt.name, err, tt.msg)
 		}
 	}
-	sameSnapshot(t, before, snapshotDir(t, h.root))
+	hostiotest.SameSnapshot(t, before, hostiotest.Snapshot(t, h.Root))
 
 	p.CopyOut = false
 	s = &Server{cfg: Config{HostIO: p}}

@@ -63,7 +63,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 	disks := runDisks{base: sp.in.base.Path, layers: sp.layers, scratch: rv.scratch}.slots(ph)
 	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
-	unuse, err := s.warm.Use(meta.Key)
+	unuse, err := s.warm.Use(ctx, meta.Key)
 	if err != nil {
 		return nil, err
 	}

@@ -262,7 +262,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()
-	release, err := r.s.warm.Use(meta.Key)
+	release, err := r.s.warm.Use(rctx, meta.Key)
 	if err != nil {
 		return err
 	}

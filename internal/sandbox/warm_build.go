@@ -101,7 +101,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 		Key: key.ID(), Parts: key, Built: time.Now().UTC(),
 		BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
 	}
-	if err := s.warm.Publish(tmp, meta); err != nil {
+	if err := s.warm.Publish(bctx, tmp, meta); err != nil {
 		return nil, bootMS, err
 	}
 	published = true

@@ -54,7 +54,7 @@ func TestWarmRemoveArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.warm.Publish(tmp, &warmpool.Meta{Key: k.ID(), Parts: k}); err != nil {
+	if err := s.warm.Publish(context.Background(), tmp, &warmpool.Meta{Key: k.ID(), Parts: k}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := s.WarmRemove(ctx, k.ID()[:8], false)

@@ -103,13 +103,33 @@ func (c *Catalog) Build(ctx context.Context, id string) (unlock func(), err erro
 }
 
 // Use holds key id's snapshot in place (a shared lock) while a VMM loads
-// it; Publish and Retire wait for every user.
-func (c *Catalog) Use(id string) (release func(), err error) {
+// it; Publish and Retire wait for every user. Waiting for a Publish or a
+// Retire in progress ends with ctx.
+func (c *Catalog) Use(ctx context.Context, id string) (release func(), err error) {
 	lk := flock.New(c.lockPath(id, "lock"))
-	if err := lk.RLock(); err != nil {
-		return nil, fmt.Errorf("warm pool: locking %s: %w", id, err)
+	if ok, err := lk.TryRLockContext(ctx, lockPoll); err != nil || !ok {
+		return nil, fmt.Errorf("warm pool: waiting to load %s: %w", id, orCtx(ctx, err))
 	}
 	return func() { lk.Unlock() }, nil
+}
+
+// lockPoll is how often a wait for a snapshot's lock tries again.
+const lockPoll = 50 * time.Millisecond
+
+// retireWait bounds how long Retire waits for the snapshot's users: a
+// VMM loading it for longer than that is stuck, and the snapshot is left
+// for the next Retire or GC.
+const retireWait = 30 * time.Second
+
+// orCtx is err, or ctx's error when a wait ended without one.
+func orCtx(ctx context.Context, err error) error {
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return context.DeadlineExceeded
 }
 
 // Stage makes an empty directory for a new snapshot of key id. The builder
@@ -128,8 +148,8 @@ func (c *Catalog) Stage(id string) (string, error) {
 
 // Publish writes m into the staged directory tmp and moves it to m.Key's
 // place, replacing (and then removing) a previous snapshot. Runs loading
-// the previous one finish first.
-func (c *Catalog) Publish(tmp string, m *Meta) error {
+// the previous one finish first; waiting for them ends with ctx.
+func (c *Catalog) Publish(ctx context.Context, tmp string, m *Meta) error {
 	if m.BuildID == "" {
 		m.BuildID = randomHex(8)
 	}
@@ -137,8 +157,8 @@ func (c *Catalog) Publish(tmp string, m *Meta) error {
 		return err
 	}
 	lk := flock.New(c.lockPath(m.Key, "lock"))
-	if err := lk.Lock(); err != nil {
-		return fmt.Errorf("warm pool: locking %s: %w", m.Key, err)
+	if ok, err := lk.TryLockContext(ctx, lockPoll); err != nil || !ok {
+		return fmt.Errorf("warm pool: waiting for the users of %s: %w", m.Key, orCtx(ctx, err))
 	}
 	dir := c.Dir(m.Key)
 	old := ""
@@ -165,7 +185,10 @@ func (c *Catalog) Publish(tmp string, m *Meta) error {
 // bytes freed.
 func (c *Catalog) Retire(id, buildID string) (bool, int64) {
 	lk := flock.New(c.lockPath(id, "lock"))
-	if err := lk.Lock(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), retireWait)
+	defer cancel()
+	if ok, err := lk.TryLockContext(ctx, lockPoll); err != nil || !ok {
+		c.log.Warn("warm pool: a snapshot's users did not let go; leaving it", "key", id, "err", orCtx(ctx, err))
 		return false, 0
 	}
 	dir := c.Dir(id)

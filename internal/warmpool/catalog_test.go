@@ -1,6 +1,7 @@
 package warmpool
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"sort"
@@ -96,7 +97,7 @@ func stage(t *testing.T, c *Catalog, k Key, buildID string) (string, *Meta) {
 func publish(t *testing.T, c *Catalog, k Key, buildID string) {
 	t.Helper()
 	tmp, m := stage(t, c, k, buildID)
-	if err := c.Publish(tmp, m); err != nil {
+	if err := c.Publish(context.Background(), tmp, m); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -148,7 +149,7 @@ func TestRetireWaitsForUsers(t *testing.T) {
 	k := sampleKey()
 	publish(t, c, k, "one")
 	// A run loading the snapshot holds it.
-	release, err := c.Use(k.ID())
+	release, err := c.Use(context.Background(), k.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +168,43 @@ func TestRetireWaitsForUsers(t *testing.T) {
 	<-done
 	if !retired.Load() {
 		t.Error("retire did not happen after the run finished loading")
+	}
+}
+
+// TestLockWaitsEnd: a publish that waits for a snapshot's users, and a
+// load that waits for a publish, end with their context, so a stuck VMM
+// that holds a snapshot never holds a run past its deadline.
+func TestLockWaitsEnd(t *testing.T) {
+	c := newTestCatalog(t)
+	k := sampleKey()
+	publish(t, c, k, "one")
+	release, err := c.Use(context.Background(), k.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	tmp, err := c.Stage(k.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = c.Publish(ctx, tmp, &Meta{Key: k.ID(), Parts: k})
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("publish under a user: %v after %v; want the deadline, soon", err, time.Since(start))
+	}
+	release()
+	// A publish in progress (here: its exclusive lock, taken by hand).
+	lk := flock.New(c.lockPath(k.ID(), "lock"))
+	if err := lk.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	if _, err := c.Use(ctx2, k.ID()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("use under a publish: %v; want the deadline", err)
 	}
 }
 
@@ -253,7 +291,7 @@ func TestEnforceEvictsLeastRecentlyUsed(t *testing.T) {
 		k.MemMiB = 128 * (i + 1)
 		tmp, m := stage(t, c, k, "b")
 		os.WriteFile(filepath.Join(tmp, "memory"), make([]byte, 1<<20), 0o600)
-		if err := c.Publish(tmp, m); err != nil {
+		if err := c.Publish(context.Background(), tmp, m); err != nil {
 			t.Fatal(err)
 		}
 		keys = append(keys, k)
