@@ -8,6 +8,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -16,15 +17,15 @@ import (
 // cold boot.
 func (r *run) boot(ctx context.Context) error {
 	if !r.req.NoNetwork {
-		var nic *nicSocket
+		var nic *machine.NIC
 		if r.ready != nil {
 			nic = r.ready.nic
 		}
-		n, err := r.s.startNetworkOn(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
+		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
 		if err != nil {
 			return err
 		}
-		r.vm.net = n
+		r.vm.Net = n
 	}
 	if r.ready != nil {
 		if done, err := r.bootReady(ctx); done || err != nil {
@@ -95,8 +96,8 @@ func (r *run) coldConfig() vmm.Config {
 		SerialLog: r.dir.serial,
 		Logger:    r.s.log,
 	}
-	if r.vm.net != nil {
-		cfg.Net = r.vm.net.vmmNet()
+	if r.vm.Net != nil {
+		cfg.Net = r.vm.Net.VMMNet()
 	}
 	return cfg
 }
@@ -107,7 +108,7 @@ func (r *run) startMachine(ctx context.Context, start func(context.Context) (vmm
 	if err != nil {
 		return err
 	}
-	r.vm.attach(m)
+	r.vm.Attach(m)
 	r.rep.Accel = m.Accel()
 	r.dir.started(m)
 	return nil
@@ -125,7 +126,7 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 		}
 		return fmt.Errorf("starting the VM: %w", err)
 	}
-	hello, err := r.vm.hello(bootCtx, (*agentclient.Client).WaitHello)
+	hello, err := r.vm.Hello(bootCtx, (*agentclient.Client).WaitHello)
 	if err != nil {
 		if ctx.Err() == nil && bootCtx.Err() != nil {
 			return errBootTimeout
@@ -136,7 +137,7 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 		return fmt.Errorf("the guest could not assemble its root filesystem (%s); see %s: %w",
 			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
 	}
-	_, r.client = r.vm.current()
+	_, r.client = r.vm.Current()
 	if err := r.mountRoot(ctx, false); err != nil {
 		if ctx.Err() == nil && !time.Now().Before(r.deadline()) {
 			return errBootTimeout
@@ -172,11 +173,11 @@ func (r *run) configure(ctx context.Context) error {
 	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
 		return fmt.Errorf("setting the guest clock: %w", err)
 	}
-	if n := r.vm.net; n != nil {
-		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil); err != nil {
+	if n := r.vm.Net; n != nil {
+		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.AgentConfig()}, nil); err != nil {
 			return fmt.Errorf("configuring the guest network: %w", err)
 		}
-		r.rep.GuestIP = n.guestIP()
+		r.rep.GuestIP = n.GuestIP()
 	}
 	return nil
 }

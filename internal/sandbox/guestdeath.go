@@ -20,13 +20,13 @@ const consoleTail = 16 << 10
 // VMM exited) into a result: the report says so and why, from the end of
 // the guest console, and keeps what output arrived. The VMM is reaped.
 func (r *run) guestDied() {
-	if m, _ := r.vm.current(); m != nil {
+	if m, _ := r.vm.Current(); m != nil {
 		select {
 		case <-m.Done():
 		case <-time.After(deathWait):
 		}
 	}
-	r.vm.drop()
+	r.vm.Drop()
 	r.rep.GuestDied = true
 	r.rep.GuestDiedReason = deathReason(readTail(r.rep.SerialLogPath, consoleTail))
 	r.warnNothingCommitted()

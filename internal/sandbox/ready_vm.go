@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -29,7 +30,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 	if err != nil {
 		return nil, err
 	}
-	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: &vm{log: s.log}, vmmInfo: meta.VMM, place: place}
+	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: machine.New(s.log), vmmInfo: meta.VMM, place: place}
 	defer func() {
 		if retErr != nil {
 			rv.discard()
@@ -45,10 +46,10 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 	}
 	var net *vmm.Net
 	if sp.in.key.NIC {
-		if rv.nic, err = parkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
+		if rv.nic, err = machine.ParkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
 			return nil, err
 		}
-		net = rv.nic.vmmNet()
+		net = rv.nic.VMMNet()
 	}
 	// The layers' identities, taken before QEMU opens them: a file
 	// replaced in between makes the VM stale, never a wrong match.
@@ -71,7 +72,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 	if err != nil {
 		return nil, fmt.Errorf("restoring a ready VM: %w", err)
 	}
-	rv.vm.attach(m)
+	rv.vm.Attach(m)
 	d.started(m)
 	rv.made = time.Now()
 	return rv, nil
@@ -94,10 +95,10 @@ func (r *run) adoptReady() {
 // VMM gone: the run then resumes or boots another.
 func (r *run) resumeReady(ctx context.Context) error {
 	rv := r.ready
-	m, _ := r.vm.current()
+	m, _ := r.vm.Current()
 	res, ok := m.(vmm.Resumer)
 	if !ok {
-		r.vm.drop()
+		r.vm.Drop()
 		return fmt.Errorf("%w: the VMM cannot resume a paused machine: %w", errWarmUnusable, errdefs.ErrNotSupported)
 	}
 	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
@@ -105,7 +106,7 @@ func (r *run) resumeReady(ctx context.Context) error {
 	defer cancel()
 	t := time.Now()
 	if err := res.Resume(rctx); err != nil {
-		r.vm.drop()
+		r.vm.Drop()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -15,6 +15,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
 
@@ -32,11 +33,11 @@ type run struct {
 	t0     time.Time
 	plan   *plan
 	dir    *vmDir
-	stdout *capture
-	stderr *capture
+	stdout *machine.Capture
+	stderr *machine.Capture
 
 	// vm owns the VMM, the agent client and the network.
-	vm      *vm
+	vm      *machine.Machine
 	client  *agentclient.Client // vm's, once the guest answered
 	scratch string
 
@@ -73,7 +74,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		defer c.Close()
 	}
 
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: &vm{log: s.log}}
+	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
@@ -146,7 +147,7 @@ func (r *run) died(ctx context.Context, err error) bool {
 	if errors.Is(err, agentclient.ErrClosed) {
 		return true
 	}
-	m, _ := r.vm.current()
+	m, _ := r.vm.Current()
 	if m == nil {
 		return false
 	}
@@ -193,10 +194,10 @@ func (r *run) prepare() error {
 	if r.plan.stage != nil {
 		r.rep.ForkedFrom = r.plan.stage.ID
 	}
-	if r.stdout, err = newCapture(r.rep.StdoutLogPath, LogCap); err != nil {
+	if r.stdout, err = machine.NewCapture(r.rep.StdoutLogPath, LogCap); err != nil {
 		return err
 	}
-	if r.stderr, err = newCapture(r.rep.StderrLogPath, LogCap); err != nil {
+	if r.stderr, err = machine.NewCapture(r.rep.StderrLogPath, LogCap); err != nil {
 		return err
 	}
 	return r.ensureScratch()
@@ -343,13 +344,13 @@ func (r *run) halt(ctx context.Context) {
 		}
 		cancel()
 	}
-	r.vm.stop()
+	r.vm.Stop()
 	r.rep.TeardownMS = time.Since(t).Milliseconds()
 }
 
 // finishTimedOut reports a run whose guest never became ready in time.
 func (r *run) finishTimedOut() *Report {
-	r.vm.drop()
+	r.vm.Drop()
 	r.rep.TimedOut = true
 	r.warnNothingCommitted()
 	r.fillOutput()
@@ -360,11 +361,11 @@ func (r *run) finishTimedOut() *Report {
 // killed (not waited for) and the network closed, its totals put in the
 // report. Idempotent.
 func (r *run) stopCritical() {
-	r.vm.kill()
-	if r.vm.closeNet() && r.rep != nil {
-		n := r.vm.net
-		r.rep.Net = n.report()
-		if e := n.egressReport(); e != nil {
+	r.vm.Kill()
+	if r.vm.CloseNet() && r.rep != nil {
+		n := r.vm.Net
+		r.rep.Net = netReport(n)
+		if e := n.EgressReport(); e != nil {
 			r.rep.Egress = e
 		}
 	}
@@ -374,15 +375,15 @@ func (r *run) stopCritical() {
 // the report was returned (Service.Wait waits for it): the VM is ended, the
 // scratch disk removed, the logs closed, the record finished.
 func (r *run) cleanup() {
-	r.vm.close()
-	for _, c := range []*capture{r.stdout, r.stderr} {
+	r.vm.Close()
+	for _, c := range []*machine.Capture{r.stdout, r.stderr} {
 		if c != nil {
 			c.Close()
 		}
 	}
 	r.closeWorkspace()
 	if r.ready != nil && r.ready.nic != nil {
-		r.ready.nic.close() // parked, and not taken by a network
+		r.ready.nic.Close() // parked, and not taken by a network
 	}
 	if r.dir != nil {
 		cleanDisks(r.dir.path, r.scratch)

@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"isopod/internal/egress"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -24,11 +25,11 @@ const (
 	BaseStage         = "base" // the reserved empty stage
 
 	// InlineCap is how much of each output stream a report carries.
-	InlineCap = 64 << 10
+	InlineCap = machine.InlineCap
 	// LogCap is how much of each output stream is kept on disk.
-	LogCap = 64 << 20
+	LogCap = machine.LogCap
 	// SerialLogCap is how much of the guest console is kept on disk.
-	SerialLogCap = 16 << 20
+	SerialLogCap = machine.SerialLogCap
 	// MaxCopyOutBytes caps the size of one copied file.
 	MaxCopyOutBytes = 16 << 30
 	// DefaultCopyOutMaxData caps the data all copy-outs of a run write to

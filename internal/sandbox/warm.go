@@ -250,8 +250,8 @@ func (r *run) buildInline(ctx context.Context, drv vmm.Driver) (*warmpool.Meta, 
 // the VMM already gone.
 func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) error {
 	var net *vmm.Net
-	if r.vm.net != nil {
-		net = r.vm.net.vmmNet()
+	if r.vm.Net != nil {
+		net = r.vm.Net.VMMNet()
 	}
 	ph, err := placeholders(r.dir.path)
 	if err != nil {
@@ -289,18 +289,18 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 // the VMM already gone. The run's root is assembled once the clone is made
 // its own (configure).
 func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) error {
-	h, err := r.vm.hello(rctx, (*agentclient.Client).Hello)
+	h, err := r.vm.Hello(rctx, (*agentclient.Client).Hello)
 	if err == nil && h.BootError != "" {
 		err = fmt.Errorf("the snapshot's guest reports a boot error: %s", h.BootError)
 	}
 	if err != nil {
-		r.vm.drop()
+		r.vm.Drop()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	_, r.client = r.vm.current()
+	_, r.client = r.vm.Current()
 	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()
 	r.rep.ResumeMS = &ms
@@ -326,8 +326,8 @@ func (r *run) configureResumed(ctx context.Context) error {
 		{"setting the guest clock", &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil},
 		{"setting the hostname", &agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: r.dir.rec.Name}, nil},
 	}
-	if n := r.vm.net; n != nil {
-		calls = append(calls, call{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil})
+	if n := r.vm.Net; n != nil {
+		calls = append(calls, call{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.AgentConfig()}, nil})
 	}
 	errs := make([]error, len(calls))
 	var wg sync.WaitGroup
@@ -347,8 +347,8 @@ func (r *run) configureResumed(ctx context.Context) error {
 		return err
 	}
 
-	if n := r.vm.net; n != nil {
-		r.rep.GuestIP = n.guestIP()
+	if n := r.vm.Net; n != nil {
+		r.rep.GuestIP = n.GuestIP()
 	}
 	return nil
 }

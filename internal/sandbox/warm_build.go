@@ -10,6 +10,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -38,7 +39,7 @@ var inlineBuildMin = 15 * time.Second
 // when the build ends.
 type warmBuild struct {
 	dir      *vmDir
-	vm       *vm
+	vm       *machine.Machine
 	deadline time.Time
 	started  func(vmm.Machine) // called once the VMM runs; may be nil
 }
@@ -51,7 +52,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
 	m, c, err := s.bootSnapshotVM(bctx, drv, in, b)
-	defer b.vm.drop()
+	defer b.vm.Drop()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -60,7 +61,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 		return nil, 0, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
 	}
 	bootMS := time.Since(t0).Milliseconds()
-	netUp, err := s.prepareSnapshotGuest(bctx, c, b.vm.net)
+	netUp, err := s.prepareSnapshotGuest(bctx, c, b.vm.Net)
 	if err != nil {
 		return nil, bootMS, err
 	}
@@ -114,8 +115,8 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 // placeholders and waits for its agent's hello. The caller drops b.vm.
 func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, *agentclient.Client, error) {
 	var net *vmm.Net
-	if b.vm.net != nil {
-		net = b.vm.net.vmmNet()
+	if b.vm.Net != nil {
+		net = b.vm.Net.VMMNet()
 	}
 	ph, err := placeholders(b.dir.path)
 	if err != nil {
@@ -127,12 +128,12 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the snapshot VM: %w", err)
 	}
-	c := b.vm.attach(m)
+	c := b.vm.Attach(m)
 	b.dir.started(m)
 	if b.started != nil {
 		b.started(m)
 	}
-	h, err := b.vm.hello(ctx, (*agentclient.Client).WaitHello)
+	h, err := b.vm.Hello(ctx, (*agentclient.Client).WaitHello)
 	if err != nil {
 		return nil, nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
 	}
@@ -148,10 +149,10 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 // and a resumed run's agent then finds the same configuration in force. The
 // shell binary, which nearly every command starts through, is read into the
 // guest's page cache. It returns when the NIC came up (zero without one).
-func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Client, n *runNetwork) (time.Time, error) {
+func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Client, n *machine.Network) (time.Time, error) {
 	var netUp time.Time
 	if n != nil {
-		nc := *n.agentConfig()
+		nc := *n.AgentConfig()
 		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
 		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
 			return netUp, fmt.Errorf("configuring the snapshot VM's network: %w", err)
@@ -239,10 +240,10 @@ func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs)
 		return nil, false, err
 	}
 	defer d.finish(nil)
-	v := &vm{log: s.log}
-	defer v.close()
+	v := machine.New(s.log)
+	defer v.Close()
 	if in.key.NIC {
-		if v.net, err = s.startNetwork(d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
+		if v.Net, err = s.startNetwork(nil, d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
 			return nil, false, err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/paths"
 	"isopod/internal/settings"
 	"isopod/internal/vmm/vmmfake"
@@ -102,12 +103,12 @@ func TestConfigureResumed(t *testing.T) {
 		guestEnd.Close()
 		<-served
 	})
-	n, err := s.startNetwork("vm-test", t.TempDir(), egress.Rules{}, time.Now())
+	n, err := s.startNetwork(nil, "vm-test", t.TempDir(), egress.Rules{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(n.close)
-	r := &run{s: s, dir: &vmDir{rec: &vmRecord{Name: "brave-otter"}}, rep: &Report{}, vm: &vm{net: n},
+	t.Cleanup(n.Close)
+	r := &run{s: s, dir: &vmDir{rec: &vmRecord{Name: "brave-otter"}}, rep: &Report{}, vm: &machine.Machine{Net: n},
 		t0: time.Now(), req: Request{TimeoutS: 60},
 		client: agentclient.New(hostEnd, nil)}
 	t.Cleanup(func() { r.client.Close() })
@@ -128,7 +129,7 @@ func TestConfigureResumed(t *testing.T) {
 	if st.Hostname != "brave-otter" {
 		t.Errorf("hostname %q", st.Hostname)
 	}
-	if st.Net == nil || st.Net.Address != n.agentConfig().Address || r.rep.GuestIP == "" {
+	if st.Net == nil || st.Net.Address != n.AgentConfig().Address || r.rep.GuestIP == "" {
 		t.Errorf("network: %+v, guest ip %q", st.Net, r.rep.GuestIP)
 	}
 	// Two resumes never get the same seed.

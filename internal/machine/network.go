@@ -1,7 +1,8 @@
-package sandbox
+package machine
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,9 +16,9 @@ import (
 	"isopod/internal/vmm"
 )
 
-// runNetwork is a run's network: its own userspace stack (so no guest can
+// Network is one VM's network: its own userspace stack (so no guest can
 // reach another), the policy every flow passes, and the per-flow log.
-type runNetwork struct {
+type Network struct {
 	stack   *netstack.Stack
 	rec     *flightrec.Log // net.jsonl, or egress.jsonl for a filtered run
 	sockDir string
@@ -30,11 +31,11 @@ type runNetwork struct {
 	env    []string
 }
 
-// socketBase is the user's private directory for the run sockets of the
+// SocketBase is the user's private directory for the run sockets of the
 // state root whose scope (paths.Paths.Scope) is given: each state root
 // has its own, so that one root's garbage collection never sees another's
 // live runs.
-func socketBase(scope string) (string, error) {
+func SocketBase(scope string) (string, error) {
 	user := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
 	base := filepath.Join(user, scope)
 	if err := os.MkdirAll(base, 0o700); err != nil {
@@ -48,7 +49,7 @@ func socketBase(scope string) (string, error) {
 // socketDir is a short private directory for a run's unix sockets (a socket
 // path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
 func socketDir(scope, id string) (string, error) {
-	base, err := socketBase(scope)
+	base, err := SocketBase(scope)
 	if err != nil {
 		return "", err
 	}
@@ -59,24 +60,24 @@ func socketDir(scope, id string) (string, error) {
 	return dir, nil
 }
 
-// nicSocket is where a VM's NIC connects: a private socket directory and,
+// NIC is where a VM's NIC connects: a private socket directory and,
 // for a ready VM (ready.go), the listener made before the VM's network,
 // which its VMM is already connected to.
-type nicSocket struct {
+type NIC struct {
 	dir string
 	ln  *net.UnixListener // nil: the stack makes the socket
 }
 
-func (n *nicSocket) path() string { return filepath.Join(n.dir, "net.sock") }
+func (n *NIC) path() string { return filepath.Join(n.dir, "net.sock") }
 
-// parkNIC makes the socket a ready VM's NIC connects to before its run,
+// ParkNIC makes the socket a ready VM's NIC connects to before its run,
 // and with it, its network, exists.
-func parkNIC(scope, id string) (*nicSocket, error) {
+func ParkNIC(scope, id string) (*NIC, error) {
 	dir, err := socketDir(scope, id)
 	if err != nil {
 		return nil, err
 	}
-	n := &nicSocket{dir: dir}
+	n := &NIC{dir: dir}
 	if n.ln, err = netstack.Listen(n.path()); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -84,8 +85,8 @@ func parkNIC(scope, id string) (*nicSocket, error) {
 	return n, nil
 }
 
-// close removes a parked socket that no network took. Idempotent.
-func (n *nicSocket) close() {
+// Close removes a parked socket that no network took. Idempotent.
+func (n *NIC) Close() {
 	if n.ln != nil {
 		n.ln.Close()
 		n.ln = nil
@@ -96,61 +97,75 @@ func (n *nicSocket) close() {
 	}
 }
 
-// vmmNet is the NIC of a VM whose network is started later.
-func (n *nicSocket) vmmNet() *vmm.Net {
+// VMMNet is the NIC of a VM whose network is started later.
+func (n *NIC) VMMNet() *vmm.Net {
 	return &vmm.Net{Socket: n.path(), MAC: netstack.DefaultGuestMAC.String()}
 }
 
 // takeNIC is the socket a run's network serves: nic (parked, now the
 // network's to close) or a fresh one.
-func takeNIC(scope, id string, nic *nicSocket) (nicSocket, error) {
+func takeNIC(scope, id string, nic *NIC) (NIC, error) {
 	if nic != nil {
 		t := *nic
-		*nic = nicSocket{}
+		*nic = NIC{}
 		return t, nil
 	}
 	dir, err := socketDir(scope, id)
-	return nicSocket{dir: dir}, err
+	return NIC{dir: dir}, err
 }
 
-// startNetwork starts the run's stack under rules, the request's parsed
-// network policy (the zero Rules: NAT). Rolls back on failure.
-func (s *Service) startNetwork(id, dir string, rules egress.Rules, start time.Time) (*runNetwork, error) {
-	return s.startNetworkOn(nil, id, dir, rules, start)
+// NetConfig is what StartNetwork needs.
+type NetConfig struct {
+	// Scope is the state root's scope (paths.Paths.Scope): run sockets
+	// live under SocketBase(Scope).
+	Scope string
+	// ID is the VM's id; Dir its directory, where the flow log goes.
+	ID, Dir string
+	// Rules are the request's parsed network policy (the zero Rules: NAT).
+	Rules egress.Rules
+	// Start is the time flows are logged relative to.
+	Start time.Time
+	// NIC is a parked socket to serve (ParkNIC), now the network's to
+	// close; nil: a new one.
+	NIC    *NIC
+	Logger *slog.Logger // nil: discard
 }
 
-// startNetworkOn is startNetwork serving the parked socket nic (nil: a
-// new one).
-func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, rules egress.Rules, start time.Time) (*runNetwork, error) {
-	if rules.Mode() == egress.ModeFiltered {
-		return s.startFilteredNetwork(nic, id, dir, rules, start)
+// StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered
+// egress with its proxies (egress.go). Rolls back on failure.
+func StartNetwork(cfg NetConfig) (*Network, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &runNetwork{mode: flightrec.ModeNAT}
+	if cfg.Rules.Mode() == egress.ModeFiltered {
+		return startFiltered(cfg)
+	}
+	n := &Network{mode: flightrec.ModeNAT}
 	ok := false
 	defer func() {
 		if !ok {
-			n.close()
+			n.Close()
 		}
 	}()
-	sock, err := takeNIC(s.opts.Paths.Scope(), id, nic)
+	sock, err := takeNIC(cfg.Scope, cfg.ID, cfg.NIC)
 	n.sockDir, n.ln = sock.dir, sock.ln
 	if err != nil {
 		return nil, err
 	}
-	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: start, Logger: s.log}); err != nil {
+	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(cfg.Dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: cfg.Start, Logger: cfg.Logger}); err != nil {
 		return nil, err
 	}
 	hostAddrs, err := netstack.HostAddrs()
 	if err != nil {
 		return nil, err
 	}
-	policy := egress.Policy(&egress.PublicOnly{AllowLAN: rules.AllowLAN(), HostAddrs: hostAddrs})
+	policy := egress.Policy(&egress.PublicOnly{AllowLAN: cfg.Rules.AllowLAN(), HostAddrs: hostAddrs})
 	n.stack, err = netstack.Start(netstack.Config{
 		Socket:   sock.path(),
 		Listener: sock.ln,
 		Policy:   policy,
 		Recorder: n.rec,
-		Logger:   s.log,
+		Logger:   cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the network stack: %w", err)
@@ -159,34 +174,42 @@ func (s *Service) startNetworkOn(nic *nicSocket, id, dir string, rules egress.Ru
 	return n, nil
 }
 
-func (n *runNetwork) vmmNet() *vmm.Net {
+// VMMNet is the VM's NIC, served by the stack.
+func (n *Network) VMMNet() *vmm.Net {
 	nc := n.stack.NetConfig()
 	return &vmm.Net{Socket: n.stack.Socket(), MAC: nc.MAC}
 }
 
-func (n *runNetwork) agentConfig() *agentproto.NetConfig {
+// AgentConfig is what the guest's agent configures its network with.
+func (n *Network) AgentConfig() *agentproto.NetConfig {
 	nc := n.stack.NetConfig()
 	nc.Env = append(nc.Env, n.env...)
 	return &nc
 }
 
-func (n *runNetwork) guestIP() string { return n.stack.GuestIP().String() }
+// GuestIP is the guest's address on the stack.
+func (n *Network) GuestIP() string { return n.stack.GuestIP().String() }
 
-func (n *runNetwork) report() *NetReport {
-	t := n.rec.Totals()
-	return &NetReport{Mode: n.mode, Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.rec.Path()}
-}
+// Mode is the network's mode as the flow log names it (nat, filtered).
+func (n *Network) Mode() string { return n.mode }
 
-// egressReport is the report's egress block: filtered runs only.
-func (n *runNetwork) egressReport() any {
+// Totals are the flow log's counts so far.
+func (n *Network) Totals() flightrec.Totals { return n.rec.Totals() }
+
+// LogPath is the flow log's file.
+func (n *Network) LogPath() string { return n.rec.Path() }
+
+// EgressReport is the report's egress block: filtered networks only, else
+// nil.
+func (n *Network) EgressReport() any {
 	if rep := n.rec.Report(); rep != nil {
 		return rep
 	}
 	return nil
 }
 
-// close ends every flow and removes the sockets. Idempotent.
-func (n *runNetwork) close() {
+// Close ends every flow and removes the sockets. Idempotent.
+func (n *Network) Close() {
 	if n.proxy != nil {
 		n.proxy.Close()
 		n.proxy = nil
