@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
-
 )
 
 func TestCaptureHeadTotalAndCap(t *testing.T) {

@@ -2,10 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
@@ -119,23 +119,23 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	tBoot := time.Now()
-	err := r.startMachine(bootCtx, func(ctx context.Context) (vmm.Machine, error) { return drv.Start(ctx, cfg) })
-	if err != nil {
-		if ctx.Err() == nil && bootCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return fmt.Errorf("starting the VM: %w", err)
+	err := r.vm.Boot(bootCtx, drv, cfg)
+	m, _ := r.vm.Current() // nil: the VMM did not start
+	if m != nil {
+		r.rep.Accel = m.Accel()
+		r.dir.started(m)
 	}
-	hello, err := r.vm.Hello(bootCtx, (*agentclient.Client).WaitHello)
-	if err != nil {
-		if ctx.Err() == nil && bootCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return fmt.Errorf("%w; see %s", err, r.rep.SerialLogPath)
-	}
-	if hello.BootError != "" {
+	var be *machine.BootError
+	switch {
+	case err != nil && ctx.Err() == nil && bootCtx.Err() != nil:
+		return errBootTimeout
+	case errors.As(err, &be):
 		return fmt.Errorf("the guest could not assemble its root filesystem (%s); see %s: %w",
-			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
+			be.Reason, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
+	case err != nil && m != nil:
+		return fmt.Errorf("%w; see %s", err, r.rep.SerialLogPath)
+	case err != nil:
+		return err
 	}
 	_, r.client = r.vm.Current()
 	if err := r.mountRoot(ctx, false); err != nil {
@@ -170,14 +170,10 @@ func (r *run) configure(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
-	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
-		return fmt.Errorf("setting the guest clock: %w", err)
+	ip, err := r.vm.Configure(cctx)
+	if err != nil {
+		return err
 	}
-	if n := r.vm.Net; n != nil {
-		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.AgentConfig()}, nil); err != nil {
-			return fmt.Errorf("configuring the guest network: %w", err)
-		}
-		r.rep.GuestIP = n.GuestIP()
-	}
+	r.rep.GuestIP = ip
 	return nil
 }

@@ -22,7 +22,6 @@ import (
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
 	haltTimeout = 10 * time.Second // the halt after a committing command; then the VMM is killed
-	execGrace   = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
 )
 
 // run is the state of one call to Run, torn down by cleanup.
@@ -218,40 +217,24 @@ func (r *run) ensureScratch() error {
 
 // exec runs the command, streaming its output to the captures.
 func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, error) {
-	remaining := time.Until(r.deadline())
-	if remaining < time.Millisecond {
-		remaining = time.Millisecond
+	res, err := r.vm.Exec(ctx, machine.Exec{
+		Argv:    r.req.Argv,
+		Env:     append(append([]string(nil), r.plan.env...), r.req.Env...),
+		Cwd:     cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
+		Timeout: time.Until(r.deadline()),
+		Stdin:   stdin,
+		Stdout:  r.stdout,
+		Stderr:  r.stderr,
+	})
+	if res != nil {
+		r.rep.ExecMS = res.Elapsed.Milliseconds()
 	}
-	env := append(append([]string(nil), r.plan.env...), r.req.Env...)
-	er := agentclient.ExecRequest{
-		Exec: agentproto.Exec{
-			Argv:      r.req.Argv,
-			Env:       env,
-			Cwd:       cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
-			TimeoutMS: remaining.Milliseconds(),
-		},
-		Stdin:  stdin,
-		Stdout: r.stdout,
-		Stderr: r.stderr,
+	if err != nil {
+		return nil, err
 	}
-	ectx, cancel := context.WithTimeout(ctx, remaining+execGrace)
-	defer cancel()
-	t := time.Now()
-	done, err := r.client.Exec(ectx, er)
-	r.rep.ExecMS = time.Since(t).Milliseconds()
-	if err != nil && done == nil {
-		if ctx.Err() == nil && ectx.Err() != nil {
-			// The guest never reported: treat as a timeout, with what arrived.
-			done = &agentproto.ExecDone{TimedOut: true}
-		} else {
-			return nil, fmt.Errorf("running the command: %w", err)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("keeping the command's output: %w", err)
-	}
-	r.rep.ExitCode, r.rep.Signal, r.rep.TimedOut = done.ExitCode, done.Signal, done.TimedOut
+	r.rep.ExitCode, r.rep.Signal, r.rep.TimedOut = res.ExitCode, res.Signal, res.TimedOut
 	r.fillOutput()
-	return done, nil
+	return &res.ExecDone, nil
 }
 
 func (r *run) fillOutput() {
@@ -337,14 +320,9 @@ func (r *run) halt(ctx context.Context) {
 		r.rep.TeardownMS = time.Since(t).Milliseconds()
 		return
 	}
-	if r.client != nil {
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), haltTimeout)
-		if err := r.client.Call(hctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil); err != nil {
-			r.s.log.Debug("halt", "err", err)
-		}
-		cancel()
+	if err := r.vm.Halt(ctx, haltTimeout); err != nil {
+		r.s.log.Debug("halt", "err", err)
 	}
-	r.vm.Stop()
 	r.rep.TeardownMS = time.Since(t).Milliseconds()
 }
 
