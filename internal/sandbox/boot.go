@@ -61,7 +61,7 @@ func (r *run) boot(ctx context.Context) error {
 }
 
 // runDisks are the files behind this run's disks.
-func (r *run) runDisks() runDisks {
+func (r *run) runDisks() machine.Disks {
 	var image string
 	if r.ws != nil {
 		image = r.ws.Image
@@ -72,7 +72,7 @@ func (r *run) runDisks() runDisks {
 // mountRoot tells the guest which disks make the run's root (after a
 // resume, to drop what it cached of the snapshot's placeholders first).
 func (r *run) mountRoot(ctx context.Context, flush bool) error {
-	m := r.runDisks().mount(r.workspaceDir(), flush, r.deadline())
+	m := r.runDisks().Mount(r.workspaceDir(), flush, r.deadline())
 	mctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	if err := r.client.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil); err != nil {
@@ -92,7 +92,7 @@ func (r *run) coldConfig() vmm.Config {
 		Cmdline:   r.plan.cmdline(r.dir.rec.Name),
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,
-		Disks:     r.runDisks().cold(),
+		Disks:     r.runDisks().Cold(),
 		SerialLog: r.dir.serial,
 		Logger:    r.s.log,
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -56,12 +57,12 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
-	ph, err := placeholders(dir)
+	ph, err := machine.Placeholders(dir)
 	if err != nil {
 		n.Close()
 		return "", vmm.Config{}, nil, err
 	}
-	cfg = warmConfig(in, id, dir, nil, n.VMMNet(), runDisks{base: pl.base.Path}.slots(ph))
+	cfg = warmConfig(in, id, dir, nil, n.VMMNet(), machine.Disks{Base: pl.base.Path}.Slots(ph))
 	cfg.Logger = s.log
 	return s.warm.Dir(in.key.ID()), cfg, n.Close, nil
 }

@@ -40,7 +40,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 	if err := s.prepareScratch(rv.scratch, sp.shape.scratchMiB); err != nil {
 		return nil, err
 	}
-	ph, err := placeholders(d.path)
+	ph, err := machine.Placeholders(d.path)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *Ticket) (_
 		}
 		rv.layerPaths, rv.layers = append(rv.layerPaths, l), append(rv.layers, fi)
 	}
-	disks := runDisks{base: sp.in.base.Path, layers: sp.layers, scratch: rv.scratch}.slots(ph)
+	disks := machine.Disks{Base: sp.in.base.Path, Layers: sp.layers, Scratch: rv.scratch}.Slots(ph)
 	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
 	unuse, err := s.warm.Use(meta.Key)
@@ -139,7 +139,7 @@ func cleanDisks(dir, scratch string) {
 	if scratch != "" {
 		os.Remove(scratch)
 	}
-	for _, f := range placeholderNames {
+	for _, f := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(dir, f))
 	}
 }

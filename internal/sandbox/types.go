@@ -18,7 +18,7 @@ const (
 	MaxMemMiB         = 4096
 	DefaultScratchMiB = 1024
 	MinScratchMiB     = 128
-	MaxScratchMiB     = 65536
+	MaxScratchMiB     = int(machine.SlotBytes >> 20) // a snapshot slot fits any scratch disk
 	DefaultTimeoutS   = 120
 	MaxTimeoutS       = 3600
 	DefaultBase       = "base-min"

@@ -184,7 +184,7 @@ func (s *Service) gcSocketDirs() {
 // VMM's cgroup.
 func (s *Service) cleanLeftovers(r *vmRecord) {
 	os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), "scratch.ext4"))
-	for _, name := range placeholderNames {
+	for _, name := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), name))
 	}
 	if base, err := machine.SocketBase(s.opts.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {

@@ -11,6 +11,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -253,11 +254,11 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if r.vm.Net != nil {
 		net = r.vm.Net.VMMNet()
 	}
-	ph, err := placeholders(r.dir.path)
+	ph, err := machine.Placeholders(r.dir.path)
 	if err != nil {
 		return err
 	}
-	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().slots(ph))
+	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().Slots(ph))
 	cfg.Logger = r.s.log
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()

@@ -118,11 +118,11 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
-	ph, err := placeholders(b.dir.path)
+	ph, err := machine.Placeholders(b.dir.path)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, runDisks{base: in.base.Path}.slots(ph))
+	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
 	cfg.Logger = s.log
 	m, err := drv.Start(ctx, cfg)
 	if err != nil {
