@@ -90,6 +90,20 @@ func (v *Machine) Configure(ctx context.Context) (guestIP string, err error) {
 	return "", nil
 }
 
+// Mount has the guest assemble its root from d (workspaceDir: where a
+// workspace disk goes; flush: after a resume, drop what it cached of the
+// snapshot's placeholders first), waiting for the disks until deadline.
+func (v *Machine) Mount(ctx context.Context, d Disks, workspaceDir string, flush bool, deadline time.Time) error {
+	c, err := v.agent()
+	if err != nil {
+		return err
+	}
+	m := d.Mount(workspaceDir, flush, deadline)
+	mctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return c.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil)
+}
+
 // Exec is one command for the guest. A Machine runs any number of them,
 // one after another, each with its own limits and streams.
 type Exec struct {

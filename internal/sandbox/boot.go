@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
@@ -72,10 +71,7 @@ func (r *run) runDisks() machine.Disks {
 // mountRoot tells the guest which disks make the run's root (after a
 // resume, to drop what it cached of the snapshot's placeholders first).
 func (r *run) mountRoot(ctx context.Context, flush bool) error {
-	m := r.runDisks().Mount(r.workspaceDir(), flush, r.deadline())
-	mctx, cancel := context.WithDeadline(ctx, r.deadline())
-	defer cancel()
-	if err := r.client.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil); err != nil {
+	if err := r.vm.Mount(ctx, r.runDisks(), r.workspaceDir(), flush, r.deadline()); err != nil {
 		return fmt.Errorf("assembling the guest's root: %w (see %s)", err, r.rep.SerialLogPath)
 	}
 	return nil
