@@ -5,16 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
-	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
@@ -240,74 +237,6 @@ func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, 
 func (r *run) fillOutput() {
 	r.rep.Stdout, r.rep.StdoutTruncated, r.rep.StdoutBytes = r.stdout.Inline()
 	r.rep.Stderr, r.rep.StderrTruncated, r.rep.StderrBytes = r.stderr.Inline()
-}
-
-// copyOut copies each requested guest file to its host path, staged so that
-// a failure leaves the destination as it was. All copies together are
-// bounded by the run's own timeout (counted again from here) and by the
-// run's cap on data written to the host; holes stay holes.
-func (r *run) copyOut(ctx context.Context) error {
-	if len(r.req.CopyOut) == 0 {
-		return nil
-	}
-	t := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
-	defer cancel()
-	budget := r.req.CopyOutMaxData
-	if budget == 0 {
-		budget = DefaultCopyOutMaxData
-	}
-	for _, c := range r.req.CopyOut {
-		sf, err := r.stage(cctx, c)
-		if err != nil {
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		fd, err := r.client.CopyOut(cctx, c.Guest, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget}, sf)
-		if err != nil {
-			sf.Abort()
-			r.unstage()
-			if cctx.Err() != nil && ctx.Err() == nil {
-				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
-			}
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		err = sf.Commit(fd.Bytes, fs.FileMode(fd.Mode))
-		r.unstage()
-		if err != nil {
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		budget -= fd.Data
-		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
-	}
-	ms := time.Since(t).Milliseconds()
-	r.rep.CopyOutMS = &ms
-	return nil
-}
-
-// stage creates c's staging file, recorded first in the VM record so that
-// `isopod vm gc` removes it should this process die during the copy; a
-// device or FIFO at c.Host is opened instead, to be written through,
-// within ctx.
-func (r *run) stage(ctx context.Context, c CopyOut) (copyDest, error) {
-	if t, err := openThrough(ctx, c.Host, c.HostDir); err != nil {
-		return nil, err
-	} else if t != nil {
-		return t, nil
-	}
-	part := stagingName(filepath.Base(c.Host))
-	r.dir.rec.Staging = []string{filepath.Join(filepath.Dir(c.Host), part)}
-	writeRecord(r.dir.path, r.dir.rec)
-	sf, err := newStagedFileAs(c.Host, c.HostDir, part)
-	if err != nil {
-		r.unstage()
-	}
-	return sf, err
-}
-
-// unstage forgets the staging file of the copy that just ended.
-func (r *run) unstage() {
-	r.dir.rec.Staging = nil
-	writeRecord(r.dir.path, r.dir.rec)
 }
 
 // halt asks the guest to sync and power off, then makes sure the VMM is gone.

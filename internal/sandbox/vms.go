@@ -194,7 +194,7 @@ func (s *Service) cleanLeftovers(r *vmRecord) {
 		removeWorkspaceWork(r.ID)
 	}
 	for _, p := range r.Staging {
-		if isStagingName(filepath.Base(p), r.OwnerPID) {
+		if machine.IsStagingName(filepath.Base(p), r.OwnerPID) {
 			os.Remove(p)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
 
@@ -89,11 +90,11 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 	if err := r.fetchChanged(ctx, changes, content, maxPatch); err != nil {
 		return workspace.PatchStats{}, err
 	}
-	sf, err := r.stage(ctx, CopyOut{Host: w.Out, HostDir: w.OutDir})
+	sf, err := machine.Stage(ctx, machine.GetFile{Host: w.Out, HostDir: w.OutDir, Staging: r.staging})
 	if err != nil {
 		return workspace.PatchStats{}, err
 	}
-	defer r.unstage()
+	defer r.staging("")
 	stats, err := r.ws.Patch(ctx, changes, &appendWriter{w: sf})
 	if err != nil {
 		sf.Abort()
