@@ -98,18 +98,6 @@ func (r *run) coldConfig() vmm.Config {
 	return cfg
 }
 
-// startMachine starts cfg's VMM as the run's machine and records it.
-func (r *run) startMachine(ctx context.Context, start func(context.Context) (vmm.Machine, error)) error {
-	m, err := start(ctx)
-	if err != nil {
-		return err
-	}
-	r.vm.Attach(m)
-	r.rep.Accel = m.Accel()
-	r.dir.started(m)
-	return nil
-}
-
 // bootCold starts the VMM with cfg and waits for the agent's hello.
 func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) error {
 	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())

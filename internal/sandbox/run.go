@@ -3,7 +3,6 @@ package sandbox
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"errors"
 	"io"
 	"os"
@@ -305,11 +304,4 @@ func (r *run) cleanup() {
 			os.RemoveAll(r.dir.path)
 		}
 	}
-}
-
-// randomBytes returns n bytes from the host's CSPRNG.
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	rand.Read(b)
-	return b
 }
