@@ -136,3 +136,46 @@ func TestBootError(t *testing.T) {
 		t.Errorf("Boot: %v; want a BootError naming the reason", err)
 	}
 }
+
+// TestSnapshotAndResume: a booted Machine is snapshotted (its VMM ends),
+// and a second Machine resumes from the snapshot, is made its own and
+// runs commands.
+func TestSnapshotAndResume(t *testing.T) {
+	m, drv := bootFake(t, vmmfake.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	netUp, err := m.PrepareSnapshot(ctx)
+	if err != nil || !netUp.IsZero() {
+		t.Fatalf("PrepareSnapshot: %v, %v; want no NIC brought up", netUp, err)
+	}
+	snap := t.TempDir()
+	if err := m.Snapshot(ctx, snap, netUp); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	select {
+	case <-drv.Machines()[0].Done():
+	case <-ctx.Done():
+		t.Fatal("the snapshotted VMM still runs")
+	}
+	m.Drop()
+
+	r := machine.New(nil)
+	defer r.Close()
+	if _, err := r.Restore(ctx, drv, fakeConfig(t), snap); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := r.Greet(ctx); err != nil {
+		t.Fatalf("Greet: %v", err)
+	}
+	if _, err := r.MakeOwn(ctx, "second"); err != nil {
+		t.Fatalf("MakeOwn: %v", err)
+	}
+	var out bytes.Buffer
+	res, err := r.Exec(ctx, machine.Exec{Argv: []string{"/bin/echo", "resumed"}, Cwd: "/", Timeout: 10 * time.Second, Stdout: &out})
+	if err != nil || res.ExitCode == nil || *res.ExitCode != 0 || out.String() != "resumed\n" {
+		t.Errorf("Exec after resume: %+v %v, stdout %q", res, err, out.String())
+	}
+	if err := r.Halt(ctx, 5*time.Second); err != nil {
+		t.Errorf("Halt: %v", err)
+	}
+}

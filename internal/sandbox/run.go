@@ -156,6 +156,17 @@ func (r *run) died(ctx context.Context, err error) bool {
 
 var errBootTimeout = errors.New("the guest was not ready before the run's timeout")
 
+// guestDied turns a guest that went away into a result: the report says
+// so and why, from the end of the guest console, and keeps what output
+// arrived. The VMM is reaped.
+func (r *run) guestDied() {
+	r.rep.GuestDied = true
+	r.rep.GuestDiedReason = r.vm.Died(r.rep.SerialLogPath)
+	r.warnNothingCommitted()
+	r.fillOutput()
+	r.s.log.Warn("the guest died", "vm", r.rep.VMID, "reason", r.rep.GuestDiedReason)
+}
+
 // deadline is when the run's timeout (boot and exec together, a snapshot
 // build on first use included) runs out; time the timeout does not cover
 // (packing the workspace) moves it.
