@@ -20,7 +20,7 @@ import (
 //
 // Layout decision: one snapshot per shape (base build, vCPUs, memory, NIC
 // or not), of a VM booted with only its base mounted and every other disk
-// slot backed by a placeholder (see disks.go). A resumed QEMU backs the
+// slot backed by a placeholder (see machine/disks.go). A resumed QEMU backs the
 // slots with the run's layers, its fresh scratch disk and its workspace;
 // the guest then assembles its root from them (Mount). So forks of any
 // chain, commits and workspaces resume from the same snapshot as a plain
@@ -122,7 +122,7 @@ func (s *Service) restorer(ctx context.Context) (vmm.Restorer, error) {
 }
 
 // warmConfig is the VM configuration of key's snapshot, with disks (every
-// slot; see disks.go) and the NIC given. A restore has the same shape.
+// slot; see machine/disks.go) and the NIC given. A restore has the same shape.
 func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net, disks []vmm.Disk) vmm.Config {
 	pl := &plan{base: in.base, kernel: in.kernel}
 	return vmm.Config{
