@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -208,4 +209,24 @@ func Stage(ctx context.Context, g GetFile) (Dest, error) {
 		g.Staging("")
 	}
 	return sf, err
+}
+
+// CopyOut streams the guest file at guest into w, within lim: the low
+// level of GetFile, for a caller that keeps the bytes itself.
+func (v *Machine) CopyOut(ctx context.Context, guest string, lim agentclient.CopyLimits, w io.WriterAt) (*agentproto.FileDone, error) {
+	c, err := v.agent()
+	if err != nil {
+		return nil, err
+	}
+	return c.CopyOut(ctx, guest, lim, w)
+}
+
+// WorkspaceChanges has the guest list what changed in its workspace, at
+// most max entries, each given to fn.
+func (v *Machine) WorkspaceChanges(ctx context.Context, max int, fn func(agentproto.WorkspaceEntry) error) error {
+	c, err := v.agent()
+	if err != nil {
+		return err
+	}
+	return c.WorkspaceChanges(ctx, max, fn)
 }

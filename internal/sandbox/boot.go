@@ -121,7 +121,6 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	case err != nil:
 		return err
 	}
-	_, r.client = r.vm.Current()
 	if err := r.mountRoot(ctx, false); err != nil {
 		if ctx.Err() == nil && !time.Now().Before(r.deadline()) {
 			return errBootTimeout

@@ -33,7 +33,6 @@ type run struct {
 
 	// vm owns the VMM, the agent client and the network.
 	vm      *machine.Machine
-	client  *agentclient.Client // vm's, once the guest answered
 	scratch string
 
 	// ws is the run's workspace copy and wsUpper its writable layer

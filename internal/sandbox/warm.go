@@ -294,7 +294,6 @@ func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) e
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	_, r.client = r.vm.Current()
 	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()
 	r.rep.ResumeMS = &ms

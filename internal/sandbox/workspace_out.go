@@ -115,7 +115,7 @@ func (r *run) listChanges(ctx context.Context, maxEntries int, maxContent int64)
 		changes []workspace.Change
 		content int64
 	)
-	err := r.client.WorkspaceChanges(ctx, maxEntries, func(e agentproto.WorkspaceEntry) error {
+	err := r.vm.WorkspaceChanges(ctx, maxEntries, func(e agentproto.WorkspaceEntry) error {
 		cs, err := changesOf(e)
 		if err != nil {
 			return err
@@ -183,7 +183,7 @@ func (r *run) fetchChanged(ctx context.Context, changes []workspace.Change, dir 
 			return fmt.Errorf("workspace patch: %w", err)
 		}
 		guest := path.Join(r.req.Workspace.Guest, c.Path)
-		fd, err := r.client.CopyOut(ctx, guest, agentclient.CopyLimits{MaxSize: maxContent, MaxData: budget}, f)
+		fd, err := r.vm.CopyOut(ctx, guest, agentclient.CopyLimits{MaxSize: maxContent, MaxData: budget}, f)
 		if err == nil {
 			err = f.Truncate(fd.Bytes)
 		}
