@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
 
@@ -91,4 +92,21 @@ func (v *Machine) MakeOwn(ctx context.Context, hostname string) (guestIP string,
 		return n.GuestIP(), nil
 	}
 	return "", nil
+}
+
+// Unpause lets a VMM restored paused (vmm.Config.Paused) run. A VMM that
+// cannot resume a paused machine fails with errdefs.ErrNotSupported; on
+// any failure the VMM is dropped (the network stays).
+func (v *Machine) Unpause(ctx context.Context) error {
+	m, _ := v.Current()
+	res, ok := m.(vmm.Resumer)
+	if !ok {
+		v.Drop()
+		return fmt.Errorf("the VMM cannot resume a paused machine: %w", errdefs.ErrNotSupported)
+	}
+	if err := res.Resume(ctx); err != nil {
+		v.Drop()
+		return err
+	}
+	return nil
 }

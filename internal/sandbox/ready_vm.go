@@ -96,22 +96,16 @@ func (r *run) adoptReady() {
 func (r *run) resumeReady(ctx context.Context) error {
 	rv := r.ready
 	m, _ := r.vm.Current()
-	res, ok := m.(vmm.Resumer)
-	if !ok {
-		r.vm.Drop()
-		return fmt.Errorf("%w: the VMM cannot resume a paused machine: %w", errWarmUnusable, errdefs.ErrNotSupported)
-	}
-	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()
-	if err := res.Resume(rctx); err != nil {
-		r.vm.Drop()
-		if ctx.Err() != nil {
+	if err := r.vm.Unpause(rctx); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, errdefs.ErrNotSupported) {
 			return ctx.Err()
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
+	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
 	if err := r.greetResumed(ctx, rctx, rv.shape.key, t); err != nil {
 		return err
 	}

@@ -103,11 +103,10 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	}
 	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
 	cfg.Logger = s.log
-	m, err := drv.Start(ctx, cfg)
+	m, err := b.vm.Start(ctx, drv, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("starting the snapshot VM: %w", err)
 	}
-	b.vm.Attach(m)
 	b.dir.started(m)
 	if b.started != nil {
 		b.started(m)
