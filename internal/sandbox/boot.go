@@ -77,25 +77,39 @@ func (r *run) mountRoot(ctx context.Context, flush bool) error {
 	return nil
 }
 
-// coldConfig is the run's VM: the plan's kernel, command line and disks,
-// and the network when it has one.
-func (r *run) coldConfig() vmm.Config {
-	cfg := vmm.Config{
+// spec is the run's VM as planned: the plan's kernel, disks and
+// environment, the request's sizes and network, the record's name.
+func (r *run) spec() machine.Spec {
+	sp := machine.Spec{
 		ID:        r.dir.rec.ID,
 		Dir:       r.dir.path,
 		Kernel:    r.plan.kernel.Kernel,
 		Initrd:    r.plan.kernel.Initramfs,
-		Cmdline:   r.plan.cmdline(r.dir.rec.Name),
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,
-		Disks:     r.runDisks().Cold(),
+		Disks:     r.runDisks(),
+		Hostname:  r.dir.rec.Name,
+		Env:       r.plan.env,
 		SerialLog: r.dir.serial,
 		Logger:    r.s.log,
 	}
-	if r.vm.Net != nil {
-		cfg.Net = r.vm.Net.VMMNet()
+	if !r.req.NoNetwork {
+		sp.Network = &r.req.rules
 	}
-	return cfg
+	if r.warm != nil {
+		sp.SnapshotKey = r.warm.in.key.ID()
+	}
+	return sp
+}
+
+// coldConfig is the run's VM: the plan's kernel, command line and disks,
+// and the network when it has one.
+func (r *run) coldConfig() vmm.Config {
+	var net *vmm.Net
+	if r.vm.Net != nil {
+		net = r.vm.Net.VMMNet()
+	}
+	return r.spec().ColdConfig(net)
 }
 
 // bootCold starts the VMM with cfg and waits for the agent's hello.

@@ -225,7 +225,7 @@ func (r *run) ensureScratch() error {
 func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, error) {
 	res, err := r.vm.Exec(ctx, machine.Exec{
 		Argv:    r.req.Argv,
-		Env:     append(append([]string(nil), r.plan.env...), r.req.Env...),
+		Env:     r.spec().ExecEnv(r.req.Env),
 		Cwd:     cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
 		Timeout: time.Until(r.deadline()),
 		Stdin:   stdin,
