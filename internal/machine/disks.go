@@ -49,9 +49,9 @@ func (d Disks) Cold() []vmm.Disk {
 }
 
 // Slots lists every slot of a snapshot VM, in a fixed order with fixed
-// read-only flags, each backed by the run's file or a placeholder: ph.ro
+// read-only flags, each backed by the file in use or a placeholder: ph.RO
 // for read-only slots (shared), and one of ph.RW for each writable slot the
-// run does not use (a writer needs a file of its own).
+// VM does not use (a writer needs a file of its own).
 func (d Disks) Slots(ph SlotPlaceholders) []vmm.Disk {
 	ro := ph.RO
 	or := func(path, placeholder string) string {

@@ -94,7 +94,7 @@ func startFiltered(cfg NetConfig) (*Network, error) {
 	return n, nil
 }
 
-// ProxyEnv is the environment a filtered run's commands get: the gateway's
+// ProxyEnv is the environment a filtered VM's commands get: the gateway's
 // HTTP proxy for http and https, its SOCKS5 proxy (names resolved by the
 // proxy) for everything else, in both upper and lower case.
 func ProxyEnv(gateway string) []string {

@@ -46,7 +46,7 @@ func SocketBase(scope string) (string, error) {
 	return base, nil
 }
 
-// socketDir is a short private directory for a run's unix sockets (a socket
+// socketDir is a short private directory for a VM's unix sockets (a socket
 // path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
 func socketDir(scope, id string) (string, error) {
 	base, err := SocketBase(scope)
@@ -102,7 +102,7 @@ func (n *NIC) VMMNet() *vmm.Net {
 	return &vmm.Net{Socket: n.path(), MAC: netstack.DefaultGuestMAC.String()}
 }
 
-// takeNIC is the socket a run's network serves: nic (parked, now the
+// takeNIC is the socket a VM's network serves: nic (parked, now the
 // network's to close) or a fresh one.
 func takeNIC(scope, id string, nic *NIC) (NIC, error) {
 	if nic != nil {

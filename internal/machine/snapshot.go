@@ -36,7 +36,7 @@ func (v *Machine) PrepareSnapshot(ctx context.Context) (time.Time, error) {
 	}
 	if n := v.Net; n != nil {
 		nc := *n.AgentConfig()
-		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
+		nc.Env = nil // a clone's own variables (proxies) are not the snapshot's
 		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
 			return netUp, fmt.Errorf("configuring the snapshot VM's network: %w", err)
 		}
