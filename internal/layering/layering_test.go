@@ -116,9 +116,11 @@ func TestImportRules(t *testing.T) {
 				return isStd(imp) || strings.HasPrefix(imp, "golang.org/x/sys/") ||
 					imp == mod+"internal/agentproto" || imp == mod+"internal/errdefs" || under("internal/agent")(imp)
 			}},
-		{"vmm and its drivers never import the core or the front ends",
+		{"vmm and its drivers never import the core, the machine layer or the front ends",
 			under("internal/vmm"),
-			func(_, imp string) bool { return !under("internal/sandbox")(imp) && !frontEnd(imp) }},
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !frontEnd(imp)
+			}},
 		{"the egress policy imports no host networking",
 			func(p string) bool { return p == mod+"internal/egress" },
 			func(_, imp string) bool {
@@ -149,6 +151,11 @@ func TestImportRules(t *testing.T) {
 		{"the CLI has no admission: its runs are outside any",
 			under("internal/cli"),
 			func(_, imp string) bool { return imp != mod+"internal/admission" }},
+		{"the machine layer imports neither the core, nor a front end, nor config, nor a VMM driver (it takes a vmm.Driver)",
+			under("internal/machine"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
+			}},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},

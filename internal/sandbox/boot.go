@@ -2,12 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"isopod/internal/agentclient"
-	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -16,15 +16,15 @@ import (
 // cold boot.
 func (r *run) boot(ctx context.Context) error {
 	if !r.req.NoNetwork {
-		var nic *nicSocket
+		var nic *machine.NIC
 		if r.ready != nil {
 			nic = r.ready.nic
 		}
-		n, err := r.s.startNetworkOn(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
+		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
 		if err != nil {
 			return err
 		}
-		r.vm.net = n
+		r.vm.Net = n
 	}
 	if r.ready != nil {
 		if done, err := r.bootReady(ctx); done || err != nil {
@@ -60,7 +60,7 @@ func (r *run) boot(ctx context.Context) error {
 }
 
 // runDisks are the files behind this run's disks.
-func (r *run) runDisks() runDisks {
+func (r *run) runDisks() machine.Disks {
 	var image string
 	if r.ws != nil {
 		image = r.ws.Image
@@ -71,46 +71,45 @@ func (r *run) runDisks() runDisks {
 // mountRoot tells the guest which disks make the run's root (after a
 // resume, to drop what it cached of the snapshot's placeholders first).
 func (r *run) mountRoot(ctx context.Context, flush bool) error {
-	m := r.runDisks().mount(r.workspaceDir(), flush, r.deadline())
-	mctx, cancel := context.WithDeadline(ctx, r.deadline())
-	defer cancel()
-	if err := r.client.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil); err != nil {
+	if err := r.vm.Mount(ctx, r.runDisks(), r.workspaceDir(), flush, r.deadline()); err != nil {
 		return fmt.Errorf("assembling the guest's root: %w (see %s)", err, r.rep.SerialLogPath)
 	}
 	return nil
 }
 
-// coldConfig is the run's VM: the plan's kernel, command line and disks,
-// and the network when it has one.
-func (r *run) coldConfig() vmm.Config {
-	cfg := vmm.Config{
+// spec is the run's VM as planned: the plan's kernel, disks and
+// environment, the request's sizes and network, the record's name.
+func (r *run) spec() machine.Spec {
+	sp := machine.Spec{
 		ID:        r.dir.rec.ID,
 		Dir:       r.dir.path,
 		Kernel:    r.plan.kernel.Kernel,
 		Initrd:    r.plan.kernel.Initramfs,
-		Cmdline:   r.plan.cmdline(r.dir.rec.Name),
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,
-		Disks:     r.runDisks().cold(),
+		Disks:     r.runDisks(),
+		Hostname:  r.dir.rec.Name,
+		Env:       r.plan.env,
 		SerialLog: r.dir.serial,
 		Logger:    r.s.log,
 	}
-	if r.vm.net != nil {
-		cfg.Net = r.vm.net.vmmNet()
+	if !r.req.NoNetwork {
+		sp.Network = &r.req.rules
 	}
-	return cfg
+	if r.warm != nil {
+		sp.SnapshotKey = r.warm.in.key.ID()
+	}
+	return sp
 }
 
-// startMachine starts cfg's VMM as the run's machine and records it.
-func (r *run) startMachine(ctx context.Context, start func(context.Context) (vmm.Machine, error)) error {
-	m, err := start(ctx)
-	if err != nil {
-		return err
+// coldConfig is the run's VM: the plan's kernel, command line and disks,
+// and the network when it has one.
+func (r *run) coldConfig() vmm.Config {
+	var net *vmm.Net
+	if r.vm.Net != nil {
+		net = r.vm.Net.VMMNet()
 	}
-	r.vm.attach(m)
-	r.rep.Accel = m.Accel()
-	r.dir.started(m)
-	return nil
+	return r.spec().ColdConfig(net)
 }
 
 // bootCold starts the VMM with cfg and waits for the agent's hello.
@@ -118,25 +117,24 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	tBoot := time.Now()
-	err := r.startMachine(bootCtx, func(ctx context.Context) (vmm.Machine, error) { return drv.Start(ctx, cfg) })
-	if err != nil {
-		if ctx.Err() == nil && bootCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return fmt.Errorf("starting the VM: %w", err)
+	err := r.vm.Boot(bootCtx, drv, cfg)
+	m, _ := r.vm.Current() // nil: the VMM did not start
+	if m != nil {
+		r.rep.Accel = m.Accel()
+		r.dir.started(m)
 	}
-	hello, err := r.vm.hello(bootCtx, (*agentclient.Client).WaitHello)
-	if err != nil {
-		if ctx.Err() == nil && bootCtx.Err() != nil {
-			return errBootTimeout
-		}
-		return fmt.Errorf("%w; see %s", err, r.rep.SerialLogPath)
-	}
-	if hello.BootError != "" {
+	var be *machine.BootError
+	switch {
+	case err != nil && ctx.Err() == nil && bootCtx.Err() != nil:
+		return errBootTimeout
+	case errors.As(err, &be):
 		return fmt.Errorf("the guest could not assemble its root filesystem (%s); see %s: %w",
-			hello.BootError, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
+			be.Reason, r.rep.SerialLogPath, errdefs.ErrFailedPrecondition)
+	case err != nil && m != nil:
+		return fmt.Errorf("%w; see %s", err, r.rep.SerialLogPath)
+	case err != nil:
+		return err
 	}
-	_, r.client = r.vm.current()
 	if err := r.mountRoot(ctx, false); err != nil {
 		if ctx.Err() == nil && !time.Now().Before(r.deadline()) {
 			return errBootTimeout
@@ -169,14 +167,10 @@ func (r *run) configure(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
-	if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil); err != nil {
-		return fmt.Errorf("setting the guest clock: %w", err)
+	ip, err := r.vm.Configure(cctx)
+	if err != nil {
+		return err
 	}
-	if n := r.vm.net; n != nil {
-		if err := r.client.Call(cctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil); err != nil {
-			return fmt.Errorf("configuring the guest network: %w", err)
-		}
-		r.rep.GuestIP = n.guestIP()
-	}
+	r.rep.GuestIP = ip
 	return nil
 }

@@ -1,17 +1,13 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync/atomic"
+	"time"
 
-	"golang.org/x/sys/unix"
-
+	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
-	"isopod/internal/hostio"
+	"isopod/internal/machine"
 )
 
 // CopyOutError is a copy-out that failed after the command ran: the guest
@@ -28,131 +24,45 @@ func (e *CopyOutError) Error() string {
 
 func (e *CopyOutError) Unwrap() error { return e.Err }
 
-// stagedFile writes a host destination without ever leaving it half-written:
-// bytes go to a sibling ".NAME.isopod-PID-N.part" and are renamed onto the
-// destination only by Commit. Every step works relative to a descriptor of
-// the destination's directory, so the directory cannot be swapped under it.
-// A symlink at the destination is refused (O_NOFOLLOW), the mode is masked
-// (never setuid, setgid, sticky, or group/other write), and holes the guest
-// left out stay holes.
-type stagedFile struct {
-	dest string   // for messages
-	dir  *os.File // the destination's directory
-	name string   // the destination's name in dir
-	part string   // the staging file's name in dir
-	f    *os.File
-	done bool
-}
-
-var partSeq atomic.Uint64
-
-// maxNameBytes is NAME_MAX; the staging name is clamped to fit.
-const maxNameBytes = 255
-
-func stagingName(base string) string {
-	suffix := fmt.Sprintf(".isopod-%d-%d.part", os.Getpid(), partSeq.Add(1))
-	room := maxNameBytes - len(suffix) - 1
-	if len(base) > room {
-		// Cut on a UTF-8 boundary.
-		cut := room
-		for cut > 0 && base[cut]&0xC0 == 0x80 {
-			cut--
-		}
-		base = base[:cut]
+// copyOut copies each requested guest file to its host path, staged so that
+// a failure leaves the destination as it was. All copies together are
+// bounded by the run's own timeout (counted again from here) and by the
+// run's cap on data written to the host; holes stay holes.
+func (r *run) copyOut(ctx context.Context) error {
+	if len(r.req.CopyOut) == 0 {
+		return nil
 	}
-	return "." + base + suffix
-}
-
-// isStagingName reports whether name is a staging file's name made by the
-// process pid.
-func isStagingName(name string, pid int) bool {
-	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".part") &&
-		strings.Contains(name, fmt.Sprintf(".isopod-%d-", pid))
-}
-
-// newStagedFile stages a write of dest. dir, when set, is the destination's
-// directory opened by the caller (the MCP server opens it beneath its
-// host-I/O root) and dest's last element is the name in it; otherwise the
-// directory is opened by its path, following symlinks there as an operator
-// would expect.
-func newStagedFile(dest string, dir *os.File) (*stagedFile, error) {
-	return newStagedFileAs(dest, dir, stagingName(filepath.Base(dest)))
-}
-
-// newStagedFileAs is newStagedFile with the staging file's name given.
-func newStagedFileAs(dest string, dir *os.File, part string) (*stagedFile, error) {
-	s := &stagedFile{dest: dest, name: filepath.Base(dest)}
-	if dir == nil {
-		d, err := hostio.Operator{}.OpenCopyOut("copy-out", dest)
+	t := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
+	defer cancel()
+	budget := r.req.CopyOutMaxData
+	if budget == 0 {
+		budget = DefaultCopyOutMaxData
+	}
+	for _, c := range r.req.CopyOut {
+		g := machine.GetFile{Guest: c.Guest, Host: c.Host, HostDir: c.HostDir, Staging: r.staging}
+		fd, err := r.vm.GetFile(cctx, g, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget})
 		if err != nil {
-			return nil, err
+			if cctx.Err() != nil && ctx.Err() == nil {
+				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
+			}
+			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
-		s.dir = d
-	} else {
-		d, err := dupFile(dir)
-		if err != nil {
-			return nil, err
-		}
-		s.dir = d
+		budget -= fd.Data
+		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
 	}
-	s.part = part
-	fd, err := unix.Openat(int(s.dir.Fd()), s.part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		s.dir.Close()
-		return nil, fmt.Errorf("staging %s: %w", dest, err)
-	}
-	s.f = os.NewFile(uintptr(fd), s.part)
-	return s, nil
-}
-
-// dupFile returns an independent descriptor of f.
-func dupFile(f *os.File) (*os.File, error) {
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), f.Name()), nil
-}
-
-func (s *stagedFile) WriteAt(p []byte, off int64) (int, error) { return s.f.WriteAt(p, off) }
-
-// Commit sets the file's size (the guest's holes past the last data stay
-// holes), gives it its masked mode and renames it onto the destination,
-// refusing anything but a regular file that appeared there meanwhile (a
-// symlink, a directory, a device or FIFO, which a rename would replace).
-func (s *stagedFile) Commit(size int64, mode fs.FileMode) error {
-	err := s.f.Truncate(size)
-	if err == nil {
-		err = s.f.Chmod(mode.Perm() &^ 0o022)
-	}
-	if err == nil {
-		err = s.f.Close()
-	}
-	if err != nil {
-		s.Abort()
-		return err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(int(s.dir.Fd()), s.name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
-		s.Abort()
-		return fmt.Errorf("host path %s became %s; refusing to replace it: %w", s.dest, nodeKind(st.Mode), errdefs.ErrInvalidArgument)
-	}
-	if err := unix.Renameat(int(s.dir.Fd()), s.part, int(s.dir.Fd()), s.name); err != nil {
-		s.Abort()
-		return fmt.Errorf("publishing %s: %w", s.dest, err)
-	}
-	s.done = true
-	s.dir.Close()
+	ms := time.Since(t).Milliseconds()
+	r.rep.CopyOutMS = &ms
 	return nil
 }
 
-// Abort removes the staging file; the destination is untouched. Idempotent.
-func (s *stagedFile) Abort() {
-	if s.done {
-		return
+// staging records the staging file of the copy under way in the VM
+// record, so that `isopod vm gc` removes it should this process die
+// during the copy ("": the copy ended).
+func (r *run) staging(path string) {
+	r.dir.rec.Staging = nil
+	if path != "" {
+		r.dir.rec.Staging = []string{path}
 	}
-	s.done = true
-	s.f.Close()
-	unix.Unlinkat(int(s.dir.Fd()), s.part, 0)
-	s.dir.Close()
+	writeRecord(r.dir.path, r.dir.rec)
 }

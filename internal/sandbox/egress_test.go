@@ -13,20 +13,6 @@ import (
 	"isopod/internal/settings"
 )
 
-func TestProxyEnv(t *testing.T) {
-	env := ProxyEnv("10.0.2.1")
-	for _, want := range []string{
-		"HTTP_PROXY=http://10.0.2.1:3128", "http_proxy=http://10.0.2.1:3128",
-		"HTTPS_PROXY=http://10.0.2.1:3128", "https_proxy=http://10.0.2.1:3128",
-		"ALL_PROXY=socks5h://10.0.2.1:1080", "all_proxy=socks5h://10.0.2.1:1080",
-		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
-	} {
-		if !slices.Contains(env, want) {
-			t.Errorf("proxy env %v lacks %s", env, want)
-		}
-	}
-}
-
 func TestEgressSuggestErrors(t *testing.T) {
 	home := t.TempDir()
 	s := &Service{opts: Options{Settings: settings.Settings{Paths: paths.Paths{Home: home}}}}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -52,18 +53,18 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 		return "", vmm.Config{}, nil, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
 	}
 	id := "floor-" + newVMID()[3:]
-	n, err := s.startNetwork(id, dir, req.rules, time.Now())
+	n, err := s.startNetwork(nil, id, dir, req.rules, time.Now())
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
-	ph, err := placeholders(dir)
+	ph, err := machine.Placeholders(dir)
 	if err != nil {
-		n.close()
+		n.Close()
 		return "", vmm.Config{}, nil, err
 	}
-	cfg = warmConfig(in, id, dir, nil, n.vmmNet(), runDisks{base: pl.base.Path}.slots(ph))
+	cfg = warmConfig(in, id, dir, nil, n.VMMNet(), machine.Disks{Base: pl.base.Path}.Slots(ph))
 	cfg.Logger = s.log
-	return s.warm.Dir(in.key.ID()), cfg, n.close, nil
+	return s.warm.Dir(in.key.ID()), cfg, n.Close, nil
 }
 
 // HostLimits are the host facts that bound a run's sizes.

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 
-	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
+	"isopod/internal/machine"
 	"isopod/internal/store"
 )
 
@@ -167,26 +166,11 @@ func (s *Service) planChain(pl *plan, req Request) (string, error) {
 }
 
 // cmdline is the guest kernel command line.
-func (pl *plan) cmdline(hostname string) string {
-	args := []string{
-		"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4",
-		"i8042.noaux", "i8042.nomux", "i8042.nopnp", "i8042.dumbkbd",
-		"8250.nr_uarts=1", "random.trust_cpu=on",
-		// No pressure-stall accounting on every context switch.
-		"psi=0",
-		// The kernel hands init the key=value parameters it does not know
-		// as its environment. The agent only waits on I/O, and signals
-		// that preempt it cost more than they give; its children start
-		// from an environment of their own.
-		"GODEBUG=asyncpreemptoff=1",
-		agentproto.CmdlineHostname + "=" + hostname,
-	}
-	return strings.Join(args, " ")
-}
+func (pl *plan) cmdline(hostname string) string { return machine.Cmdline(hostname) }
 
 // disks are the run's disks: the base, the layers (root first), and the
 // scratch and workspace files given.
-func (pl *plan) disks(scratch, workspace, workspaceUpper string) runDisks {
-	return runDisks{base: pl.base.Path, layers: pl.layers, scratch: scratch,
-		workspace: workspace, workspaceUpper: workspaceUpper}
+func (pl *plan) disks(scratch, workspace, workspaceUpper string) machine.Disks {
+	return machine.Disks{Base: pl.base.Path, Layers: pl.layers, Scratch: scratch,
+		Workspace: workspace, WorkspaceUpper: workspaceUpper}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"isopod/internal/admission"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -59,8 +60,8 @@ type readyVM struct {
 	buildID string // the snapshot's build
 	made    time.Time
 	dir     *vmDir
-	vm      *vm
-	nic     *nicSocket // nil without a NIC
+	vm      *machine.Machine
+	nic     *machine.NIC // nil without a NIC
 	scratch string
 	// layers are the stage layer files the VM was made with, as they were
 	// then: a stage removed since (and maybe pulled again) must not serve
@@ -360,7 +361,7 @@ func (p *readyPool) close() {
 
 // exited reports whether the ready VM's VMM is gone.
 func (rv *readyVM) exited() bool {
-	m, _ := rv.vm.current()
+	m, _ := rv.vm.Current()
 	if m == nil {
 		return true
 	}
@@ -406,9 +407,9 @@ func layersExist(layers []string) bool {
 // discard ends a ready VM that no run took: its VMM, its socket, its
 // scratch disk and placeholders; its record is finished.
 func (rv *readyVM) discard() {
-	rv.vm.close()
+	rv.vm.Close()
 	if rv.nic != nil {
-		rv.nic.close()
+		rv.nic.Close()
 	}
 	cleanDisks(rv.dir.path, rv.scratch)
 	rv.dir.finish(nil)

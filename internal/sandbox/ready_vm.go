@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -30,7 +31,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 	if err != nil {
 		return nil, err
 	}
-	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: &vm{log: s.log}, vmmInfo: meta.VMM, place: place}
+	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: machine.New(s.log), vmmInfo: meta.VMM, place: place}
 	defer func() {
 		if retErr != nil {
 			rv.discard()
@@ -40,16 +41,16 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 	if err := s.prepareScratch(rv.scratch, sp.shape.scratchMiB); err != nil {
 		return nil, err
 	}
-	ph, err := placeholders(d.path)
+	ph, err := machine.Placeholders(d.path)
 	if err != nil {
 		return nil, err
 	}
 	var net *vmm.Net
 	if sp.in.key.NIC {
-		if rv.nic, err = parkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
+		if rv.nic, err = machine.ParkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
 			return nil, err
 		}
-		net = rv.nic.vmmNet()
+		net = rv.nic.VMMNet()
 	}
 	// The layers' identities, taken before QEMU opens them: a file
 	// replaced in between makes the VM stale, never a wrong match.
@@ -60,7 +61,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 		}
 		rv.layerPaths, rv.layers = append(rv.layerPaths, l), append(rv.layers, fi)
 	}
-	disks := runDisks{base: sp.in.base.Path, layers: sp.layers, scratch: rv.scratch}.slots(ph)
+	disks := machine.Disks{Base: sp.in.base.Path, Layers: sp.layers, Scratch: rv.scratch}.Slots(ph)
 	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
 	unuse, err := s.warm.Use(ctx, meta.Key)
@@ -72,7 +73,7 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 	if err != nil {
 		return nil, fmt.Errorf("restoring a ready VM: %w", err)
 	}
-	rv.vm.attach(m)
+	rv.vm.Attach(m)
 	d.started(m)
 	rv.made = time.Now()
 	return rv, nil
@@ -95,23 +96,17 @@ func (r *run) adoptReady() {
 // VMM gone: the run then resumes or boots another.
 func (r *run) resumeReady(ctx context.Context) error {
 	rv := r.ready
-	m, _ := r.vm.current()
-	res, ok := m.(vmm.Resumer)
-	if !ok {
-		r.vm.drop()
-		return fmt.Errorf("%w: the VMM cannot resume a paused machine: %w", errWarmUnusable, errdefs.ErrNotSupported)
-	}
-	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
+	m, _ := r.vm.Current()
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()
-	if err := res.Resume(rctx); err != nil {
-		r.vm.drop()
-		if ctx.Err() != nil {
+	if err := r.vm.Unpause(rctx); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, errdefs.ErrNotSupported) {
 			return ctx.Err()
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
+	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
 	if err := r.greetResumed(ctx, rctx, rv.shape.key, t); err != nil {
 		return err
 	}
@@ -139,7 +134,7 @@ func cleanDisks(dir, scratch string) {
 	if scratch != "" {
 		os.Remove(scratch)
 	}
-	for _, f := range placeholderNames {
+	for _, f := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(dir, f))
 	}
 }

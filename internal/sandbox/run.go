@@ -3,25 +3,21 @@ package sandbox
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
-	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
 
 // Bounds on host-side waits that are not covered by the run's timeout.
 const (
 	haltTimeout = 10 * time.Second // the halt after a committing command; then the VMM is killed
-	execGrace   = 5 * time.Second  // the guest enforces the exec timeout; the host allows this much more
 )
 
 // run is the state of one call to Run, torn down by cleanup.
@@ -32,12 +28,11 @@ type run struct {
 	t0     time.Time
 	plan   *plan
 	dir    *vmDir
-	stdout *capture
-	stderr *capture
+	stdout *machine.Capture
+	stderr *machine.Capture
 
 	// vm owns the VMM, the agent client and the network.
-	vm      *vm
-	client  *agentclient.Client // vm's, once the guest answered
+	vm      *machine.Machine
 	scratch string
 
 	// ws is the run's workspace copy and wsUpper its writable layer
@@ -73,7 +68,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		defer c.Close()
 	}
 
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: &vm{log: s.log}}
+	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
@@ -146,7 +141,7 @@ func (r *run) died(ctx context.Context, err error) bool {
 	if errors.Is(err, agentclient.ErrClosed) {
 		return true
 	}
-	m, _ := r.vm.current()
+	m, _ := r.vm.Current()
 	if m == nil {
 		return false
 	}
@@ -159,6 +154,17 @@ func (r *run) died(ctx context.Context, err error) bool {
 }
 
 var errBootTimeout = errors.New("the guest was not ready before the run's timeout")
+
+// guestDied turns a guest that went away into a result: the report says
+// so and why, from the end of the guest console, and keeps what output
+// arrived. The VMM is reaped.
+func (r *run) guestDied() {
+	r.rep.GuestDied = true
+	r.rep.GuestDiedReason = r.vm.Died(r.rep.SerialLogPath)
+	r.warnNothingCommitted()
+	r.fillOutput()
+	r.s.log.Warn("the guest died", "vm", r.rep.VMID, "reason", r.rep.GuestDiedReason)
+}
 
 // deadline is when the run's timeout (boot and exec together, a snapshot
 // build on first use included) runs out; time the timeout does not cover
@@ -193,10 +199,10 @@ func (r *run) prepare() error {
 	if r.plan.stage != nil {
 		r.rep.ForkedFrom = r.plan.stage.ID
 	}
-	if r.stdout, err = newCapture(r.rep.StdoutLogPath, LogCap); err != nil {
+	if r.stdout, err = machine.NewCapture(r.rep.StdoutLogPath, LogCap); err != nil {
 		return err
 	}
-	if r.stderr, err = newCapture(r.rep.StderrLogPath, LogCap); err != nil {
+	if r.stderr, err = machine.NewCapture(r.rep.StderrLogPath, LogCap); err != nil {
 		return err
 	}
 	return r.ensureScratch()
@@ -217,113 +223,29 @@ func (r *run) ensureScratch() error {
 
 // exec runs the command, streaming its output to the captures.
 func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, error) {
-	remaining := time.Until(r.deadline())
-	if remaining < time.Millisecond {
-		remaining = time.Millisecond
+	res, err := r.vm.Exec(ctx, machine.Exec{
+		Argv:    r.req.Argv,
+		Env:     r.spec().ExecEnv(r.req.Env),
+		Cwd:     cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
+		Timeout: time.Until(r.deadline()),
+		Stdin:   stdin,
+		Stdout:  r.stdout,
+		Stderr:  r.stderr,
+	})
+	if res != nil {
+		r.rep.ExecMS = res.Elapsed.Milliseconds()
 	}
-	env := append(append([]string(nil), r.plan.env...), r.req.Env...)
-	er := agentclient.ExecRequest{
-		Exec: agentproto.Exec{
-			Argv:      r.req.Argv,
-			Env:       env,
-			Cwd:       cmp.Or(r.req.Cwd, r.workspaceDir(), r.plan.cwd),
-			TimeoutMS: remaining.Milliseconds(),
-		},
-		Stdin:  stdin,
-		Stdout: r.stdout,
-		Stderr: r.stderr,
+	if err != nil {
+		return nil, err
 	}
-	ectx, cancel := context.WithTimeout(ctx, remaining+execGrace)
-	defer cancel()
-	t := time.Now()
-	done, err := r.client.Exec(ectx, er)
-	r.rep.ExecMS = time.Since(t).Milliseconds()
-	if err != nil && done == nil {
-		if ctx.Err() == nil && ectx.Err() != nil {
-			// The guest never reported: treat as a timeout, with what arrived.
-			done = &agentproto.ExecDone{TimedOut: true}
-		} else {
-			return nil, fmt.Errorf("running the command: %w", err)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("keeping the command's output: %w", err)
-	}
-	r.rep.ExitCode, r.rep.Signal, r.rep.TimedOut = done.ExitCode, done.Signal, done.TimedOut
+	r.rep.ExitCode, r.rep.Signal, r.rep.TimedOut = res.ExitCode, res.Signal, res.TimedOut
 	r.fillOutput()
-	return done, nil
+	return &res.ExecDone, nil
 }
 
 func (r *run) fillOutput() {
 	r.rep.Stdout, r.rep.StdoutTruncated, r.rep.StdoutBytes = r.stdout.Inline()
 	r.rep.Stderr, r.rep.StderrTruncated, r.rep.StderrBytes = r.stderr.Inline()
-}
-
-// copyOut copies each requested guest file to its host path, staged so that
-// a failure leaves the destination as it was. All copies together are
-// bounded by the run's own timeout (counted again from here) and by the
-// run's cap on data written to the host; holes stay holes.
-func (r *run) copyOut(ctx context.Context) error {
-	if len(r.req.CopyOut) == 0 {
-		return nil
-	}
-	t := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
-	defer cancel()
-	budget := r.req.CopyOutMaxData
-	if budget == 0 {
-		budget = DefaultCopyOutMaxData
-	}
-	for _, c := range r.req.CopyOut {
-		sf, err := r.stage(cctx, c)
-		if err != nil {
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		fd, err := r.client.CopyOut(cctx, c.Guest, agentclient.CopyLimits{MaxSize: MaxCopyOutBytes, MaxData: budget}, sf)
-		if err != nil {
-			sf.Abort()
-			r.unstage()
-			if cctx.Err() != nil && ctx.Err() == nil {
-				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
-			}
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		err = sf.Commit(fd.Bytes, fs.FileMode(fd.Mode))
-		r.unstage()
-		if err != nil {
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
-		}
-		budget -= fd.Data
-		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
-	}
-	ms := time.Since(t).Milliseconds()
-	r.rep.CopyOutMS = &ms
-	return nil
-}
-
-// stage creates c's staging file, recorded first in the VM record so that
-// `isopod vm gc` removes it should this process die during the copy; a
-// device or FIFO at c.Host is opened instead, to be written through,
-// within ctx.
-func (r *run) stage(ctx context.Context, c CopyOut) (copyDest, error) {
-	if t, err := openThrough(ctx, c.Host, c.HostDir); err != nil {
-		return nil, err
-	} else if t != nil {
-		return t, nil
-	}
-	part := stagingName(filepath.Base(c.Host))
-	r.dir.rec.Staging = []string{filepath.Join(filepath.Dir(c.Host), part)}
-	writeRecord(r.dir.path, r.dir.rec)
-	sf, err := newStagedFileAs(c.Host, c.HostDir, part)
-	if err != nil {
-		r.unstage()
-	}
-	return sf, err
-}
-
-// unstage forgets the staging file of the copy that just ended.
-func (r *run) unstage() {
-	r.dir.rec.Staging = nil
-	writeRecord(r.dir.path, r.dir.rec)
 }
 
 // halt asks the guest to sync and power off, then makes sure the VMM is gone.
@@ -336,20 +258,15 @@ func (r *run) halt(ctx context.Context) {
 		r.rep.TeardownMS = time.Since(t).Milliseconds()
 		return
 	}
-	if r.client != nil {
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), haltTimeout)
-		if err := r.client.Call(hctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil); err != nil {
-			r.s.log.Debug("halt", "err", err)
-		}
-		cancel()
+	if err := r.vm.Halt(ctx, haltTimeout); err != nil {
+		r.s.log.Debug("halt", "err", err)
 	}
-	r.vm.stop()
 	r.rep.TeardownMS = time.Since(t).Milliseconds()
 }
 
 // finishTimedOut reports a run whose guest never became ready in time.
 func (r *run) finishTimedOut() *Report {
-	r.vm.drop()
+	r.vm.Drop()
 	r.rep.TimedOut = true
 	r.warnNothingCommitted()
 	r.fillOutput()
@@ -360,11 +277,11 @@ func (r *run) finishTimedOut() *Report {
 // killed (not waited for) and the network closed, its totals put in the
 // report. Idempotent.
 func (r *run) stopCritical() {
-	r.vm.kill()
-	if r.vm.closeNet() && r.rep != nil {
-		n := r.vm.net
-		r.rep.Net = n.report()
-		if e := n.egressReport(); e != nil {
+	r.vm.Kill()
+	if r.vm.CloseNet() && r.rep != nil {
+		n := r.vm.Net
+		r.rep.Net = netReport(n)
+		if e := n.EgressReport(); e != nil {
 			r.rep.Egress = e
 		}
 	}
@@ -374,15 +291,15 @@ func (r *run) stopCritical() {
 // the report was returned (Service.Wait waits for it): the VM is ended, the
 // scratch disk removed, the logs closed, the record finished.
 func (r *run) cleanup() {
-	r.vm.close()
-	for _, c := range []*capture{r.stdout, r.stderr} {
+	r.vm.Close()
+	for _, c := range []*machine.Capture{r.stdout, r.stderr} {
 		if c != nil {
 			c.Close()
 		}
 	}
 	r.closeWorkspace()
 	if r.ready != nil && r.ready.nic != nil {
-		r.ready.nic.close() // parked, and not taken by a network
+		r.ready.nic.Close() // parked, and not taken by a network
 	}
 	if r.dir != nil {
 		cleanDisks(r.dir.path, r.scratch)
@@ -397,11 +314,4 @@ func (r *run) cleanup() {
 			os.RemoveAll(r.dir.path)
 		}
 	}
-}
-
-// randomBytes returns n bytes from the host's CSPRNG.
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	rand.Read(b)
-	return b
 }

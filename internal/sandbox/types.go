@@ -6,6 +6,7 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/egress"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 )
 
@@ -18,18 +19,18 @@ const (
 	MaxMemMiB         = 4096
 	DefaultScratchMiB = 1024
 	MinScratchMiB     = 128
-	MaxScratchMiB     = 65536
+	MaxScratchMiB     = int(machine.SlotBytes >> 20) // a snapshot slot fits any scratch disk
 	DefaultTimeoutS   = 120
 	MaxTimeoutS       = 3600
 	DefaultBase       = "base-min"
 	BaseStage         = "base" // the reserved empty stage
 
 	// InlineCap is how much of each output stream a report carries.
-	InlineCap = 64 << 10
+	InlineCap = machine.InlineCap
 	// LogCap is how much of each output stream is kept on disk.
-	LogCap = 64 << 20
+	LogCap = machine.LogCap
 	// SerialLogCap is how much of the guest console is kept on disk.
-	SerialLogCap = 16 << 20
+	SerialLogCap = machine.SerialLogCap
 	// MaxCopyOutBytes caps the size of one copied file.
 	MaxCopyOutBytes = 16 << 30
 	// DefaultCopyOutMaxData caps the data all copy-outs of a run write to

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"isopod/internal/machine"
 	"isopod/internal/store"
 	"isopod/internal/vmm"
 )
@@ -111,7 +112,7 @@ func vanityName(id string) string { return store.VanityName(id) }
 type vmDir struct {
 	path   string
 	rec    *vmRecord
-	serial *cappedWriter
+	serial *machine.CappedWriter
 }
 
 // newVMDir creates a VM directory, its record (owned by this process) and
@@ -138,7 +139,7 @@ func (s *Service) newVMDir(argv []string, base, stage string) (*vmDir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating console log: %w", err)
 	}
-	d.serial = &cappedWriter{w: con, cap: SerialLogCap}
+	d.serial = machine.NewCappedWriter(con, SerialLogCap)
 	return d, nil
 }
 

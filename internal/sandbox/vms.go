@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/machine"
 	"isopod/internal/paths"
 )
 
@@ -160,7 +161,7 @@ func (s *Service) gcCgroups() {
 // cleaning up (a SIGKILLed isopod). A socket path is only used while QEMU
 // connects, so removing an old one never breaks a live VM.
 func (s *Service) gcSocketDirs() {
-	base, err := socketBase(s.opts.Paths.Scope())
+	base, err := machine.SocketBase(s.opts.Paths.Scope())
 	if err != nil {
 		return
 	}
@@ -183,17 +184,17 @@ func (s *Service) gcSocketDirs() {
 // VMM's cgroup.
 func (s *Service) cleanLeftovers(r *vmRecord) {
 	os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), "scratch.ext4"))
-	for _, name := range placeholderNames {
+	for _, name := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), name))
 	}
-	if base, err := socketBase(s.opts.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {
+	if base, err := machine.SocketBase(s.opts.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {
 		os.RemoveAll(filepath.Join(base, r.ID))
 	}
 	if strings.HasPrefix(r.ID, "vm-") {
 		removeWorkspaceWork(r.ID)
 	}
 	for _, p := range r.Staging {
-		if isStagingName(filepath.Base(p), r.OwnerPID) {
+		if machine.IsStagingName(filepath.Base(p), r.OwnerPID) {
 			os.Remove(p)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
+	"isopod/internal/machine"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,13 +165,13 @@ func TestParseStatStartTime(t *testing.T) {
 func TestGCRemovesStaleSocketDirs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	s := newTestService(t)
-	base, err := socketBase(s.opts.Paths.Scope())
+	base, err := machine.SocketBase(s.opts.Paths.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Another state root's run, old and unknown here, may be live: it is
 	// that root's to collect.
-	otherBase, err := socketBase("0ther5c0")
+	otherBase, err := machine.SocketBase("0ther5c0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
-	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -21,7 +20,7 @@ import (
 //
 // Layout decision: one snapshot per shape (base build, vCPUs, memory, NIC
 // or not), of a VM booted with only its base mounted and every other disk
-// slot backed by a placeholder (see disks.go). A resumed QEMU backs the
+// slot backed by a placeholder (see machine/disks.go). A resumed QEMU backs the
 // slots with the run's layers, its fresh scratch disk and its workspace;
 // the guest then assembles its root from them (Mount). So forks of any
 // chain, commits and workspaces resume from the same snapshot as a plain
@@ -35,8 +34,6 @@ const (
 	// warmHostname is the snapshot VM's boot hostname; every resumed run
 	// sets its own.
 	warmHostname = "isopod-warm"
-	// warmEntropyBytes is how much host randomness a resumed guest gets.
-	warmEntropyBytes = 64
 )
 
 // errWarmUnusable marks a snapshot that could not be resumed.
@@ -125,7 +122,7 @@ func (s *Service) restorer(ctx context.Context) (vmm.Restorer, error) {
 }
 
 // warmConfig is the VM configuration of key's snapshot, with disks (every
-// slot; see disks.go) and the NIC given. A restore has the same shape.
+// slot; see machine/disks.go) and the NIC given. A restore has the same shape.
 func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net, disks []vmm.Disk) vmm.Config {
 	pl := &plan{base: in.base, kernel: in.kernel}
 	return vmm.Config{
@@ -250,14 +247,14 @@ func (r *run) buildInline(ctx context.Context, drv vmm.Driver) (*warmpool.Meta, 
 // the VMM already gone.
 func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) error {
 	var net *vmm.Net
-	if r.vm.net != nil {
-		net = r.vm.net.vmmNet()
+	if r.vm.Net != nil {
+		net = r.vm.Net.VMMNet()
 	}
-	ph, err := placeholders(r.dir.path)
+	ph, err := machine.Placeholders(r.dir.path)
 	if err != nil {
 		return err
 	}
-	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().slots(ph))
+	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().Slots(ph))
 	cfg.Logger = r.s.log
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
@@ -266,10 +263,12 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if err != nil {
 		return err
 	}
-	err = r.startMachine(rctx, func(ctx context.Context) (vmm.Machine, error) {
-		return drv.(vmm.Restorer).Restore(ctx, cfg, r.s.warm.Dir(meta.Key))
-	})
+	m, err := r.vm.Restore(rctx, drv.(vmm.Restorer), cfg, r.s.warm.Dir(meta.Key))
 	release()
+	if err == nil {
+		r.rep.Accel = m.Accel()
+		r.dir.started(m)
+	}
 	tRestore := time.Since(t)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -289,18 +288,12 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 // the VMM already gone. The run's root is assembled once the clone is made
 // its own (configure).
 func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) error {
-	h, err := r.vm.hello(rctx, (*agentclient.Client).Hello)
-	if err == nil && h.BootError != "" {
-		err = fmt.Errorf("the snapshot's guest reports a boot error: %s", h.BootError)
-	}
-	if err != nil {
-		r.vm.drop()
+	if err := r.vm.Greet(rctx); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	_, r.client = r.vm.current()
 	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()
 	r.rep.ResumeMS = &ms
@@ -309,46 +302,15 @@ func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) e
 	return nil
 }
 
-// configureResumed makes a resumed clone its own machine before anything
-// runs: fresh entropy mixed into the kernel pool with a CRNG reseed, the
-// host's wall clock, the run's hostname and the run's network. The
-// requests are independent and go out together.
+// configureResumed makes a resumed clone its own machine (MakeOwn) with
+// the run's hostname and network.
 func (r *run) configureResumed(ctx context.Context) error {
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
-	type call struct {
-		what    string
-		msg     *agentproto.Msg
-		payload []byte
-	}
-	calls := []call{
-		{"adding entropy", &agentproto.Msg{Kind: agentproto.KindAddEntropy}, randomBytes(warmEntropyBytes)},
-		{"setting the guest clock", &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil},
-		{"setting the hostname", &agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: r.dir.rec.Name}, nil},
-	}
-	if n := r.vm.net; n != nil {
-		calls = append(calls, call{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.agentConfig()}, nil})
-	}
-	errs := make([]error, len(calls))
-	var wg sync.WaitGroup
-	t := time.Now()
-	for i, c := range calls {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := r.client.Call(cctx, c.msg, c.payload); err != nil {
-				errs[i] = fmt.Errorf("%s after resume: %w", c.what, err)
-			}
-		}()
-	}
-	wg.Wait()
-	r.s.log.Debug("warm pool: clone configured", "ms", time.Since(t).Milliseconds())
-	if err := errors.Join(errs...); err != nil {
+	ip, err := r.vm.MakeOwn(cctx, r.dir.rec.Name)
+	if err != nil {
 		return err
 	}
-
-	if n := r.vm.net; n != nil {
-		r.rep.GuestIP = n.guestIP()
-	}
+	r.rep.GuestIP = ip
 	return nil
 }

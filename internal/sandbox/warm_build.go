@@ -7,21 +7,15 @@ import (
 	"time"
 
 	"isopod/internal/agentclient"
-	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
 
 // Bounds of a snapshot build.
 const (
-	// linkSettle is how long the snapshot VM stays up after its NIC came
-	// up: the guest kernel's link-event batching interval (one second)
-	// with some margin.
-	linkSettle = 1200 * time.Millisecond
-	// snapshotTimeout bounds writing a snapshot.
-	snapshotTimeout = 2 * time.Minute
 	// snapshotBuildTimeout bounds a whole snapshot build (boot, preparing
 	// the guest, writing).
 	snapshotBuildTimeout = 3 * time.Minute
@@ -38,7 +32,7 @@ var inlineBuildMin = 15 * time.Second
 // when the build ends.
 type warmBuild struct {
 	dir      *vmDir
-	vm       *vm
+	vm       *machine.Machine
 	deadline time.Time
 	started  func(vmm.Machine) // called once the VMM runs; may be nil
 }
@@ -50,17 +44,16 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	t0 := time.Now()
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
-	m, c, err := s.bootSnapshotVM(bctx, drv, in, b)
-	defer b.vm.drop()
+	m, err := s.bootSnapshotVM(bctx, drv, in, b)
+	defer b.vm.Drop()
 	if err != nil {
 		return nil, 0, err
 	}
-	snapper, ok := m.(vmm.Snapshotter)
-	if !ok {
+	if _, ok := m.(vmm.Snapshotter); !ok {
 		return nil, 0, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
 	}
 	bootMS := time.Since(t0).Milliseconds()
-	netUp, err := s.prepareSnapshotGuest(bctx, c, b.vm.net)
+	netUp, err := b.vm.PrepareSnapshot(bctx)
 	if err != nil {
 		return nil, bootMS, err
 	}
@@ -81,22 +74,9 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 			os.RemoveAll(tmp)
 		}
 	}()
-	// The guest kernel batches link events for up to a second after the
-	// NIC came up; a snapshot taken before that would leave every clone
-	// to process them while it answers its first request.
-	if wait := time.Until(netUp.Add(linkSettle)); !netUp.IsZero() && wait > 0 {
-		select {
-		case <-time.After(wait):
-		case <-bctx.Done():
-			return nil, bootMS, fmt.Errorf("waiting for the snapshot VM's link to settle: %w", bctx.Err())
-		}
-	}
-	sctx, cancelSnap := context.WithTimeout(bctx, snapshotTimeout)
-	defer cancelSnap()
-	if err := snapper.Snapshot(sctx, tmp); err != nil {
+	if err := b.vm.Snapshot(bctx, tmp, netUp); err != nil {
 		return nil, bootMS, err
 	}
-	m.Kill()
 	meta := &warmpool.Meta{
 		Key: key.ID(), Parts: key, Built: time.Now().UTC(),
 		BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
@@ -112,56 +92,33 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 
 // bootSnapshotVM starts the snapshot VM with its disk slots backed by
 // placeholders and waits for its agent's hello. The caller drops b.vm.
-func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, *agentclient.Client, error) {
+func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, error) {
 	var net *vmm.Net
-	if b.vm.net != nil {
-		net = b.vm.net.vmmNet()
+	if b.vm.Net != nil {
+		net = b.vm.Net.VMMNet()
 	}
-	ph, err := placeholders(b.dir.path)
+	ph, err := machine.Placeholders(b.dir.path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, runDisks{base: in.base.Path}.slots(ph))
+	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
 	cfg.Logger = s.log
-	m, err := drv.Start(ctx, cfg)
+	m, err := b.vm.Start(ctx, drv, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("starting the snapshot VM: %w", err)
+		return nil, fmt.Errorf("starting the snapshot VM: %w", err)
 	}
-	c := b.vm.attach(m)
 	b.dir.started(m)
 	if b.started != nil {
 		b.started(m)
 	}
-	h, err := b.vm.hello(ctx, (*agentclient.Client).WaitHello)
+	h, err := b.vm.Hello(ctx, (*agentclient.Client).WaitHello)
 	if err != nil {
-		return nil, nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
+		return nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
 	}
 	if h.BootError != "" {
-		return nil, nil, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
 	}
-	return m, c, nil
-}
-
-// prepareSnapshotGuest does, before the snapshot, what every clone would
-// otherwise do first. The NIC is brought up (and addressed like every run's
-// private network): the link coming up is the slow part of configuring it,
-// and a resumed run's agent then finds the same configuration in force. The
-// shell binary, which nearly every command starts through, is read into the
-// guest's page cache. It returns when the NIC came up (zero without one).
-func (s *Service) prepareSnapshotGuest(ctx context.Context, c *agentclient.Client, n *runNetwork) (time.Time, error) {
-	var netUp time.Time
-	if n != nil {
-		nc := *n.agentConfig()
-		nc.Env = nil // a run's own variables (proxies) are not the snapshot's
-		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
-			return netUp, fmt.Errorf("configuring the snapshot VM's network: %w", err)
-		}
-		netUp = time.Now()
-	}
-	if _, err := c.CopyOut(ctx, agentproto.BaseMountPoint+"/bin/sh", agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{}); err != nil {
-		s.log.Debug("warm pool: prefetching /bin/sh", "err", err)
-	}
-	return netUp, nil
+	return m, nil
 }
 
 // WarmBuildOptions are `isopod warmpool build`'s flags: the shape of the
@@ -239,10 +196,10 @@ func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs)
 		return nil, false, err
 	}
 	defer d.finish(nil)
-	v := &vm{log: s.log}
-	defer v.close()
+	v := machine.New(s.log)
+	defer v.Close()
 	if in.key.NIC {
-		if v.net, err = s.startNetwork(d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
+		if v.Net, err = s.startNetwork(nil, d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
 			return nil, false, err
 		}
 	}
@@ -252,8 +209,3 @@ func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs)
 	}
 	return meta, true, nil
 }
-
-// discardAt is an io.WriterAt that keeps nothing.
-type discardAt struct{}
-
-func (discardAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }

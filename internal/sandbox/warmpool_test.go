@@ -3,18 +3,12 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"net"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"isopod/internal/agent"
-	"isopod/internal/agentclient"
-	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
 	"isopod/internal/settings"
-	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 )
 
@@ -84,58 +78,5 @@ func TestTeardownBackground(t *testing.T) {
 	s.Wait()
 	if !bg.Load() {
 		t.Error("Wait returned before the background teardown finished")
-	}
-}
-
-// TestConfigureResumed drives the real agent protocol server (without a
-// VM) with what a resumed run sends before its command.
-func TestConfigureResumed(t *testing.T) {
-	s := newTestService(t)
-	hostEnd, guestEnd := net.Pipe()
-	sys := vmmfake.NewSystem()
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- agent.Serve(ctx, guestEnd, agent.Options{System: sys}) }()
-	t.Cleanup(func() {
-		cancel()
-		hostEnd.Close()
-		guestEnd.Close()
-		<-served
-	})
-	n, err := s.startNetwork("vm-test", t.TempDir(), egress.Rules{}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.close)
-	r := &run{s: s, dir: &vmDir{rec: &vmRecord{Name: "brave-otter"}}, rep: &Report{}, vm: &vm{net: n},
-		t0: time.Now(), req: Request{TimeoutS: 60},
-		client: agentclient.New(hostEnd, nil)}
-	t.Cleanup(func() { r.client.Close() })
-	if _, err := r.client.Hello(ctx); err != nil {
-		t.Fatal(err)
-	}
-	before := time.Now()
-	if err := r.configureResumed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st := sys.State()
-	if len(st.LastSeed) < 64 {
-		t.Errorf("entropy: %d bytes; want at least 64", len(st.LastSeed))
-	}
-	if d := st.Clock.Sub(before); d < -time.Second || d > time.Second {
-		t.Errorf("clock sent %v, %v off the host's", st.Clock, d)
-	}
-	if st.Hostname != "brave-otter" {
-		t.Errorf("hostname %q", st.Hostname)
-	}
-	if st.Net == nil || st.Net.Address != n.agentConfig().Address || r.rep.GuestIP == "" {
-		t.Errorf("network: %+v, guest ip %q", st.Net, r.rep.GuestIP)
-	}
-	// Two resumes never get the same seed.
-	if err := r.configureResumed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if string(st.LastSeed) == string(sys.State().LastSeed) {
-		t.Error("two resumes sent the same entropy")
 	}
 }

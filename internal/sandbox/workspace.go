@@ -16,6 +16,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
 
@@ -135,7 +136,7 @@ func checkWorkspace(w *Workspace) error {
 // openWorkspace opens the workspace's host directory.
 func openWorkspace(w *Workspace) (*os.File, error) {
 	if w.Dir != nil {
-		return dupFile(w.Dir)
+		return machine.DupFile(w.Dir)
 	}
 	f, err := os.OpenFile(w.Host, os.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {

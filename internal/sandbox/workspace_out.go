@@ -15,6 +15,7 @@ import (
 
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
+	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
 
@@ -89,11 +90,11 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 	if err := r.fetchChanged(ctx, changes, content, maxPatch); err != nil {
 		return workspace.PatchStats{}, err
 	}
-	sf, err := r.stage(ctx, CopyOut{Host: w.Out, HostDir: w.OutDir})
+	sf, err := machine.Stage(ctx, machine.GetFile{Host: w.Out, HostDir: w.OutDir, Staging: r.staging})
 	if err != nil {
 		return workspace.PatchStats{}, err
 	}
-	defer r.unstage()
+	defer r.staging("")
 	stats, err := r.ws.Patch(ctx, changes, &appendWriter{w: sf})
 	if err != nil {
 		sf.Abort()
@@ -114,7 +115,7 @@ func (r *run) listChanges(ctx context.Context, maxEntries int, maxContent int64)
 		changes []workspace.Change
 		content int64
 	)
-	err := r.client.WorkspaceChanges(ctx, maxEntries, func(e agentproto.WorkspaceEntry) error {
+	err := r.vm.WorkspaceChanges(ctx, maxEntries, func(e agentproto.WorkspaceEntry) error {
 		cs, err := changesOf(e)
 		if err != nil {
 			return err
@@ -182,7 +183,7 @@ func (r *run) fetchChanged(ctx context.Context, changes []workspace.Change, dir 
 			return fmt.Errorf("workspace patch: %w", err)
 		}
 		guest := path.Join(r.req.Workspace.Guest, c.Path)
-		fd, err := r.client.CopyOut(ctx, guest, agentclient.CopyLimits{MaxSize: maxContent, MaxData: budget}, f)
+		fd, err := r.vm.CopyOut(ctx, guest, agentclient.CopyLimits{MaxSize: maxContent, MaxData: budget}, f)
 		if err == nil {
 			err = f.Truncate(fd.Bytes)
 		}

@@ -1,4 +1,4 @@
-package sandbox
+package machine
 
 import (
 	"fmt"
@@ -9,9 +9,19 @@ import (
 	"unicode/utf8"
 )
 
-// capture keeps one output stream: the complete stream on disk up to a cap,
+// Output caps.
+const (
+	// InlineCap is how much of each output stream a report carries.
+	InlineCap = 64 << 10
+	// LogCap is how much of each output stream is kept on disk.
+	LogCap = 64 << 20
+	// SerialLogCap is how much of the guest console is kept on disk.
+	SerialLogCap = 16 << 20
+)
+
+// Capture keeps one output stream: the complete stream on disk up to a cap,
 // the first InlineCap bytes in memory, and the exact byte total.
-type capture struct {
+type Capture struct {
 	mu     sync.Mutex // guards following
 	f      *os.File
 	head   []byte
@@ -22,16 +32,18 @@ type capture struct {
 
 const logCapMarker = "\n[isopod: log cap reached; the rest of this stream was counted but not kept]\n"
 
-func newCapture(path string, logCap int64) (*capture, error) {
+// NewCapture creates the log at path, keeping at most logCap bytes of the
+// stream in it.
+func NewCapture(path string, logCap int64) (*Capture, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating output log: %w", err)
 	}
-	return &capture{f: f, logCap: logCap}, nil
+	return &Capture{f: f, logCap: logCap}, nil
 }
 
 // Write never fails on account of the cap; it fails only on a disk error.
-func (c *capture) Write(p []byte) (int, error) {
+func (c *Capture) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if room := InlineCap - len(c.head); room > 0 {
@@ -56,7 +68,7 @@ func (c *capture) Write(p []byte) (int, error) {
 }
 
 // Close flushes the log.
-func (c *capture) Close() error {
+func (c *Capture) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.f.Close()
@@ -64,7 +76,7 @@ func (c *capture) Close() error {
 
 // Inline returns the head as text (invalid UTF-8 replaced), whether the
 // stream was longer than the head, and the exact total.
-func (c *capture) Inline() (text string, truncated bool, total int64) {
+func (c *Capture) Inline() (text string, truncated bool, total int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return strings.ToValidUTF8(trimPartialRune(c.head, c.total > int64(len(c.head))), "\uFFFD"), c.total > int64(len(c.head)), c.total
@@ -84,16 +96,21 @@ func trimPartialRune(b []byte, cut bool) string {
 	return string(b)
 }
 
-// cappedWriter keeps the first n bytes written to it in a file (the guest
+// CappedWriter keeps the first n bytes written to it in a file (the guest
 // console) and discards the rest after a marker, without ever failing.
-type cappedWriter struct {
+type CappedWriter struct {
 	mu  sync.Mutex // guards following
 	w   io.WriteCloser
 	n   int64
 	cap int64
 }
 
-func (c *cappedWriter) Write(p []byte) (int, error) {
+// NewCappedWriter keeps the first n bytes written in w.
+func NewCappedWriter(w io.WriteCloser, n int64) *CappedWriter {
+	return &CappedWriter{w: w, cap: n}
+}
+
+func (c *CappedWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n < c.cap {
@@ -107,7 +124,7 @@ func (c *cappedWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (c *cappedWriter) Close() error {
+func (c *CappedWriter) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.w.Close()

@@ -1,4 +1,4 @@
-package sandbox
+package machine
 
 import (
 	"context"
@@ -15,10 +15,10 @@ import (
 	"isopod/internal/hostio"
 )
 
-// copyDest is where one copy-out's bytes go: a staged file renamed onto
+// Dest is where one copy-out's bytes go: a staged file renamed onto
 // the destination (stagedFile), or a character device or FIFO written
 // straight through (throughFile).
-type copyDest interface {
+type Dest interface {
 	WriteAt(p []byte, off int64) (int, error)
 	// Commit ends a copy that arrived whole: size is the file's size and
 	// mode its guest permission bits.

@@ -1,4 +1,4 @@
-package sandbox
+package machine
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// deathWait bounds how long a run waits for a VMM whose guest went away to
+// deathWait bounds how long Died waits for a VMM whose guest went away to
 // exit (and its console to drain) before killing it.
 const deathWait = 3 * time.Second
 
@@ -16,22 +16,19 @@ const deathWait = 3 * time.Second
 // looked for in.
 const consoleTail = 16 << 10
 
-// guestDied turns a guest that went away (its agent channel closed, or its
-// VMM exited) into a result: the report says so and why, from the end of
-// the guest console, and keeps what output arrived. The VMM is reaped.
-func (r *run) guestDied() {
-	if m, _ := r.vm.current(); m != nil {
+// Died ends a VM whose guest went away (its agent channel closed, or its
+// VMM exited): it waits a little for the VMM to exit and its console to
+// drain, reaps it, and says why the guest went, from the end of its
+// console log at consolePath.
+func (v *Machine) Died(consolePath string) (reason string) {
+	if m, _ := v.Current(); m != nil {
 		select {
 		case <-m.Done():
 		case <-time.After(deathWait):
 		}
 	}
-	r.vm.drop()
-	r.rep.GuestDied = true
-	r.rep.GuestDiedReason = deathReason(readTail(r.rep.SerialLogPath, consoleTail))
-	r.warnNothingCommitted()
-	r.fillOutput()
-	r.s.log.Warn("the guest died", "vm", r.rep.VMID, "reason", r.rep.GuestDiedReason)
+	v.Drop()
+	return deathReason(readTail(consolePath, consoleTail))
 }
 
 // readTail returns up to n bytes from the end of the file at path.

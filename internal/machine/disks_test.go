@@ -1,4 +1,4 @@
-package sandbox
+package machine
 
 import (
 	"os"
@@ -33,12 +33,9 @@ func checkDisks(t *testing.T, what string, got []vmm.Disk, want []wantDisk) {
 // fixed flags, backed by the run's files or placeholders; the Mount names
 // the same disks.
 func TestRunDisks(t *testing.T) {
-	pl := &plan{
-		base:   baseImage{Flavor: "base-min", Path: "/img/base-min.sqfs"},
-		layers: []string{"/stages/a/layer.ext4", "/stages/b/layer.ext4"},
-	}
-	d := pl.disks("/vm/scratch.ext4", "/vm/ws.sqfs", "/vm/ws-upper.ext4")
-	checkDisks(t, "cold", d.cold(), []wantDisk{
+	base, layers := "/img/base-min.sqfs", []string{"/stages/a/layer.ext4", "/stages/b/layer.ext4"}
+	d := Disks{Base: base, Layers: layers, Scratch: "/vm/scratch.ext4", Workspace: "/vm/ws.sqfs", WorkspaceUpper: "/vm/ws-upper.ext4"}
+	checkDisks(t, "cold", d.Cold(), []wantDisk{
 		{"/img/base-min.sqfs", "isopod-base", true},
 		{"/stages/a/layer.ext4", "isopod-l0", true},
 		{"/stages/b/layer.ext4", "isopod-l1", true},
@@ -53,15 +50,15 @@ func TestRunDisks(t *testing.T) {
 	}
 	want = append(want, wantDisk{"/vm/scratch.ext4", "isopod-scratch", false},
 		wantDisk{"RO", "isopod-ws", true}, wantDisk{"RW1", "isopod-ws-upper", false})
-	checkDisks(t, "slots without a workspace", pl.disks("/vm/scratch.ext4", "", "").slots(slotPlaceholders{ro: "RO", rw: [2]string{"RW0", "RW1"}}), want)
-	m := d.mount("/workspace", true, time.Now().Add(time.Minute))
+	checkDisks(t, "slots without a workspace", Disks{Base: base, Layers: layers, Scratch: "/vm/scratch.ext4"}.Slots(SlotPlaceholders{RO: "RO", RW: [2]string{"RW0", "RW1"}}), want)
+	m := d.Mount("/workspace", true, time.Now().Add(time.Minute))
 	if m.Layers != 2 || !m.Scratch || !m.Flush || m.Workspace != "/workspace" || m.WaitMS <= 0 {
 		t.Errorf("mount %+v", m)
 	}
-	if m := pl.disks("/s", "", "").mount("/workspace", false, time.Now()); m.Workspace != "" || m.WaitMS != 1 {
+	if m := (Disks{Base: base, Layers: layers, Scratch: "/s"}).Mount("/workspace", false, time.Now()); m.Workspace != "" || m.WaitMS != 1 {
 		t.Errorf("mount without a workspace, past the deadline: %+v", m)
 	}
-	if cl := pl.cmdline("box"); strings.Contains(cl, "isopod.layers") || !strings.Contains(cl, "isopod.hostname=box") {
+	if cl := Cmdline("box"); strings.Contains(cl, "isopod.layers") || !strings.Contains(cl, "isopod.hostname=box") {
 		t.Errorf("cmdline %q: the disks come as a Mount; the hostname stays", cl)
 	}
 }
@@ -70,17 +67,17 @@ func TestRunDisks(t *testing.T) {
 // largest size a run attaches, made once.
 func TestPlaceholders(t *testing.T) {
 	dir := t.TempDir()
-	ph, err := placeholders(dir)
+	ph, err := Placeholders(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{ph.ro, ph.rw[0], ph.rw[1]} {
+	for _, p := range []string{ph.RO, ph.RW[0], ph.RW[1]} {
 		st, err := os.Stat(p)
-		if err != nil || st.Size() != slotBytes || filepath.Dir(p) != dir {
+		if err != nil || st.Size() != SlotBytes || filepath.Dir(p) != dir {
 			t.Errorf("%s: %v, %v", p, st, err)
 		}
 	}
-	if ph2, err := placeholders(dir); err != nil || ph2 != ph {
+	if ph2, err := Placeholders(dir); err != nil || ph2 != ph {
 		t.Errorf("second call: %+v %v", ph2, err)
 	}
 }
