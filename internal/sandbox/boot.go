@@ -18,7 +18,7 @@ func (r *run) boot(ctx context.Context) error {
 	if !r.req.NoNetwork {
 		var nic *machine.NIC
 		if r.ready != nil {
-			nic = r.ready.nic
+			nic = r.ready.NIC
 		}
 		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
 		if err != nil {

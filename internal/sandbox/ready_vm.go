@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"isopod/internal/admission"
@@ -14,31 +14,51 @@ import (
 	"isopod/internal/vmm"
 )
 
-// makeReady restores a VM of sp's shape from its snapshot, paused, with
+// Ready VMs (machine.Pool), for a front end that lives long (the MCP
+// server): the pool keeps, hands out and ends them; the core decides what
+// a run's shape is and makes a VM of it. Runs with a workspace never use
+// one (their disks are only known at the call).
+
+// readySpecFor is the shape a run would claim, ok false when it cannot
+// use a ready VM.
+func (r *run) readySpecFor() (machine.ReadySpec, bool) {
+	if r.warm == nil || r.req.Workspace != nil {
+		return machine.ReadySpec{}, false
+	}
+	in, layers, base := r.warm.in, r.plan.layers, r.plan.base.Flavor
+	sh := machine.Shape{Key: in.key.ID(), Layers: strings.Join(layers, "\x00"), ScratchMiB: r.plan.scratchMiB}
+	s := r.s
+	return machine.ReadySpec{Shape: sh, Layers: layers, MemMiB: in.key.MemMiB,
+		Make: func(ctx context.Context, place *admission.Ticket) (*machine.Ready, error) {
+			return s.makeReady(ctx, sh, in, layers, base, place)
+		}}, true
+}
+
+// makeReady restores a VM of shape sh from its snapshot, paused, with
 // its disks backed and its NIC's socket parked, in place (which a failure
 // releases). It gets a VM directory and record like a run, so that `isopod
 // vm gc` finds its VMM should this process die.
-func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.Ticket) (_ *readyVM, retErr error) {
+func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs, layers []string, base string, place *admission.Ticket) (_ *machine.Ready, retErr error) {
 	r, err := s.restorer(ctx)
 	if err != nil {
 		return nil, err
 	}
-	meta, err := s.warm.Read(sp.shape.key)
+	meta, err := s.warm.Read(sh.Key)
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.newVMDir([]string{"isopod", "ready"}, sp.base, "")
+	d, err := s.newVMDir([]string{"isopod", "ready"}, base, "")
 	if err != nil {
 		return nil, err
 	}
-	rv := &readyVM{shape: sp.shape, buildID: meta.BuildID, dir: d, vm: machine.New(s.log), vmmInfo: meta.VMM, place: place}
+	rv := &machine.Ready{Shape: sh, BuildID: meta.BuildID, Dir: d, VM: machine.New(s.log), VMM: meta.VMM, Place: place}
 	defer func() {
 		if retErr != nil {
-			rv.discard()
+			rv.Discard()
 		}
 	}()
-	rv.scratch = filepath.Join(d.path, "scratch.ext4")
-	if err := s.prepareScratch(rv.scratch, sp.shape.scratchMiB); err != nil {
+	rv.Scratch = filepath.Join(d.path, "scratch.ext4")
+	if err := s.prepareScratch(rv.Scratch, sh.ScratchMiB); err != nil {
 		return nil, err
 	}
 	ph, err := machine.Placeholders(d.path)
@@ -46,23 +66,17 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 		return nil, err
 	}
 	var net *vmm.Net
-	if sp.in.key.NIC {
-		if rv.nic, err = machine.ParkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
+	if in.key.NIC {
+		if rv.NIC, err = machine.ParkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
 			return nil, err
 		}
-		net = rv.nic.VMMNet()
+		net = rv.NIC.VMMNet()
 	}
-	// The layers' identities, taken before QEMU opens them: a file
-	// replaced in between makes the VM stale, never a wrong match.
-	for _, l := range sp.layers {
-		fi, err := os.Stat(l)
-		if err != nil {
-			return nil, fmt.Errorf("a layer of a ready VM: %w", err)
-		}
-		rv.layerPaths, rv.layers = append(rv.layerPaths, l), append(rv.layers, fi)
+	if err := rv.NoteLayers(layers); err != nil {
+		return nil, err
 	}
-	disks := machine.Disks{Base: sp.in.base.Path, Layers: sp.layers, Scratch: rv.scratch}.Slots(ph)
-	cfg := warmConfig(sp.in, d.rec.ID, d.path, d.serial, net, disks)
+	disks := machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}.Slots(ph)
+	cfg := warmConfig(in, d.rec.ID, d.path, d.serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
 	unuse, err := s.warm.Use(ctx, meta.Key)
 	if err != nil {
@@ -73,9 +87,9 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 	if err != nil {
 		return nil, fmt.Errorf("restoring a ready VM: %w", err)
 	}
-	rv.vm.Attach(m)
+	rv.VM.Attach(m)
 	d.started(m)
-	rv.made = time.Now()
+	rv.Made = time.Now()
 	return rv, nil
 }
 
@@ -83,12 +97,12 @@ func (s *Service) makeReady(ctx context.Context, sp readySpec, place *admission.
 // scratch disk and VMM.
 func (r *run) adoptReady() {
 	rv := r.ready
-	d := rv.dir
+	d := rv.Dir.(*vmDir) // made by makeReady
 	d.rec.Argv, d.rec.Stage = r.req.Argv, r.req.Stage
 	writeRecord(d.path, d.rec)
-	r.dir, r.scratch, r.vm = d, rv.scratch, rv.vm
+	r.dir, r.scratch, r.vm = d, rv.Scratch, rv.VM
 	// The run holds its own place (the front end admitted it).
-	rv.place.Release()
+	rv.Place.Release()
 }
 
 // resumeReady lets the claimed ready VM run and makes it the run's root.
@@ -106,8 +120,8 @@ func (r *run) resumeReady(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	r.rep.Accel, r.rep.VMM = m.Accel(), rv.vmmInfo
-	if err := r.greetResumed(ctx, rctx, rv.shape.key, t); err != nil {
+	r.rep.Accel, r.rep.VMM = m.Accel(), rv.VMM
+	if err := r.greetResumed(ctx, rctx, rv.Shape.Key, t); err != nil {
 		return err
 	}
 	r.rep.ReadyVM = true
@@ -127,14 +141,4 @@ func (r *run) bootReady(ctx context.Context) (done bool, err error) {
 	r.s.log.Warn("ready VM unusable; resuming another", "vm", r.dir.rec.ID, "err", err)
 	r.ready = nil
 	return false, nil
-}
-
-// cleanDisks removes a VM's scratch disk and slot placeholders.
-func cleanDisks(dir, scratch string) {
-	if scratch != "" {
-		os.Remove(scratch)
-	}
-	for _, f := range machine.PlaceholderNames {
-		os.Remove(filepath.Join(dir, f))
-	}
 }

@@ -44,8 +44,8 @@ type run struct {
 	// its VM came from a snapshot.
 	warm    *warmState
 	resumed bool
-	// ready is the ready VM the run claimed (ready.go).
-	ready *readyVM
+	// ready is the ready VM the run claimed (ready_vm.go, machine.Pool).
+	ready *machine.Ready
 	// unrecord: the run was refused before its VM started; its directory
 	// goes with the cleanup.
 	unrecord bool
@@ -71,11 +71,11 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
-		r.ready = s.ready.claim(sp, r.warm.meta.BuildID)
+		r.ready = s.ready.Claim(sp, r.warm.meta.BuildID)
 	}
 	// Ready VMs whose places were lent to this run and that it did not
 	// claim end before its own VM starts.
-	s.ready.settle(req.Place)
+	s.ready.Settle(req.Place)
 	defer func() {
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
@@ -86,7 +86,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 		s.teardown(r.cleanup)
 		// A shape that resumed is hot: keep a VM of it ready.
 		if sp, ok := r.readySpecFor(); ok && r.resumed {
-			s.ready.noteHot(sp)
+			s.ready.NoteHot(sp)
 		}
 	}()
 	if err := r.prepare(); err != nil {
@@ -298,11 +298,11 @@ func (r *run) cleanup() {
 		}
 	}
 	r.closeWorkspace()
-	if r.ready != nil && r.ready.nic != nil {
-		r.ready.nic.Close() // parked, and not taken by a network
+	if r.ready != nil && r.ready.NIC != nil {
+		r.ready.NIC.Close() // parked, and not taken by a network
 	}
 	if r.dir != nil {
-		cleanDisks(r.dir.path, r.scratch)
+		machine.CleanDisks(r.dir.path, r.scratch)
 	}
 	if r.dir != nil {
 		var code *int

@@ -10,6 +10,7 @@ import (
 	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 	"isopod/internal/jail"
+	"isopod/internal/machine"
 	"isopod/internal/settings"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
@@ -22,8 +23,9 @@ type Options struct {
 	Logger  *slog.Logger // nil: discard
 	Driver  vmm.Driver   // nil: the one Settings.VMM names (wiring.go)
 	Version string       // isopod version, recorded in stages and reports
-	// Settings.ReadyVMs (ready.go) and BackgroundSnapshots are for a
-	// front end that lives long; it must call Close.
+	// Settings.ReadyVMs (machine.Pool, ready_vm.go) and
+	// BackgroundSnapshots are for a front end that lives long; it must
+	// call Close.
 	//
 	// BackgroundSnapshots builds a missing warm-pool snapshot after the
 	// run that needed it, which boots cold, instead of inside it.
@@ -55,7 +57,7 @@ type Service struct {
 	warm *warmpool.Catalog
 	// ready holds ready VMs (nil: none); bg runs background snapshot
 	// builds.
-	ready *readyPool
+	ready *machine.Pool
 	bg    *bgWork
 	// buildsWaiting counts background snapshot builds waiting for a place.
 	buildsWaiting atomic.Int32
@@ -106,7 +108,9 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: newBGWork()}
 	if opts.ReadyVMs > 0 && !opts.NoWarmPool {
-		s.ready = newReadyPool(s, opts.ReadyVMs)
+		s.ready = machine.NewPool(log, opts.ReadyVMs, func(ctx context.Context, memMiB int, y admission.Yield) (*admission.Ticket, error) {
+			return s.holdVM(ctx, memMiB, y, false)
+		})
 	}
 	return s, nil
 }
@@ -135,7 +139,7 @@ func (s *Service) holdVM(ctx context.Context, memMiB int, y admission.Yield, bui
 				return t, nil
 			}
 			if build {
-				s.ready.giveWay()
+				s.ready.GiveWay()
 			}
 		}
 		select {
@@ -150,7 +154,7 @@ func (s *Service) holdVM(ctx context.Context, memMiB int, y admission.Yield, bui
 // snapshot builds under way cancelled, and it waits for both (and for
 // background teardowns, as Wait). Runs must be over. Idempotent.
 func (s *Service) Close() {
-	s.ready.close()
+	s.ready.Close()
 	s.bg.close()
 	s.Wait()
 }

@@ -235,7 +235,7 @@ func (s *Service) StageRemove(ctx context.Context, ref string) (*StageRemoveResu
 		return nil, err
 	}
 	// A ready VM holding the removed layer ends now, not at the next run.
-	s.ready.refill()
+	s.ready.Refill()
 	return &StageRemoveResult{OK: true, Removed: m.ID, Label: m.Label, Name: m.Name}, nil
 }
 

@@ -143,6 +143,12 @@ func (s *Service) newVMDir(argv []string, base, stage string) (*vmDir, error) {
 	return d, nil
 }
 
+// Path is the VM directory (machine.ReadyDir).
+func (d *vmDir) Path() string { return d.path }
+
+// Finish finishes the record of a VM that ran nothing (machine.ReadyDir).
+func (d *vmDir) Finish() { d.finish(nil) }
+
 func (d *vmDir) consolePath() string { return filepath.Join(d.path, "console.log") }
 
 // started records the VMM process, so that `isopod vm gc` finds it should
