@@ -68,43 +68,14 @@ func TestExecManyTimes(t *testing.T) {
 	if _, err := m.Configure(ctx); err != nil {
 		t.Fatalf("Configure: %v", err)
 	}
-	type want struct {
-		code           int // -1: none (timed out)
-		timedOut       bool
-		stdout, stderr string
-	}
-	for _, tt := range []struct {
-		name string
-		e    machine.Exec
-		want want
-	}{
+	runExecs(t, ctx, m, []execCase{
 		{"env", machine.Exec{Argv: []string{"/bin/sh", "-c", `echo "$GREETING"`}, Env: []string{"GREETING=hello", "PATH=/usr/bin:/bin"},
-			Cwd: "/", Timeout: 10 * time.Second}, want{0, false, "hello\n", ""}},
+			Cwd: "/", Timeout: 10 * time.Second}, 0, false, "hello\n", ""},
 		{"timeout", machine.Exec{Argv: []string{"/bin/sh", "-c", "echo started; exec sleep 30"}, Env: []string{"PATH=/usr/bin:/bin"},
-			Cwd: "/", Timeout: 300 * time.Millisecond}, want{-1, true, "started\n", ""}},
+			Cwd: "/", Timeout: 300 * time.Millisecond}, -1, true, "started\n", ""},
 		{"exit code and stderr", machine.Exec{Argv: []string{"/bin/sh", "-c", `echo "$ONLY_HERE ${GREETING:-unset}" >&2; exit 3`},
-			Env: []string{"ONLY_HERE=third"}, Cwd: "/", Timeout: 10 * time.Second}, want{3, false, "", "third unset\n"}},
-	} {
-		var stdout, stderr bytes.Buffer
-		tt.e.Stdout, tt.e.Stderr = &stdout, &stderr
-		res, err := m.Exec(ctx, tt.e)
-		if err != nil {
-			t.Fatalf("%s: Exec: %v", tt.name, err)
-		}
-		code := -1
-		if res.ExitCode != nil {
-			code = *res.ExitCode
-		}
-		if code != tt.want.code || res.TimedOut != tt.want.timedOut {
-			t.Errorf("%s: exit %d timed out %v; want %d %v", tt.name, code, res.TimedOut, tt.want.code, tt.want.timedOut)
-		}
-		if stdout.String() != tt.want.stdout || stderr.String() != tt.want.stderr {
-			t.Errorf("%s: stdout %q stderr %q; want %q %q", tt.name, stdout.String(), stderr.String(), tt.want.stdout, tt.want.stderr)
-		}
-		if res.Elapsed <= 0 || (tt.want.timedOut && res.Elapsed < tt.e.Timeout) {
-			t.Errorf("%s: elapsed %v", tt.name, res.Elapsed)
-		}
-	}
+			Env: []string{"ONLY_HERE=third"}, Cwd: "/", Timeout: 10 * time.Second}, 3, false, "", "third unset\n"},
+	})
 	if len(drv.Machines()) != 1 {
 		t.Errorf("%d VMMs started; want one for all three commands", len(drv.Machines()))
 	}
@@ -116,6 +87,40 @@ func TestExecManyTimes(t *testing.T) {
 	}
 	if _, err := m.Exec(ctx, machine.Exec{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Exec after Halt: %v; want a failed precondition", err)
+	}
+}
+
+// execCase is one command on a booted Machine and what it must give.
+type execCase struct {
+	name      string
+	e         machine.Exec
+	code      int // -1: none (timed out)
+	timedOut  bool
+	out, errs string
+}
+
+// runExecs runs each case on m, one after the other, and checks that each
+// result is the case's own.
+func runExecs(t *testing.T, ctx context.Context, m *machine.Machine, cases []execCase) {
+	t.Helper()
+	for _, tt := range cases {
+		var out, errs bytes.Buffer
+		tt.e.Stdout, tt.e.Stderr = &out, &errs
+		res, err := m.Exec(ctx, tt.e)
+		if err != nil {
+			t.Fatalf("%s: Exec: %v", tt.name, err)
+		}
+		code := -1
+		if res.ExitCode != nil {
+			code = *res.ExitCode
+		}
+		if code != tt.code || res.TimedOut != tt.timedOut || out.String() != tt.out || errs.String() != tt.errs {
+			t.Errorf("%s: exit %d timed out %v stdout %q stderr %q; want %d %v %q %q",
+				tt.name, code, res.TimedOut, out.String(), errs.String(), tt.code, tt.timedOut, tt.out, tt.errs)
+		}
+		if res.Elapsed <= 0 || (tt.timedOut && res.Elapsed < tt.e.Timeout) {
+			t.Errorf("%s: elapsed %v", tt.name, res.Elapsed)
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package machine_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -85,35 +84,14 @@ func TestQEMUExecManyTimes(t *testing.T) {
 		t.Fatalf("Configure: %v", err)
 	}
 	path := "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
-	for _, tt := range []struct {
-		name      string
-		e         machine.Exec
-		code      int // -1: none
-		timedOut  bool
-		out, errs string
-	}{
+	runExecs(t, ctx, m, []execCase{
 		{"env", machine.Exec{Argv: []string{"/bin/sh", "-c", `echo "$GREETING $(hostname)"`}, Env: []string{path, "GREETING=hello"},
 			Cwd: "/", Timeout: time.Minute}, 0, false, "hello many\n", ""},
 		{"timeout", machine.Exec{Argv: []string{"/bin/sh", "-c", "echo started; sleep 60"}, Env: []string{path},
 			Cwd: "/tmp", Timeout: 2 * time.Second}, -1, true, "started\n", ""},
 		{"exit code", machine.Exec{Argv: []string{"/bin/sh", "-c", `echo "${GREETING:-unset} $PWD" >&2; exit 7`}, Env: []string{path},
 			Cwd: "/tmp", Timeout: time.Minute}, 7, false, "", "unset /tmp\n"},
-	} {
-		var out, errs bytes.Buffer
-		tt.e.Stdout, tt.e.Stderr = &out, &errs
-		res, err := m.Exec(ctx, tt.e)
-		if err != nil {
-			t.Fatalf("%s: Exec: %v", tt.name, err)
-		}
-		code := -1
-		if res.ExitCode != nil {
-			code = *res.ExitCode
-		}
-		if code != tt.code || res.TimedOut != tt.timedOut || out.String() != tt.out || errs.String() != tt.errs {
-			t.Errorf("%s: exit %d timed out %v stdout %q stderr %q; want %d %v %q %q",
-				tt.name, code, res.TimedOut, out.String(), errs.String(), tt.code, tt.timedOut, tt.out, tt.errs)
-		}
-	}
+	})
 	if err := m.Halt(ctx, 30*time.Second); err != nil {
 		t.Errorf("Halt: %v", err)
 	}
