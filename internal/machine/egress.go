@@ -79,13 +79,16 @@ func startFiltered(cfg NetConfig) (*Network, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The servers hold their own copy: Close clears n.proxy, and may run
+	// before they start.
+	px := n.proxy
 	go func() {
-		if err := n.proxy.ServeHTTPProxy(httpL); err != nil {
+		if err := px.ServeHTTPProxy(httpL); err != nil {
 			cfg.Logger.Debug("http proxy ended", "err", err)
 		}
 	}()
 	go func() {
-		if err := n.proxy.ServeSOCKS(socksL); err != nil {
+		if err := px.ServeSOCKS(socksL); err != nil {
 			cfg.Logger.Debug("socks proxy ended", "err", err)
 		}
 	}()
