@@ -156,7 +156,6 @@ func TestNetworkRollsBack(t *testing.T) {
 	}
 }
 
-
 // TestLookupIPv4: an allowed name resolves through the host's resolver
 // (the filter unmaps what it gets).
 func TestLookupIPv4(t *testing.T) {
