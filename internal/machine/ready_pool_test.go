@@ -198,3 +198,68 @@ func TestPoolYield(t *testing.T) {
 		t.Errorf("a closed pool handed out a ready VM")
 	}
 }
+
+// TestPoolSettle: a ready VM whose place was lent to a waiting call is
+// ended by Settle for that call (its run claimed none), and is made again
+// once the call's place is free.
+func TestPoolSettle(t *testing.T) {
+	f := newPoolFixture(t)
+	adm, err := admission.New(admission.Config{MaxVMs: 1, Queue: 1, MemoryBudgetMiB: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := func(ctx context.Context, mem int, y admission.Yield) (*admission.Ticket, error) {
+		for {
+			if tk, ok := adm.TryHold(mem, y); ok {
+				return tk, nil
+			}
+			select {
+			case <-adm.Freed():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	p := machine.NewPool(slog.New(slog.DiscardHandler), 1, hold)
+	t.Cleanup(p.Close)
+	sp := f.spec("k")
+	p.NoteHot(sp)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var lent *machine.Ready
+	// A call that comes while the ready VM is still being made has it
+	// ended instead of lent; it is then made again, and the call tries again.
+	for try := 0; lent == nil; try++ {
+		if try == 10 {
+			t.Fatal("no ready VM's place was lent in 10 tries")
+		}
+		made, _ := f.count()
+		waitTrue(t, "a ready VM", func() bool { m, d := f.count(); return m > made-1 && m > d })
+		call, err := adm.Reserve(128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := call.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f.mu.Lock()
+		for _, rv := range f.made {
+			if rv.Place.LentTo(call) {
+				lent = rv
+			}
+		}
+		f.mu.Unlock()
+		if lent == nil {
+			call.Release()
+			continue
+		}
+		p.Settle(call)
+		if !lent.Dir.(*readyDir).finished.Load() {
+			t.Error("Settle left the lent ready VM")
+		}
+		m, _ := f.count()
+		call.Release()
+		waitTrue(t, "the ready VM made again", func() bool { n, _ := f.count(); return n == m+1 })
+	}
+	p.Settle(nil)
+}
