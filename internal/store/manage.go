@@ -116,8 +116,9 @@ func (s *Store) Remove(ctx context.Context, ref string) (Meta, error) {
 }
 
 // GC removes leftovers of interrupted commits and removals: temporary
-// directories older than a minute whose commit lock nobody holds. It
-// returns the removed directory names.
+// directories older than a minute whose commit lock nobody holds, and at
+// once those whose writer died (abandoned). It returns the removed
+// directory names.
 func (s *Store) GC(ctx context.Context) (removed []string, err error) {
 	return s.gc(ctx, time.Now().Add(-gcMinAge))
 }
@@ -139,7 +140,7 @@ func (s *Store) gc(ctx context.Context, cutoff time.Time) ([]string, error) {
 		}
 		path := filepath.Join(s.dir, e.Name())
 		info, err := e.Info()
-		if err != nil || info.ModTime().After(cutoff) {
+		if err != nil || (info.ModTime().After(cutoff) && !abandoned(path)) {
 			continue
 		}
 		if busy, err := commitBusy(path); err != nil {
@@ -158,6 +159,25 @@ func (s *Store) gc(ctx context.Context, cutoff time.Time) ([]string, error) {
 }
 
 // commitBusy reports whether a live commit holds the lock in dir.
+// lockGrace is how old a temporary directory's lock file must be before
+// an unheld lock says its writer is gone. A writer takes the lock within
+// microseconds of making the directory and holds it until the directory
+// is published or removed.
+const lockGrace = 2 * time.Second
+
+// abandoned reports whether dir, though younger than GC's minimum age,
+// was left by a writer that died: its lock file is older than lockGrace
+// and nobody holds it. Such a leftover (a commit killed a moment ago) is
+// collected at once, not a minute later.
+func abandoned(dir string) bool {
+	fi, err := os.Stat(filepath.Join(dir, ".lock"))
+	if err != nil || time.Since(fi.ModTime()) < lockGrace {
+		return false
+	}
+	busy, err := commitBusy(dir)
+	return err == nil && !busy
+}
+
 func commitBusy(dir string) (bool, error) {
 	path := filepath.Join(dir, ".lock")
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {

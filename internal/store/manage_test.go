@@ -234,12 +234,25 @@ func TestInterruptedCommit(t *testing.T) {
 	if len(ents) != 1 || !isTemp(ents[0].Name()) {
 		t.Fatalf("stages directory holds %v, want one temporary directory", ents)
 	}
-	if removed, err := s.GC(context.Background()); err != nil || len(removed) != 0 {
-		t.Fatalf("GC removed a fresh leftover: %v, %v", removed, err)
+	// A lock file younger than lockGrace may belong to a writer that has
+	// just made its directory: kept. An older one that nobody holds was
+	// left by a dead writer: GC removes it at once, without waiting for
+	// the directory to be a minute old.
+	lock := filepath.Join(s.Dir(), ents[0].Name(), ".lock")
+	now := time.Now()
+	if err := os.Chtimes(lock, now, now); err != nil {
+		t.Fatal(err)
 	}
-	removed, err := s.gc(context.Background(), time.Now().Add(time.Second))
+	if removed, err := s.GC(context.Background()); err != nil || len(removed) != 0 {
+		t.Fatalf("GC removed a leftover whose lock was just made: %v, %v", removed, err)
+	}
+	then := now.Add(-2 * lockGrace)
+	if err := os.Chtimes(lock, then, then); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := s.GC(context.Background())
 	if err != nil || len(removed) != 1 {
-		t.Fatalf("GC of the leftover removed %v, %v", removed, err)
+		t.Fatalf("GC of the dead commit's leftover removed %v, %v", removed, err)
 	}
 	noTemps(t, s)
 	// The label is free again.
