@@ -72,9 +72,18 @@ func (t *Tree) Patch(ctx context.Context, changes []Change, w io.Writer) (PatchS
 	if p.content > t.maxPatch {
 		return stats, &LimitError{What: "changed bytes", Have: p.content, Limit: t.maxPatch}
 	}
+	if err := t.writePatch(ctx, git, root, p, &stats, w); err != nil {
+		return stats, err
+	}
+	return stats, nil
+}
+
+// writePatch makes the patch of plan p in a throwaway repository and, when
+// it is within the cap, copies it to w, counting into stats.
+func (t *Tree) writePatch(ctx context.Context, git string, root int, p *plan, stats *PatchStats, w io.Writer) error {
 	tmp, err := os.MkdirTemp(t.dir, "patch-")
 	if err != nil {
-		return stats, fmt.Errorf("making the workspace patch: %w", err)
+		return fmt.Errorf("making the workspace patch: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	r := &patchRepo{git: git, dir: tmp, env: gitEnv("GIT_DIR="+filepath.Join(tmp, "repo.git"),
@@ -84,17 +93,17 @@ func (t *Tree) Patch(ctx context.Context, changes []Change, w io.Writer) (PatchS
 		init = append(init, "--object-format="+t.objectFormat)
 	}
 	if _, err := r.run(ctx, nil, nil, init...); err != nil {
-		return stats, err
+		return err
 	}
 	if err := r.load(ctx, root, p, t.maxPatch); err != nil {
-		return stats, err
+		return err
 	}
-	if err := r.count(ctx, &stats); err != nil {
-		return stats, err
+	if err := r.count(ctx, stats); err != nil {
+		return err
 	}
 	f, err := os.Create(filepath.Join(tmp, "patch"))
 	if err != nil {
-		return stats, fmt.Errorf("making the workspace patch: %w", err)
+		return fmt.Errorf("making the workspace patch: %w", err)
 	}
 	defer f.Close()
 	cw := &capWriter{w: f, max: t.maxPatch}
@@ -102,20 +111,20 @@ func (t *Tree) Patch(ctx context.Context, changes []Change, w io.Writer) (PatchS
 		"--no-textconv", "--no-ext-diff", "--no-color", "--src-prefix=a/"+t.Prefix, "--dst-prefix=b/"+t.Prefix,
 		"refs/heads/orig^{tree}", "refs/heads/new^{tree}")
 	if cw.over {
-		return stats, &LimitError{What: "patch bytes", Have: cw.n, AtLeast: true, Limit: t.maxPatch}
+		return &LimitError{What: "patch bytes", Have: cw.n, AtLeast: true, Limit: t.maxPatch}
 	}
 	if err != nil {
-		return stats, err
+		return err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return stats, err
+		return err
 	}
 	n, err := io.Copy(w, f)
 	stats.Bytes = n
 	if err != nil {
-		return stats, fmt.Errorf("writing the workspace patch: %w", err)
+		return fmt.Errorf("writing the workspace patch: %w", err)
 	}
-	return stats, nil
+	return nil
 }
 
 // patchRepo is the throwaway repository a patch is made in, with git's
