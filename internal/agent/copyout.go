@@ -91,24 +91,7 @@ func openErr(path string, err error) error {
 // file, naming what it is.
 func notRegular(path string, mode fs.FileMode) error {
 	return fmt.Errorf("copy out %s: is %s, not a regular file; only regular files can be copied out (have the command write what you want into a file): %w",
-		path, fileType(mode), errdefs.ErrInvalidArgument)
-}
-
-// fileType names the type of a file that is not regular.
-func fileType(mode fs.FileMode) string {
-	switch {
-	case mode.IsDir():
-		return "a directory"
-	case mode&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case mode&fs.ModeSocket != 0:
-		return "a socket"
-	case mode&fs.ModeCharDevice != 0:
-		return "a character device"
-	case mode&fs.ModeDevice != 0:
-		return "a block device"
-	}
-	return "a special file"
+		path, agentproto.FileKind(mode), errdefs.ErrInvalidArgument)
 }
 
 // sendData sends the first size bytes of f as chunks that say where they

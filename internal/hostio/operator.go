@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 )
 
@@ -85,7 +86,7 @@ func (o Operator) OpenCopyOut(what, dest string) (dir *os.File, err error) {
 func (Operator) OpenStdinFile(path string) (f *os.File, err error) {
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("--stdin-file %s: %s, not a regular file; pipe it in with --stdin-file - instead: %w",
-			path, kindOf(st.Mode()), errdefs.ErrInvalidArgument)
+			path, agentproto.FileKind(st.Mode()), errdefs.ErrInvalidArgument)
 	}
 	f, err = os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {

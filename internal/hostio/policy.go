@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
 	"isopod/internal/settings"
@@ -216,7 +217,7 @@ func (h Policy) checkReadable(arg string, w *walked) error {
 	mode := fileMode(w.st.Mode)
 	if !mode.IsRegular() {
 		return fmt.Errorf("stdin_file %q resolves to %s, which is not a regular file (%s); only regular files are accepted: %w",
-			arg, w.path, kindOf(mode), errdefs.ErrInvalidArgument)
+			arg, w.path, agentproto.FileKind(mode), errdefs.ErrInvalidArgument)
 	}
 	if w.st.Nlink > 1 {
 		return fmt.Errorf("stdin_file %q has %d hard links; a file with more than one link may be an alias of a file outside %s, so it is refused (copy it first): %w",
@@ -277,7 +278,7 @@ func (h Policy) copyOutWalk(arg string, mode walkMode) (*walked, error) {
 		if w.file != nil {
 			w.close()
 			return nil, fmt.Errorf("copy_out host path %q resolves to %s, which exists and is %s; name a new or regular file, a character device or a FIFO: %w",
-				arg, w.path, kindOf(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
+				arg, w.path, agentproto.FileKind(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
 		}
 	}
 	return w, nil
@@ -404,23 +405,4 @@ func canonicalOrAbs(p string) string {
 		return a
 	}
 	return filepath.Clean(p)
-}
-
-// kindOf names a file's type for a refusal message.
-func kindOf(mode fs.FileMode) string {
-	switch {
-	case mode&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case mode&fs.ModeCharDevice != 0:
-		return "a character device"
-	case mode&fs.ModeDevice != 0:
-		return "a block device"
-	case mode.IsDir():
-		return "a directory"
-	case mode&fs.ModeSocket != 0:
-		return "a socket"
-	case mode&fs.ModeSymlink != 0:
-		return "a symlink"
-	}
-	return "not a regular file"
 }

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 )
 
@@ -37,7 +38,7 @@ func (h Policy) OpenWorkspace(arg string) (path string, dir *os.File, err error)
 		}
 		if w.st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return "", nil, fmt.Errorf("workspace %q resolves to %s, which is not a directory (%s); name the directory to copy: %w",
-				arg, w.path, kindOf(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
+				arg, w.path, agentproto.FileKind(fileMode(w.st.Mode)), errdefs.ErrInvalidArgument)
 		}
 		path = w.path
 		fd, err = unix.Openat(int(w.dir.Fd()), w.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
