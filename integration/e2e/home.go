@@ -16,6 +16,7 @@ import (
 
 	"isopod/internal/config"
 	"isopod/internal/knobs"
+	"isopod/internal/paths"
 )
 
 // homePrefix names private state roots in the temporary directory.
@@ -233,6 +234,10 @@ func removeHome(dir string) error {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("removing the private state root: %w", err)
+	}
+	// Its runs' socket directory, empty once they ended.
+	if p, err := paths.New(dir); err == nil {
+		os.Remove(filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()), p.Scope()))
 	}
 	return nil
 }

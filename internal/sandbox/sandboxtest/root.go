@@ -8,7 +8,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -28,6 +30,8 @@ func Root(t testing.TB, flavors ...string) (paths.Paths, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The runs' socket directory of this state root, empty once they ended.
+	t.Cleanup(func() { os.Remove(filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()), p.Scope())) })
 	if err := p.Ensure(); err != nil {
 		t.Fatal(err)
 	}
