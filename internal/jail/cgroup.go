@@ -171,7 +171,13 @@ func (p cgroupPlan) create(name string, lim Limits) (*vmCgroup, error) {
 			enableV2(parent)
 		}
 		dir := filepath.Join(parent, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
+		err := os.Mkdir(dir, 0o755)
+		if errors.Is(err, os.ErrExist) {
+			// Left by a VMM of the same name that is still exiting.
+			(&vmCgroup{dirs: []string{dir}}).remove()
+			err = os.Mkdir(dir, 0o755)
+		}
+		if err != nil {
 			return nil, failed(fmt.Sprintf("cannot make the cgroup %s (%v)", dir, err), "check the cgroup filesystem is writable")
 		}
 		c.dirs = append(c.dirs, dir)
@@ -242,6 +248,11 @@ func (c *vmCgroup) attach(pid int) error {
 	return nil
 }
 
+// removeTries bounds the wait, in 10 ms steps, for a cgroup's last
+// process to leave it: a killed VMM with gigabytes of guest RAM takes a
+// while to free them on a loaded host.
+const removeTries = 300
+
 // remove deletes the cgroup once its processes are gone. Idempotent.
 func (c *vmCgroup) remove() {
 	if c == nil {
@@ -252,7 +263,7 @@ func (c *vmCgroup) remove() {
 		c.fd = nil
 	}
 	for _, d := range c.dirs {
-		for i := 0; i < 50; i++ {
+		for i := 0; i < removeTries; i++ {
 			err := os.Remove(d)
 			if err == nil || errors.Is(err, os.ErrNotExist) {
 				break

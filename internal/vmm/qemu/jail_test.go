@@ -3,10 +3,13 @@ package qemu
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,4 +113,47 @@ func TestAccelReasonHere(t *testing.T) {
 	if c.Accel != vmm.AccelTCG || !strings.Contains(c.Reason, "neither vmx nor svm") || strings.Contains(c.Reason, "the kvm group)") {
 		t.Errorf("on a CPU without virtualization: %s, %q", c.Accel, c.Reason)
 	}
+}
+
+// TestJailedRestartSameID: once Wait has returned for a killed VMM (here a
+// stopped one, as a hung snapshot VM is), a VM of the same id starts at
+// once: the jail's cgroup of the first is gone by then.
+func TestJailedRestartSameID(t *testing.T) {
+	d := newJailedDriver(t)
+	g := vmmtest.BuildGuest(t)
+	cfg := vmmtest.Config(t, g)
+	first := vmmtest.Boot(t, d, cfg)
+	m := first.M.(*Machine)
+	if len(cgroupDirs(t, d.jail.CgroupName(cfg.ID))) == 0 {
+		t.Fatalf("no cgroup %s for the jailed VMM", d.jail.CgroupName(cfg.ID))
+	}
+	syscall.Kill(m.Pid(), syscall.SIGSTOP)
+	m.Kill()
+	m.Wait()
+	if left := cgroupDirs(t, d.jail.CgroupName(cfg.ID)); len(left) > 0 {
+		t.Errorf("after Wait, the killed VMM's cgroup is still there: %v", left)
+	}
+	for i := 0; i < 3; i++ {
+		again := cfg
+		again.Dir = t.TempDir()
+		s := vmmtest.Boot(t, d, again)
+		s.M.Kill()
+		s.M.Wait()
+		if left := cgroupDirs(t, d.jail.CgroupName(cfg.ID)); len(left) > 0 {
+			t.Errorf("after Wait, the killed VMM's cgroup is still there: %v", left)
+		}
+	}
+}
+
+// cgroupDirs finds the directories named name under /sys/fs/cgroup.
+func cgroupDirs(t *testing.T, name string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir("/sys/fs/cgroup", func(p string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() && e.Name() == name {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
 }

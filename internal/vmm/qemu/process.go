@@ -68,14 +68,21 @@ func startProc(ps procSpec) (*proc, error) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		cleanup, err := p.launch(ps)
-		if cleanup != nil {
-			defer cleanup()
-		}
-		started <- err
 		if err != nil {
+			if cleanup != nil {
+				cleanup()
+			}
+			started <- err
 			return
 		}
+		started <- nil
 		p.waitExit()
+		// What the jail made (the cgroup) is gone before anyone learns
+		// of the exit: a VM started next under the same id makes it anew.
+		if cleanup != nil {
+			cleanup()
+		}
+		close(p.done)
 	}()
 	if err := <-started; err != nil {
 		return nil, fmt.Errorf("starting %s: %w", ps.bin, err)
@@ -141,7 +148,6 @@ func (p *proc) waitExit() {
 	p.exited = true
 	p.mu.Unlock()
 	p.err = describeExit(p.cmd.Wait(), p.stderr)
-	close(p.done)
 }
 
 // kill sends SIGKILL to the process group unless the process has exited.
