@@ -45,6 +45,13 @@ const (
 	// HTTP request head that breaks HTTP/1.1's syntax or has an ambiguous
 	// body length, an HTTP/2 stream that does not decode.
 	ReasonMalformed = "malformed"
+	// ReasonPinnedCredential is a name, address or request for the host of
+	// a credential the run injects: only the credential endpoint reaches
+	// it, whatever the allow rules say.
+	ReasonPinnedCredential = "pinned_credential_host"
+	// ReasonCredentialRefused is a credential endpoint request refused
+	// (the record's note says by which check).
+	ReasonCredentialRefused = "credential_refused"
 )
 
 // Reasons a network path adds on its own, outside any Policy.
