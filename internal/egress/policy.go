@@ -14,6 +14,8 @@ const (
 	// Requests to the gateway's proxies, in records only.
 	ProtoHTTPProxy = "http_proxy"
 	ProtoSOCKS     = "socks5"
+	// Requests to the gateway's credential endpoint, in records only.
+	ProtoCredential = "credential"
 )
 
 // Where a name a [Sniffer] judges was found, in [Flow.HostFrom].

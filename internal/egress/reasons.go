@@ -52,6 +52,9 @@ const (
 	// ReasonCredentialRefused is a credential endpoint request refused
 	// (the record's note says by which check).
 	ReasonCredentialRefused = "credential_refused"
+	// ReasonCredentialAllowed is a credential endpoint request its alias's
+	// allow rules permit, made anew to the alias's host.
+	ReasonCredentialAllowed = "credential_allowed"
 )
 
 // Reasons a network path adds on its own, outside any Policy.

@@ -35,7 +35,8 @@ type Suggestion struct {
 // SNI/Host of a connection) becomes an exact --allow-host; every literal
 // public address it dialled becomes an --allow-cidr of that one address.
 // Names that resolved to private addresses are included as names; reaching
-// those still needs an explicit CIDR, which is not suggested.
+// those still needs an explicit CIDR, which is not suggested. A credential's
+// pinned host is never suggested: only its endpoint reaches it.
 func Suggest(attempts []Attempt) Suggestion {
 	s := Suggestion{AllowHosts: []string{}, AllowCIDRs: []string{}, Flags: []string{}, Unallowable: []string{}, Events: len(attempts)}
 	hosts := map[string]bool{}
@@ -45,7 +46,10 @@ func Suggest(attempts []Attempt) Suggestion {
 		a, aerr := netip.ParseAddr(e.Host)
 		isAddr := aerr == nil
 		switch {
-		case e.Host == "":
+		case e.Host == "" || e.Proto == ProtoCredential:
+			// Credential endpoint requests obey their alias's rules, not these.
+		case e.Reason == ReasonPinnedCredential:
+			unallowable[e.Proto+" "+hostPort(e)+" ("+e.Reason+")"] = true
 		case IsPlaceholder(e.Host):
 			reason := ReasonInvalidName
 			if e.Host == MalformedHost {

@@ -18,6 +18,9 @@ func TestSuggest(t *testing.T) {
 		{Proto: ProtoTCP, Host: "192.168.1.1", Port: 80, Reason: ReasonPrivate},
 		{Proto: ProtoUDP, Host: "8.8.8.8", Port: 53, Reason: ReasonNonTCP},
 		{Proto: ProtoDNS, Host: MalformedHost, Reason: ReasonMalformed},
+		{Proto: ProtoCredential, Host: "api.example", Port: 443, Reason: ReasonCredentialRefused},
+		{Proto: ProtoCredential, Host: "api.example", Port: 443, Allowed: true, Reason: ReasonCredentialAllowed},
+		{Proto: ProtoTCP, Host: "api.example", Port: 443, Reason: ReasonPinnedCredential},
 	}
 	s := Suggest(attempts)
 	wantHosts := []string{"files.pythonhosted.org", "github.com", "pypi.org"}
@@ -28,7 +31,8 @@ func TestSuggest(t *testing.T) {
 	if fmt.Sprint(s.Flags) != wantFlags {
 		t.Errorf("flags %v", s.Flags)
 	}
-	if len(s.Unallowable) != 4 || !slices.Contains(s.Unallowable, "dns <malformed> (malformed)") || s.Events != len(attempts) {
+	if len(s.Unallowable) != 5 || !slices.Contains(s.Unallowable, "dns <malformed> (malformed)") ||
+		!slices.Contains(s.Unallowable, "tcp api.example:443 (pinned_credential_host)") || s.Events != len(attempts) {
 		t.Errorf("unallowable %v events %d", s.Unallowable, s.Events)
 	}
 	// The suggestion, fed back, allows what was asked.

@@ -16,6 +16,11 @@
 //     rcode, answers, error. Their host is always sanitised (see
 //     egress.RecordHost), so no byte the guest chose reaches a report.
 //
+// A credential endpoint request (proto egress.ProtoCredential) adds, in
+// both formats, alias, method, path, status, bytes (its response body's
+// bytes, which are also its bytes_down) and note (the check that refused
+// it); other lines carry none of them.
+//
 // Field names are a stable interface: isopod egress suggest and tests read
 // them.
 package flightrec
@@ -32,6 +37,7 @@ import (
 const (
 	MaxErrLen  = 200
 	MaxAnswers = 16
+	MaxPathLen = 1024
 )
 
 // Event is one flow's record: a TCP connection, a UDP flow, a DNS query, a
@@ -59,6 +65,14 @@ type Event struct {
 	BytesUp    int64 // guest to destination
 	BytesDown  int64 // destination to guest
 	DurationMS int64
+
+	// Credential endpoint requests only. Path is the normalised request
+	// path without its query; Note names the check that refused it.
+	Alias  string
+	Method string
+	Path   string
+	Status int
+	Note   string
 }
 
 // Recorder receives flow records. Record must be safe for concurrent use and
@@ -83,6 +97,7 @@ type natLine struct {
 	BytesUp    int64      `json:"bytes_up"`
 	BytesDown  int64      `json:"bytes_down"`
 	DurationMS int64      `json:"duration_ms"`
+	credLine
 }
 
 // ledgerLine is a line of egress.jsonl and an element of a report list.
@@ -100,17 +115,39 @@ type ledgerLine struct {
 	Rcode     string   `json:"rcode,omitempty"`
 	Answers   []string `json:"answers,omitempty"`
 	Error     string   `json:"error,omitempty"`
+	credLine
+}
+
+// credLine is what a credential endpoint request adds to either line.
+type credLine struct {
+	Alias  string `json:"alias,omitempty"`
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Status int    `json:"status,omitempty"`
+	Bytes  *int64 `json:"bytes,omitempty"`
+	Note   string `json:"note,omitempty"`
+}
+
+// credLine is ev's credential fields; none unless ev is a credential
+// endpoint request.
+func (ev *Event) credLine() credLine {
+	if ev.Proto != egress.ProtoCredential {
+		return credLine{}
+	}
+	n := ev.BytesDown
+	return credLine{Alias: ev.Alias, Method: ev.Method, Path: ev.Path, Status: ev.Status, Bytes: &n, Note: ev.Note}
 }
 
 func (ev *Event) natLine() natLine {
 	return natLine{TS: ev.TS, Proto: ev.Proto, Dst: ev.Dst, Port: ev.Port, Host: ev.Host, Allowed: ev.Allowed,
 		Reason: ev.Reason, Error: ev.Error, QType: ev.QType, Rcode: ev.Rcode, Answers: ev.Answers,
-		BytesUp: ev.BytesUp, BytesDown: ev.BytesDown, DurationMS: ev.DurationMS}
+		BytesUp: ev.BytesUp, BytesDown: ev.BytesDown, DurationMS: ev.DurationMS, credLine: ev.credLine()}
 }
 
 func (ev *Event) ledgerLine() ledgerLine {
 	l := ledgerLine{TS: ev.TS, Proto: ev.Proto, Host: ev.Host, Port: ev.Port, Allowed: ev.Allowed, Reason: ev.Reason,
-		BytesUp: ev.BytesUp, BytesDown: ev.BytesDown, QType: ev.QType, Rcode: ev.Rcode, Answers: ev.Answers, Error: ev.Error}
+		BytesUp: ev.BytesUp, BytesDown: ev.BytesDown, QType: ev.QType, Rcode: ev.Rcode, Answers: ev.Answers, Error: ev.Error,
+		credLine: ev.credLine()}
 	if ev.Dst.IsValid() {
 		l.Addr = ev.Dst.String()
 	}
@@ -133,7 +170,7 @@ func (ev *Event) UnmarshalJSON(b []byte) error {
 	}
 	*ev = Event{TS: l.TS, Proto: l.Proto, Dst: l.Dst, Port: l.Port, Host: l.Host, Allowed: l.Allowed, Reason: l.Reason,
 		Error: l.Error, QType: l.QType, Rcode: l.Rcode, Answers: l.Answers, BytesUp: l.BytesUp, BytesDown: l.BytesDown,
-		DurationMS: l.DurationMS}
+		DurationMS: l.DurationMS, Alias: l.Alias, Method: l.Method, Path: l.Path, Status: l.Status, Note: l.Note}
 	if !ev.Dst.IsValid() && l.Addr != "" {
 		a, err := netip.ParseAddr(l.Addr)
 		if err != nil {

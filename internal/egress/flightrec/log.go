@@ -166,6 +166,9 @@ func trim(ev *Event) {
 	if len(ev.Answers) > MaxAnswers {
 		ev.Answers = ev.Answers[:MaxAnswers]
 	}
+	if len(ev.Path) > MaxPathLen {
+		ev.Path = ev.Path[:MaxPathLen]
+	}
 }
 
 // sanitise turns ev into its egress.jsonl form: the host as
@@ -193,6 +196,9 @@ func sanitise(ev Event) Event {
 	}
 	if len(ev.Error) > MaxErrLen {
 		ev.Error = ev.Error[:MaxErrLen]
+	}
+	if len(ev.Path) > MaxPathLen {
+		ev.Path = ev.Path[:MaxPathLen]
 	}
 	ev.Answers = append([]string(nil), ev.Answers...)
 	return ev

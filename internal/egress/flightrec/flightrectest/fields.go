@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
@@ -62,6 +63,35 @@ func testFields(t *testing.T, mode string, s Subject) {
 			}
 		}
 	}
+}
+
+// testCredential checks credential endpoint requests: their alias,
+// method, path, status and note come back as recorded, a path over
+// flightrec.MaxPathLen trimmed; in ModeFiltered a refusal is listed in
+// the report's denied entries and a served request in its allowed ones.
+func testCredential(t *testing.T, mode string, s Subject) {
+	in := []flightrec.Event{
+		{Time: at(1), Proto: egress.ProtoCredential, Host: "api.example", Port: 443, Allowed: true, Reason: egress.ReasonCredentialAllowed,
+			BytesUp: 3, BytesDown: 70, Alias: "gh", Method: "POST", Path: "/repos/a/b/issues", Status: 201},
+		{Time: at(2), Proto: egress.ProtoCredential, Host: "api.example", Port: 443, Reason: egress.ReasonCredentialRefused,
+			Alias: "gh", Method: "GET", Path: "/" + long(flightrec.MaxPathLen+10), Status: 403, Note: "not_permitted"},
+	}
+	for _, ev := range in {
+		s.Record(ev)
+	}
+	want := []flightrec.Event{in[0], in[1]}
+	for i := range want {
+		want[i].Time, want[i].TS = time.Time{}, int64(i+1)
+	}
+	want[1].Path = want[1].Path[:flightrec.MaxPathLen]
+	sameEvents(t, s.Events(), want)
+	r, ok := s.(Reporter)
+	if !ok || mode != flightrec.ModeFiltered {
+		return
+	}
+	rep := r.Report()
+	sameEvents(t, rep.Allowed, want[:1])
+	sameEvents(t, rep.Denied, want[1:])
 }
 
 // testReport checks a filtered run's egress block: the rules, the refused

@@ -60,6 +60,7 @@ func Run(t *testing.T, tg Target) {
 			t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, open(t, 0)) })
 			t.Run("Cap", func(t *testing.T) { testCap(t, open(t, 5)) })
 			t.Run("Fields", func(t *testing.T) { testFields(t, mode, open(t, 0)) })
+			t.Run("Credential", func(t *testing.T) { testCredential(t, mode, open(t, 0)) })
 			t.Run("Report", func(t *testing.T) {
 				cfg := config(t, 0)
 				testReport(t, mode, tg.New(t, cfg), cfg)
