@@ -4,6 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"time"
+
+	"isopod/internal/egress"
+	"isopod/internal/egress/flightrec"
 )
 
 // Where the store lives and where the guest reaches the endpoint.
@@ -15,7 +19,7 @@ const (
 	// EndpointEnv names the guest's variable holding the endpoint's URL.
 	EndpointEnv = "ISOPOD_CREDENTIAL_ENDPOINT"
 	// ProtoCredential is the flight-recorder proto of endpoint requests.
-	ProtoCredential = "credential"
+	ProtoCredential = egress.ProtoCredential
 	// DefaultMaxBody caps a request body sent through the endpoint.
 	DefaultMaxBody = 256 << 20
 )
@@ -40,13 +44,16 @@ type Credential struct {
 // Event is one endpoint request, for the flight recorder: served (Allowed)
 // or refused, with the check that refused it in Note.
 type Event struct {
-	Alias   string
+	Time    time.Time // when the request arrived
+	Alias   string    // lower case; a name from the guest that is no alias's as <invalid:N>
+	Host    string    // the alias's host; empty for an unknown alias
 	Method  string
 	Path    string // normalised; the query is not recorded
 	Status  int    // the status relayed or sent back
 	Bytes   int64  // response body bytes relayed
-	Allowed bool
-	Note    string // which check refused, e.g. "not_permitted"
+	BytesUp int64  // request body bytes sent upstream
+	Allowed bool   // the checks passed (the host may still have failed: Note says)
+	Note    string // which check refused, e.g. "not_permitted", or how the host failed
 }
 
 // GatewayConfig configures a VM's credential endpoint.
@@ -58,5 +65,26 @@ type GatewayConfig struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// MaxBody caps a request body; 0: DefaultMaxBody.
 	MaxBody int64
-	Logger  *slog.Logger
+	// HeadTimeout bounds the wait for the host's response head once the
+	// request is sent; 0: DefaultHeadTimeout.
+	HeadTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Flight is e as the flight recorder keeps it: proto credential, the
+// alias's host on port 443, reason credential_allowed or, refused,
+// credential_refused with the check in note; the response body's bytes
+// as bytes (and bytes_down). Wire a gateway's Record to a recorder with
+// func(e Event) { rec.Record(e.Flight()) }.
+func (e Event) Flight() flightrec.Event {
+	ev := flightrec.Event{Time: e.Time, Proto: egress.ProtoCredential, Host: e.Host, Allowed: e.Allowed,
+		Reason: egress.ReasonCredentialAllowed, BytesUp: e.BytesUp, BytesDown: e.Bytes,
+		Alias: e.Alias, Method: e.Method, Path: e.Path, Status: e.Status, Note: e.Note}
+	if !e.Allowed {
+		ev.Reason = egress.ReasonCredentialRefused
+	}
+	if e.Host != "" {
+		ev.Port = 443
+	}
+	return ev
 }

@@ -1,8 +1,10 @@
 package credential
 
 import (
+	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"net/http"
 )
 
 // Secret holds a secret value. Every way Go prints or encodes a value
@@ -26,3 +28,34 @@ func (s Secret) MarshalJSON() ([]byte, error) { return nil, errSerialise }
 func (s Secret) MarshalText() ([]byte, error) { return nil, errSerialise }
 
 var errSerialise = fmt.Errorf("credential: a secret cannot be serialised")
+
+// newSecret checks v as a header value: not empty, visible ASCII, space
+// and tab only. The error never holds v.
+func newSecret(v []byte) (Secret, error) {
+	if len(v) == 0 {
+		return Secret{}, fmt.Errorf("the secret is empty")
+	}
+	for _, c := range v {
+		if (c < 0x20 || c > 0x7e) && c != '\t' {
+			return Secret{}, fmt.Errorf("the secret has a byte outside visible ASCII, space and tab")
+		}
+	}
+	return Secret{b: append([]byte(nil), v...)}, nil
+}
+
+// sign is the one way out of a Secret: it sets the header that presents
+// it upstream as scheme says (user for basic, name for header).
+func (s Secret) sign(h http.Header, scheme Scheme, user, name string) {
+	switch scheme {
+	case SchemeBearer:
+		h["Authorization"] = []string{"Bearer " + string(s.b)}
+	case SchemeBasic:
+		h["Authorization"] = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+string(s.b)))}
+	case SchemeHeader:
+		h[name] = []string{string(s.b)}
+	}
+}
+
+// empty reports whether s holds no value (a Credential not made by
+// Resolve).
+func (s Secret) empty() bool { return len(s.b) == 0 }

@@ -1,8 +1,13 @@
 package credential
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
-	"log/slog"
+	"io"
+	"regexp"
+	"strings"
 
 	"isopod/internal/errdefs"
 )
@@ -27,6 +32,8 @@ type Alias struct {
 	Allow  []Rule
 	MCP    bool
 	CAFile string // optional: PEM roots added to the system's for Host
+
+	caPEM []byte // CAFile's content, as Load read it
 }
 
 // Rule is one parsed allow entry.
@@ -41,23 +48,78 @@ type Store struct {
 	Aliases map[string]Alias
 }
 
-// Load reads and validates the store at path: a regular file owned by
-// this user, no group or other permission bits, under 64 KiB, a known
-// version. Errors are errdefs.ErrFailedPrecondition and name the file and
-// the fix.
-func Load(path string) (*Store, error) {
-	return nil, fmt.Errorf("credential store %s: not implemented: %w", path, errdefs.ErrNotSupported)
+// StoreVersion is the one version of the store's format.
+const StoreVersion = 1
+
+// storeFile is the store's JSON form.
+type storeFile struct {
+	Version     *int                 `json:"version"`
+	Credentials map[string]aliasFile `json:"credentials"`
 }
 
-// Resolve loads the store at path and resolves names (all or nothing)
-// for caller, reading each secret from its source with lookupEnv. No
-// names: no I/O at all. An unknown alias is errdefs.ErrNotFound; a bad
-// store or source errdefs.ErrFailedPrecondition; for a Model caller every
-// refusal is one uniform errdefs.ErrInvalidArgument (the reason goes to
-// log). No error ever holds a secret.
-func Resolve(path string, names []string, caller Caller, lookupEnv func(string) (string, bool), log *slog.Logger) ([]Credential, error) {
-	if len(names) == 0 {
-		return nil, nil
+// aliasFile is one declaration's JSON form.
+type aliasFile struct {
+	Host   string   `json:"host"`
+	Scheme string   `json:"scheme"`
+	User   string   `json:"user"`
+	Header string   `json:"header"`
+	Source string   `json:"source"`
+	Allow  []string `json:"allow"`
+	MCP    bool     `json:"mcp"`
+	CAFile string   `json:"ca_file"`
+}
+
+// aliasName is the syntax of an alias.
+var aliasName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Load reads and validates the store at path: a regular file owned by
+// this user, no group or other permission bits, at most MaxFileSize bytes,
+// version StoreVersion, no field it does not know, every declaration
+// valid. Errors are errdefs.ErrFailedPrecondition and name the file (and
+// the alias and field) and the fix.
+func Load(path string) (*Store, error) {
+	b, err := readPrivate(path)
+	if err != nil {
+		return nil, fmt.Errorf("credential store: %w", err)
 	}
-	return nil, fmt.Errorf("credential store %s: not implemented: %w", path, errdefs.ErrNotSupported)
+	return parseStore(path, b)
+}
+
+// parseStore validates the store's content b, read from path.
+func parseStore(path string, b []byte) (*Store, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("credential store %s: %s: %w", path, fmt.Sprintf(format, args...), errdefs.ErrFailedPrecondition)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var f storeFile
+	if err := dec.Decode(&f); err != nil {
+		return nil, bad("%v: fix its JSON (see docs/credentials.md for the format)", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, bad("text after the JSON object: remove it")
+	}
+	if f.Version == nil || *f.Version != StoreVersion {
+		got := "none"
+		if f.Version != nil {
+			got = fmt.Sprint(*f.Version)
+		}
+		return nil, bad(`version %s: set "version": %d`, got, StoreVersion)
+	}
+	st := &Store{Path: path, Aliases: make(map[string]Alias, len(f.Credentials))}
+	for name, af := range f.Credentials {
+		if !aliasName.MatchString(name) {
+			return nil, bad("alias %q: an alias is 1 to 64 letters, digits, '-' and '_': rename it", name)
+		}
+		key := strings.ToLower(name)
+		if _, dup := st.Aliases[key]; dup {
+			return nil, bad("alias %q is declared twice (aliases are matched ignoring case): remove or rename one", name)
+		}
+		a, err := af.alias(key)
+		if err != nil {
+			return nil, bad("alias %q: %v", name, err)
+		}
+		st.Aliases[key] = a
+	}
+	return st, nil
 }

@@ -1,0 +1,211 @@
+package credential
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"isopod/internal/errdefs"
+)
+
+// Upstream timeouts.
+const (
+	// DefaultHeadTimeout bounds the wait for a response's head once the
+	// request is sent; bodies stream without a cap on time.
+	DefaultHeadTimeout = 60 * time.Second
+	dialTimeout        = 30 * time.Second
+	handshakeTimeout   = 30 * time.Second
+)
+
+// forwarded are the request headers passed on; every other one (Host,
+// Authorization, Cookie included) is dropped. Content-Length travels as
+// the request's length.
+var forwarded = map[string]bool{
+	"Accept": true, "Accept-Encoding": true, "Content-Type": true, "Content-Encoding": true,
+	"Git-Protocol": true, "User-Agent": true,
+}
+
+// hopByHop are the response headers not relayed, with those a
+// Connection header names.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// userAgent is sent when the guest sends none.
+const userAgent = "isopod-credential-endpoint"
+
+// upstream is one alias's way to its host.
+type upstream struct {
+	cred Credential
+	rt   *http.Transport
+}
+
+// newUpstream makes c's transport: TLS verified against the system's
+// roots and c's CA file, no proxy, no redirect followed (the transport
+// alone never follows one), dialled through cfg.Dial.
+func newUpstream(c Credential, cfg GatewayConfig) (*upstream, error) {
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	if ca := c.Alias.caPEM; ca != nil || c.Alias.CAFile != "" {
+		if ca == nil {
+			if ca, err = os.ReadFile(c.Alias.CAFile); err != nil {
+				return nil, fmt.Errorf("ca_file: %w: %w", err, errdefs.ErrFailedPrecondition)
+			}
+		}
+		if !roots.AppendCertsFromPEM(ca) {
+			return nil, fmt.Errorf("ca_file %s holds no PEM certificate: %w", c.Alias.CAFile, errdefs.ErrFailedPrecondition)
+		}
+	}
+	dial := cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	head := cfg.HeadTimeout
+	if head <= 0 {
+		head = DefaultHeadTimeout
+	}
+	rt := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+			defer cancel()
+			return dial(ctx, network, addr)
+		},
+		TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:   handshakeTimeout,
+		ResponseHeaderTimeout: head,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+	}
+	return &upstream{cred: c, rt: rt}, nil
+}
+
+// forward makes the request anew to the alias's host and relays the
+// answer; target is the normalised path and the query.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, up *upstream, target string, ev *Event) {
+	if r.ContentLength > g.maxBody {
+		g.refuse(w, ev, NoteBodyTooLarge)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	out, err := http.NewRequestWithContext(ctx, r.Method, "https://"+up.cred.Alias.Host+target, nil)
+	if err != nil {
+		g.refuse(w, ev, NoteBadPath)
+		return
+	}
+	for k, vs := range r.Header {
+		if forwarded[k] {
+			out.Header[k] = append([]string(nil), vs...)
+		}
+	}
+	if out.Header.Get("User-Agent") == "" {
+		out.Header.Set("User-Agent", userAgent)
+	}
+	up.cred.secret.sign(out.Header, up.cred.Alias.Scheme, up.cred.Alias.User, up.cred.Alias.Header)
+	body := &cappedBody{r: r.Body, left: g.maxBody}
+	if r.ContentLength != 0 {
+		out.Body, out.ContentLength = body, r.ContentLength
+	}
+	resp, err := up.rt.RoundTrip(out)
+	ev.BytesUp = body.n.Load()
+	if body.over.Load() {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		cancel()
+		g.refuse(w, ev, NoteBodyTooLarge)
+		return
+	}
+	if err != nil {
+		g.log.Warn("credential endpoint: upstream request failed", "alias", ev.Alias, "host", ev.Host, "err", err)
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+			g.refuse(w, ev, NoteUpstreamTimeout)
+		} else {
+			g.refuse(w, ev, NoteUpstreamFailed)
+		}
+		return
+	}
+	defer resp.Body.Close()
+	g.relay(w, resp, ev)
+}
+
+// relay sends resp's status, headers (less the hop-by-hop ones) and body,
+// flushing as it goes. A body the host cuts is cut here too.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, ev *Event) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append([]string(nil), vs...)
+	}
+	for _, c := range resp.Header.Values("Connection") {
+		for name := range strings.SplitSeq(c, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+	ev.Status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the guest went away
+			}
+			ev.Bytes += int64(n)
+			_ = rc.Flush()
+		}
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			ev.Note = NoteUpstreamFailed
+			g.log.Warn("credential endpoint: upstream response cut", "alias", ev.Alias, "host", ev.Host, "err", err)
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// errBodyTooLarge ends a request body over the limit.
+var errBodyTooLarge = errors.New("request body over the credential endpoint's limit")
+
+// cappedBody reads a request body up to a limit, counting; past it, it
+// fails, which aborts the upstream request.
+type cappedBody struct {
+	r    io.ReadCloser
+	left int64
+	n    atomic.Int64
+	over atomic.Bool
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.r.Read(p)
+	if int64(n) > b.left {
+		b.over.Store(true)
+		return 0, errBodyTooLarge
+	}
+	b.left -= int64(n)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *cappedBody) Close() error { return b.r.Close() }
