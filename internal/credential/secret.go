@@ -9,9 +9,15 @@ import (
 
 // Secret holds a secret value. Every way Go prints or encodes a value
 // shows only [Redacted]; the bytes are reachable inside this package alone.
+// They sit behind a pointer, so that a Secret in an unexported field,
+// which fmt prints by reflection without calling its methods, shows as an
+// address.
 type Secret struct {
-	b []byte
+	v *secretValue
 }
+
+// secretValue is a Secret's bytes.
+type secretValue struct{ b []byte }
 
 // Redacted is what a Secret prints as.
 const Redacted = "[redacted]"
@@ -40,7 +46,7 @@ func newSecret(v []byte) (Secret, error) {
 			return Secret{}, fmt.Errorf("the secret has a byte outside visible ASCII, space and tab")
 		}
 	}
-	return Secret{b: append([]byte(nil), v...)}, nil
+	return Secret{v: &secretValue{b: append([]byte(nil), v...)}}, nil
 }
 
 // sign is the one way out of a Secret: it sets the header that presents
@@ -48,14 +54,14 @@ func newSecret(v []byte) (Secret, error) {
 func (s Secret) sign(h http.Header, scheme Scheme, user, name string) {
 	switch scheme {
 	case SchemeBearer:
-		h["Authorization"] = []string{"Bearer " + string(s.b)}
+		h["Authorization"] = []string{"Bearer " + string(s.v.b)}
 	case SchemeBasic:
-		h["Authorization"] = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+string(s.b)))}
+		h["Authorization"] = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+string(s.v.b)))}
 	case SchemeHeader:
-		h[name] = []string{string(s.b)}
+		h[name] = []string{string(s.v.b)}
 	}
 }
 
 // empty reports whether s holds no value (a Credential not made by
 // Resolve).
-func (s Secret) empty() bool { return len(s.b) == 0 }
+func (s Secret) empty() bool { return s.v == nil || len(s.v.b) == 0 }
