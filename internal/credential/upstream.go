@@ -159,6 +159,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, ev *Event) {
 		h.Del(k)
 	}
 	ev.Status = resp.StatusCode
+	g.log.Debug("credential endpoint request", "alias", ev.Alias, "method", ev.Method, "path", ev.Path, "status", ev.Status)
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 32<<10)
