@@ -1,0 +1,112 @@
+package credential
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// httpBackend is where Debian keeps git's smart HTTP server.
+const httpBackend = "/usr/lib/git-core/git-http-backend"
+
+// TestGitThroughGateway clones from and pushes to a repository served by
+// git http-backend behind an HTTPS host that answers only with the
+// secret, with the host's git talking to the endpoint in plain HTTP and
+// never holding the secret. The push is a commit of 4 MiB of random
+// data: a large request body, which git sends chunked.
+func TestGitThroughGateway(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	if _, err := os.Stat(httpBackend); err != nil {
+		t.Skip("no git http-backend")
+	}
+	root := t.TempDir()
+	home := t.TempDir()
+	env := append(os.Environ(), "HOME="+home, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.invalid", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.invalid")
+	git := func(dir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	bare := filepath.Join(root, "repo.git")
+	git(root, "init", "-q", "--bare", "-b", "main", bare)
+	git(bare, "config", "http.receivepack", "true")
+	seed := t.TempDir()
+	git(seed, "init", "-q", "-b", "main")
+	writeFile(t, seed, "README", "hello\n", 0o644)
+	git(seed, "add", "README")
+	git(seed, "commit", "-q", "-m", "seed")
+	git(seed, "push", "-q", bare, "main")
+
+	backend := &cgi.Handler{Path: httpBackend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
+		InheritEnv: []string{"PATH"}}
+	var chunked atomic.Int64
+	host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authorised(r) != "basic" {
+			http.Error(w, "no or wrong credential", http.StatusForbidden)
+			return
+		}
+		if r.ContentLength < 0 { // net/http/cgi takes no chunked body: read it whole first
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			chunked.Add(int64(len(b)))
+			r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+		}
+		backend.ServeHTTP(w, r)
+	})
+	ca := newTestCA(t)
+	gw := newTestGateway(t, upstreamTLS(t, ca, host), ca, map[string]string{
+		"git": `{"host": "localhost", "scheme": "basic", "user": "bot", "source": "env:TOK", "ca_file": "%CA%",
+			"allow": ["GET /repo.git/**", "POST /repo.git/git-upload-pack", "POST /repo.git/git-receive-pack"]}`,
+	}, nil)
+
+	work := filepath.Join(t.TempDir(), "clone")
+	git(root, "clone", "-q", gw.url+"/git/repo.git", work)
+	if b, err := os.ReadFile(filepath.Join(work, "README")); err != nil || string(b) != "hello\n" {
+		t.Fatalf("clone: README %q, %v", b, err)
+	}
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	if err := os.WriteFile(filepath.Join(work, "blob.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(work, "add", "blob.bin")
+	git(work, "commit", "-q", "-m", "big")
+	git(work, "push", "-q", "origin", "main")
+	if got, want := git(bare, "rev-parse", "main"), git(work, "rev-parse", "HEAD"); got != want {
+		t.Errorf("the bare repository's main is %s; want the pushed %s", got, want)
+	}
+	if chunked.Load() < 4<<20 {
+		t.Errorf("the host got %d bytes of chunked bodies; want the push's pack, over 4 MiB", chunked.Load())
+	}
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	var up int64
+	for _, e := range gw.events {
+		if !e.Allowed || e.Status != 200 {
+			t.Errorf("event %+v", e)
+		}
+		up += e.BytesUp
+	}
+	if up < 4<<20 {
+		t.Errorf("%d request bytes through the endpoint; want the 4 MiB pushed", up)
+	}
+}
