@@ -156,6 +156,12 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
 			}},
+		{"credentials import neither the core, the machine layer, the network stack, a front end nor config",
+			under("internal/credential"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !under("internal/netstack")(imp) &&
+					!frontEnd(imp) && imp != mod+"internal/config"
+			}},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},
