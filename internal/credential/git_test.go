@@ -29,49 +29,8 @@ func TestGitThroughGateway(t *testing.T) {
 	if _, err := os.Stat(httpBackend); err != nil {
 		t.Skip("no git http-backend")
 	}
-	root := t.TempDir()
-	home := t.TempDir()
-	env := append(os.Environ(), "HOME="+home, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
-		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.invalid", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.invalid")
-	git := func(dir string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir, cmd.Env = dir, env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	bare := filepath.Join(root, "repo.git")
-	git(root, "init", "-q", "--bare", "-b", "main", bare)
-	git(bare, "config", "http.receivepack", "true")
-	seed := t.TempDir()
-	git(seed, "init", "-q", "-b", "main")
-	writeFile(t, seed, "README", "hello\n", 0o644)
-	git(seed, "add", "README")
-	git(seed, "commit", "-q", "-m", "seed")
-	git(seed, "push", "-q", bare, "main")
-
-	backend := &cgi.Handler{Path: httpBackend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
-		InheritEnv: []string{"PATH"}}
-	var chunked atomic.Int64
-	host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if authorised(r) != "basic" {
-			http.Error(w, "no or wrong credential", http.StatusForbidden)
-			return
-		}
-		if r.ContentLength < 0 { // net/http/cgi takes no chunked body: read it whole first
-			b, err := io.ReadAll(r.Body)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			chunked.Add(int64(len(b)))
-			r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
-		}
-		backend.ServeHTTP(w, r)
-	})
+	git, root, bare := gitRepo(t)
+	host, chunked := gitHost(root)
 	ca := newTestCA(t)
 	gw := newTestGateway(t, upstreamTLS(t, ca, host), ca, map[string]string{
 		"git": `{"host": "localhost", "scheme": "basic", "user": "bot", "source": "env:TOK", "ca_file": "%CA%",
@@ -112,4 +71,62 @@ func TestGitThroughGateway(t *testing.T) {
 	if up < 4<<20 {
 		t.Errorf("%d request bytes through the endpoint; want the 4 MiB pushed", up)
 	}
+}
+
+// gitRepo makes a bare repository of one commit, root/repo.git, that
+// accepts pushes, and returns a runner of the host's git (in a home of
+// its own), root and the repository.
+func gitRepo(t *testing.T) (git func(dir string, args ...string) string, root, bare string) {
+	t.Helper()
+	root = t.TempDir()
+	home := t.TempDir()
+	env := append(os.Environ(), "HOME="+home, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.invalid", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.invalid")
+	git = func(dir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	bare = filepath.Join(root, "repo.git")
+	git(root, "init", "-q", "--bare", "-b", "main", bare)
+	git(bare, "config", "http.receivepack", "true")
+	seed := t.TempDir()
+	git(seed, "init", "-q", "-b", "main")
+	writeFile(t, seed, "README", "hello\n", 0o644)
+	git(seed, "add", "README")
+	git(seed, "commit", "-q", "-m", "seed")
+	git(seed, "push", "-q", bare, "main")
+
+	return git, root, bare
+}
+
+// gitHost is git http-backend serving the repositories under root to
+// requests with the secret (scheme basic), and a count of the bytes of
+// the chunked request bodies it got.
+func gitHost(root string) (http.Handler, *atomic.Int64) {
+	backend := &cgi.Handler{Path: httpBackend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
+		InheritEnv: []string{"PATH"}}
+	chunked := new(atomic.Int64)
+	host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authorised(r) != "basic" {
+			http.Error(w, "no or wrong credential", http.StatusForbidden)
+			return
+		}
+		if r.ContentLength < 0 { // net/http/cgi takes no chunked body: read it whole first
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			chunked.Add(int64(len(b)))
+			r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+		}
+		backend.ServeHTTP(w, r)
+	})
+	return host, chunked
 }

@@ -153,6 +153,12 @@ func TestLoadFileRefusals(t *testing.T) {
 		}
 		checkStoreRefusal(t, p, "owned by uid 12345")
 	})
+	t.Run("ca_file not PEM", func(t *testing.T) {
+		dir := t.TempDir()
+		ca := writeFile(t, dir, "ca.pem", "not a certificate\n", 0o644)
+		p := writeFile(t, dir, StoreFile, storeWith(`{"host": "api.example", "scheme": "bearer", "source": "env:T", "allow": ["readonly"], "ca_file": "`+ca+`"}`), 0o600)
+		checkStoreRefusal(t, p, "no PEM certificate")
+	})
 	t.Run("valid", func(t *testing.T) {
 		p := writeFile(t, t.TempDir(), StoreFile, content, 0o600)
 		if _, err := Load(p); err != nil {
