@@ -176,6 +176,7 @@ var installed = []string{
 	"/usr/share/doc/isopod/docs/architecture.md",
 	"/usr/share/doc/isopod/docs/mcp-usage.md",
 	"/usr/share/doc/isopod/docs/egress-ledger.md",
+	"/usr/share/doc/isopod/docs/credentials.md",
 	"/usr/share/doc/isopod/third-party-notices.gz",
 }
 

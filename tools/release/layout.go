@@ -75,6 +75,7 @@ func releaseFiles() []file {
 		doc("docs/architecture.md"),
 		doc("docs/mcp-usage.md"),
 		doc("docs/egress-ledger.md"),
+		doc("docs/credentials.md"),
 		{dst: path.Join(docDir, genNotices), from: fromGenerated, src: genNotices, mode: 0o644},
 
 		// The licence, as each format expects it.
