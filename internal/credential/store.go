@@ -53,8 +53,44 @@ const StoreVersion = 1
 
 // storeFile is the store's JSON form.
 type storeFile struct {
-	Version     *int                 `json:"version"`
-	Credentials map[string]aliasFile `json:"credentials"`
+	Version     *int       `json:"version"`
+	Credentials aliasFiles `json:"credentials"`
+}
+
+// aliasFiles are the declarations in the order written, a name given
+// twice included (a JSON object read into a map would keep only the
+// last).
+type aliasFiles []namedAlias
+
+type namedAlias struct {
+	name string
+	aliasFile
+}
+
+// UnmarshalJSON reads the credentials object, refusing unknown fields in
+// each declaration.
+func (m *aliasFiles) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return fmt.Errorf(`"credentials" is not an object of aliases`)
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name, _ := tok.(string)
+		var af aliasFile
+		if err := dec.Decode(&af); err != nil {
+			return fmt.Errorf("alias %q: %w", name, err)
+		}
+		*m = append(*m, namedAlias{name, af})
+	}
+	return nil
 }
 
 // aliasFile is one declaration's JSON form.
@@ -107,7 +143,8 @@ func parseStore(path string, b []byte) (*Store, error) {
 		return nil, bad(`version %s: set "version": %d`, got, StoreVersion)
 	}
 	st := &Store{Path: path, Aliases: make(map[string]Alias, len(f.Credentials))}
-	for name, af := range f.Credentials {
+	for _, na := range f.Credentials {
+		name, af := na.name, na.aliasFile
 		if !aliasName.MatchString(name) {
 			return nil, bad("alias %q: an alias is 1 to 64 letters, digits, '-' and '_': rename it", name)
 		}

@@ -64,12 +64,14 @@ func TestLoadRefusals(t *testing.T) {
 		name, content, want string
 	}{
 		{"unknown top field", `{"version": 1, "credentials": {}, "extra": 1}`, `unknown field "extra"`},
-		{"unknown alias field", storeWith(`{"host": "api.example", "scheme": "bearer", "source": "env:T", "allow": ["readonly"], "token": "x"}`), `unknown field "token"`},
+		{"unknown alias field", storeWith(`{"host": "api.example", "scheme": "bearer", "source": "env:T", "allow": ["readonly"], "token": "x"}`), `alias "gh": json: unknown field "token"`},
 		{"no version", `{"credentials": {}}`, `"version": 1`},
 		{"version 2", `{"version": 2, "credentials": {}}`, "version 2"},
 		{"not json", `{"version": 1,`, "fix its JSON"},
 		{"trailing text", `{"version": 1, "credentials": {}} {}`, "text after"},
 		{"bad alias name", `{"version": 1, "credentials": {"a.b": ` + ok + `}}`, "letters, digits"},
+		{"alias twice", `{"version": 1, "credentials": {"gh": ` + ok + `, "gh": ` + ok + `}}`, "declared twice"},
+		{"credentials not an object", `{"version": 1, "credentials": []}`, "not an object"},
 		{"alias twice by case", `{"version": 1, "credentials": {"gh": ` + ok + `, "GH": ` + ok + `}}`, "declared twice"},
 		{"no host", storeWith(`{"scheme": "bearer", "source": "env:T", "allow": ["readonly"]}`), `"host": missing`},
 		{"wildcard host", storeWith(`{"host": "*.example", "scheme": "bearer", "source": "env:T", "allow": ["readonly"]}`), "one exact host"},
