@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -165,14 +166,16 @@ func (g *Gateway) record(ev *Event) {
 	}
 }
 
-// Hosts are the credentials' hosts, which the VM's egress pins: nothing
-// in the guest reaches them except through the endpoint.
+// Hosts are the credentials' hosts, sorted, each once, which the VM's
+// egress pins: nothing in the guest reaches them except through the
+// endpoint.
 func (g *Gateway) Hosts() []string {
 	var out []string
 	for _, c := range g.cfg.Credentials {
 		out = append(out, c.Alias.Host)
 	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Close closes the connections to the hosts kept for reuse. Requests

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,9 @@ func TestGatewaySchemes(t *testing.T) {
 			ev.Path != path || ev.Status != 200 || ev.Bytes != int64(len(want)) || ev.BytesUp != int64(len(tt.body)) || ev.Note != "" {
 			t.Errorf("event %+v", ev)
 		}
+	}
+	if h := gw.Hosts(); !slices.Equal(h, []string{"localhost"}) {
+		t.Errorf("hosts %q; want [localhost], once", h)
 	}
 	if n := len(up.requests()); n != 6 {
 		t.Errorf("host got %d requests; want 6", n)
