@@ -3,6 +3,7 @@ package credential
 import (
 	"bytes"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cgi"
@@ -30,7 +31,7 @@ func TestGitThroughGateway(t *testing.T) {
 		t.Skip("no git http-backend")
 	}
 	git, root, bare := gitRepo(t)
-	host, chunked := gitHost(root)
+	host, chunked, gzipped := gitHost(root)
 	ca := newTestCA(t)
 	gw := newTestGateway(t, upstreamTLS(t, ca, host), ca, map[string]string{
 		"git": `{"host": "localhost", "scheme": "basic", "user": "bot", "source": "env:TOK", "ca_file": "%CA%",
@@ -42,7 +43,7 @@ func TestGitThroughGateway(t *testing.T) {
 	git(root, "config", "--global", "url."+gw.url+"/git/.insteadOf", "https://localhost/")
 	work := filepath.Join(t.TempDir(), "clone")
 	git(root, "clone", "-q", "https://localhost/repo.git", work)
-	if b, err := os.ReadFile(filepath.Join(work, "README")); err != nil || string(b) != "hello\n" {
+	if b, err := os.ReadFile(filepath.Join(work, "README")); err != nil || string(b) != "hello\n" || git(work, "rev-parse", "origin/b29") == "" {
 		t.Fatalf("clone: README %q, %v", b, err)
 	}
 	data := make([]byte, 4<<20)
@@ -55,6 +56,9 @@ func TestGitThroughGateway(t *testing.T) {
 	git(work, "push", "-q", "origin", "main")
 	if got, want := git(bare, "rev-parse", "main"), git(work, "rev-parse", "HEAD"); got != want {
 		t.Errorf("the bare repository's main is %s; want the pushed %s", got, want)
+	}
+	if gzipped.Load() == 0 {
+		t.Error("the host got no gzipped request; want the clone's")
 	}
 	if chunked.Load() < 4<<20 {
 		t.Errorf("the host got %d bytes of chunked bodies; want the push's pack, over 4 MiB", chunked.Load())
@@ -100,22 +104,37 @@ func gitRepo(t *testing.T) (git func(dir string, args ...string) string, root, b
 	writeFile(t, seed, "README", "hello\n", 0o644)
 	git(seed, "add", "README")
 	git(seed, "commit", "-q", "-m", "seed")
-	git(seed, "push", "-q", bare, "main")
+	// A branch of its own commit each, so that a clone's wants outgrow
+	// 1 KiB, which git sends gzipped.
+	var stream strings.Builder
+	for i := range 30 {
+		msg := fmt.Sprint("b", i)
+		fmt.Fprintf(&stream, "commit refs/heads/%s\ncommitter t <t@example.invalid> 0 +0000\ndata %d\n%s\n", msg, len(msg), msg)
+	}
+	imp := exec.Command("git", "fast-import", "--quiet")
+	imp.Dir, imp.Env, imp.Stdin = seed, env, strings.NewReader(stream.String())
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("git fast-import: %v\n%s", err, out)
+	}
+	git(seed, "push", "-q", bare, "main", "refs/heads/b*:refs/heads/b*")
 
 	return git, root, bare
 }
 
 // gitHost is git http-backend serving the repositories under root to
-// requests with the secret (scheme basic), and a count of the bytes of
-// the chunked request bodies it got.
-func gitHost(root string) (http.Handler, *atomic.Int64) {
+// requests with the secret (scheme basic), and counts of the bytes of
+// the chunked request bodies it got and of its gzipped requests.
+func gitHost(root string) (http.Handler, *atomic.Int64, *atomic.Int64) {
 	backend := &cgi.Handler{Path: httpBackend, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
 		InheritEnv: []string{"PATH"}}
-	chunked := new(atomic.Int64)
+	chunked, gzipped := new(atomic.Int64), new(atomic.Int64)
 	host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if authorised(r) != "basic" {
 			http.Error(w, "no or wrong credential", http.StatusForbidden)
 			return
+		}
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			gzipped.Add(1)
 		}
 		if r.ContentLength < 0 { // net/http/cgi takes no chunked body: read it whole first
 			b, err := io.ReadAll(r.Body)
@@ -128,5 +147,5 @@ func gitHost(root string) (http.Handler, *atomic.Int64) {
 		}
 		backend.ServeHTTP(w, r)
 	})
-	return host, chunked
+	return host, chunked, gzipped
 }
