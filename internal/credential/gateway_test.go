@@ -201,6 +201,31 @@ func TestGatewayRedirect(t *testing.T) {
 	}
 }
 
+// TestGatewayStreams checks that a response's body reaches the guest as
+// the host sends it: the host sends its second part only once the guest
+// has read the first.
+func TestGatewayStreams(t *testing.T) {
+	ca := newTestCA(t)
+	up := &recordingUpstream{release: make(chan struct{})}
+	gw := newTestGateway(t, upstreamTLS(t, ca, up), ca, decls, nil)
+	resp, err := client.Get(gw.url + "/bear/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len("first;"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first;" {
+		t.Fatalf("first part %q, %v", first, err)
+	}
+	close(up.release)
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "second" {
+		t.Errorf("second part %q, %v", rest, err)
+	}
+	if ev := gw.nextEvent(t); ev.Bytes != int64(len("first;second")) || !ev.Allowed {
+		t.Errorf("event %+v", ev)
+	}
+}
+
 // TestGatewayBodies checks request bodies: chunked ones pass; one over
 // MaxBody is refused with 413, chunked or not, and never reaches the
 // host whole.

@@ -110,6 +110,8 @@ type seen struct {
 type recordingUpstream struct {
 	mu   sync.Mutex
 	reqs []seen
+	// release lets /stream send its second part.
+	release chan struct{}
 }
 
 func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -126,6 +128,15 @@ func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(r.URL.Path, "/redirect"):
 		w.Header().Set("Location", "https://elsewhere.example/next")
 		w.WriteHeader(http.StatusFound)
+		return
+	case strings.HasPrefix(r.URL.Path, "/stream"):
+		io.WriteString(w, "first;")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-u.release:
+			io.WriteString(w, "second")
+		case <-time.After(10 * time.Second):
+		}
 		return
 	case strings.HasPrefix(r.URL.Path, "/slow"):
 		select {
