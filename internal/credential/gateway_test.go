@@ -224,6 +224,19 @@ func TestGatewayStreams(t *testing.T) {
 	if ev := gw.nextEvent(t); ev.Bytes != int64(len("first;second")) || !ev.Allowed {
 		t.Errorf("event %+v", ev)
 	}
+	// A body the host cuts is cut for the guest too, never ended as if
+	// whole.
+	resp, err = client.Get(gw.url + "/bear/cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(resp.Body); err == nil {
+		t.Errorf("a cut body read whole: %q", b)
+	}
+	if ev := gw.nextEvent(t); ev.Note != NoteUpstreamFailed || ev.Bytes != int64(len("part")) {
+		t.Errorf("event %+v", ev)
+	}
 }
 
 // TestGatewayBodies checks request bodies: chunked ones pass; one over

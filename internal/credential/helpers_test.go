@@ -138,6 +138,10 @@ func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(10 * time.Second):
 		}
 		return
+	case strings.HasPrefix(r.URL.Path, "/cut"):
+		io.WriteString(w, "part")
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
 	case strings.HasPrefix(r.URL.Path, "/slow"):
 		select {
 		case <-r.Context().Done():
