@@ -26,6 +26,9 @@ func (f *Filter) Judge(ctx context.Context, host string, port uint16) (Target, V
 	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
 		a = a.Unmap()
 		t := Target{Host: a.String()}
+		if v, ok := f.pinnedVerdict(a, nil); ok {
+			return t, v, nil
+		}
 		v := f.addrVerdict(a, nil)
 		if v.Allow {
 			t.Dial = netip.AddrPortFrom(a, port)
@@ -37,6 +40,9 @@ func (f *Filter) Judge(ctx context.Context, host string, port uint16) (Target, V
 		return Target{Host: RecordHost(host)}, Verdict{Reason: ReasonInvalidName}, nil
 	}
 	t := Target{Host: name, Names: []string{name}}
+	if f.PinnedName(name) {
+		return t, Verdict{Reason: ReasonPinnedCredential, Host: name}, nil
+	}
 	if !f.AllowsName(name) {
 		return t, Verdict{Reason: ReasonNotAllowed, Host: name}, nil
 	}

@@ -70,7 +70,7 @@ func (f *Filter) PinnedAddrs(name string) []netip.Addr {
 // any other error is a failure to resolve.
 func (f *Filter) ResolveDNS(ctx context.Context, name, qtype string) ([]netip.Addr, error) {
 	n, err := NormalizeHost(name)
-	if err != nil || !f.AllowsName(n) {
+	if err != nil || f.PinnedName(n) || !f.AllowsName(n) {
 		return nil, ErrNotAllowed
 	}
 	switch qtype {
