@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"isopod/internal/credential"
 	"isopod/internal/egress"
@@ -22,6 +23,9 @@ func CredentialStore(home string) string { return filepath.Join(home, credential
 // checkInject refuses credentials without a network: they are used
 // through the VM's gateway.
 func checkInject(req Request) error {
+	if slices.Contains(req.Inject, "") {
+		return argError("inject", nil, "an alias is empty; name one declared in the credential store")
+	}
 	if len(req.Inject) > 0 && req.NoNetwork {
 		return argError("inject", nil, "needs the network: the guest reaches a credential through its gateway; drop --no-network (network: false) or inject nothing")
 	}
