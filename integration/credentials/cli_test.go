@@ -22,7 +22,7 @@ no_proxy= NO_PROXY= wget -q -O- http://localhost:443/ >/dev/null 2>&1; echo "pin
 nslookup localhost 10.0.2.1 >/dev/null 2>&1; echo "pinneddns=$?"
 s="$A$B"; unset A B
 echo "envhits=$(env | grep -c "$s")"
-for d in /*; do case $d in /proc|/sys|/dev) ;; *) grep -rl "$s" "$d" 2>/dev/null;; esac; done | sed 's/^/filehit=/'
+find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f -exec grep -l "$s" {} + 2>/dev/null | sed 's/^/filehit=/'
 echo "procenv=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c "$s")"
 echo done`
 
@@ -37,7 +37,7 @@ func TestInjectRun(t *testing.T) {
 	writeStore(t, up, 0o600, map[string]string{"up": upAlias})
 	start := time.Now()
 	env := []string{tokenEnv + "=" + secret}
-	args := []string{"run", "--inject", "up", "--commit-as", "cred-e2e/probe", "--env", "A=" + secretA, "--env", "B=" + secretB,
+	args := []string{"run", "--inject", "up", "--timeout-s", "600", "--commit-as", "cred-e2e/probe", "--env", "A=" + secretA, "--env", "B=" + secretB,
 		"--", "sh", "-c", guestScript}
 	r := e2e.Isopod(t, env, args...)
 	if r.Code != 0 || r.JSON["ok"] != true {
@@ -141,5 +141,34 @@ func TestInjectRefusedBeforeBoot(t *testing.T) {
 				t.Errorf("%d VM records before, %d after: a VM started", before, after)
 			}
 		})
+	}
+}
+
+// TestInjectRunCurl: curl, which honours NO_PROXY, reaches the endpoint
+// directly; https://localhost/ through the proxy is refused as the pinned
+// host.
+func TestInjectRunCurl(t *testing.T) {
+	e2e.RequireVM(t)
+	e2e.RequireDebian(t)
+	up := startUpstream(t)
+	writeStore(t, up, 0o600, map[string]string{"up": upAlias})
+	r := e2e.Isopod(t, []string{tokenEnv + "=" + secret}, "run", "--base", "base-debian", "--inject", "up", "--timeout-s", "600", "--",
+		"sh", "-c", `echo "curl=$(curl -s $ISOPOD_CREDENTIAL_ENDPOINT/up/ok/curl)"; curl -s --noproxy '' https://localhost/ ; echo "pinned=$?"`)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod run --inject:\n%s", r)
+	}
+	out := e2e.Str(r.JSON, "stdout")
+	if !strings.Contains(out, "curl=upstream:/ok/curl\n") || strings.Contains(out, "pinned=0") {
+		t.Errorf("guest output:\n%s\nstderr: %s", out, e2e.Str(r.JSON, "stderr"))
+	}
+	eg, _ := r.JSON["egress"].(map[string]any)
+	denied, _ := eg["denied"].([]any)
+	found := false
+	for _, e := range denied {
+		ev, _ := e.(map[string]any)
+		found = found || (ev["host"] == "localhost" && ev["reason"] == "pinned_credential_host" && ev["port"] == float64(443))
+	}
+	if !found {
+		t.Errorf("no pinned_credential_host refusal of localhost:443 recorded: %v", denied)
 	}
 }
