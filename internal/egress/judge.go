@@ -15,7 +15,9 @@ type Target struct {
 }
 
 // Judge decides a proxy request for host:port, where host is a name or an
-// address literal as the guest wrote it. A name must match a rule; it is
+// address literal as the guest wrote it. A credential's host (or an
+// address pinned with it) is refused before any rule. A name must match a
+// rule; it is
 // resolved here and the proxy dials the first of its addresses that the
 // policy allows, never an address the guest chose. A literal address is
 // allowed only by a CIDR (handed-out addresses do not count here, so that
