@@ -10,9 +10,9 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
-	"isopod/internal/errdefs"
 	"isopod/internal/egress/flightrec"
 	"isopod/internal/egress/proxy"
+	"isopod/internal/errdefs"
 	"isopod/internal/netstack"
 	"isopod/internal/vmm"
 )
@@ -134,7 +134,7 @@ type NetConfig struct {
 	// (credential.Resolve); filtered egress only. Their endpoint is
 	// served on the gateway and their hosts are pinned (credentials.go).
 	Credentials []Credential
-	Logger *slog.Logger // nil: discard
+	Logger      *slog.Logger // nil: discard
 }
 
 // StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered

@@ -42,7 +42,9 @@ func TestProxyHandsCredentialRequests(t *testing.T) {
 		fmt.Fprintf(w, "endpoint %s %s %s", r.Method, r.URL.Path, b)
 	})
 	p, err := New(Config{Filter: f, Recorder: rec, Credential: handler, CredentialAddr: endpoint,
-		Dial: func(context.Context, string, string) (net.Conn, error) { return nil, fmt.Errorf("no dial in this test") }})
+		Dial: func(context.Context, string, string) (net.Conn, error) {
+			return nil, fmt.Errorf("no dial in this test")
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
