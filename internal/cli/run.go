@@ -21,7 +21,8 @@ func newRunCmd(e *env) *cobra.Command {
 		Long: `Boot a fresh microVM, run ARGV in it (no shell: use sh -c for one),
 and print one JSON report. A non-zero exit of the command is reported, not an
 isopod failure. --commit-as keeps the run's filesystem changes as a stage when
-the command exits 0.`,
+the command exits 0. --inject ALIAS lets the command use a credential the host
+holds, through $ISOPOD_CREDENTIAL_ENDPOINT (docs/credentials.md).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("no command: put it after --, e.g. isopod run -- echo hi: %w", errdefs.ErrInvalidArgument)
@@ -145,6 +146,7 @@ func runFlags(c *cobra.Command, o *runOptions) {
 	f.StringArrayVar(&req.AllowHosts, "allow-host", nil, "filtered egress: allow this host name (exact, or *.one-label wildcard); repeatable")
 	f.StringArrayVar(&req.AllowCIDRs, "allow-cidr", nil, "filtered egress: allow this address range; repeatable")
 	f.BoolVar(&req.DenyEgress, "deny-egress", false, "filtered egress that allows nothing but records every attempt")
+	f.StringArrayVar(&req.Inject, "inject", nil, "credential ALIAS of $ISOPOD_HOME/credentials.json: the guest calls $ISOPOD_CREDENTIAL_ENDPOINT/ALIAS/PATH and the host adds the secret, which never enters the guest; implies filtered egress; repeatable")
 	f.IntVar(&req.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs: 1 or even, at most min(host CPUs, 32)")
 	f.IntVar(&req.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB: 128 to min(MemTotal-512, 4096)")
 	f.IntVar(&req.ScratchMiB, "scratch-mib", 0, "size of the writable scratch disk in MiB (sparse): 128 to 65536; default 1024")

@@ -36,6 +36,8 @@ func TestEgressFlags(t *testing.T) {
 		{[]string{"--allow-lan-egress"}, outcome{mode: sandbox.NetworkNAT, lan: true}},
 		{[]string{"--allow-lan-egress=false"}, nat},
 		{[]string{"--allow-lan-egress", "--allow-host", "pypi.org"}, outcome{mode: sandbox.NetworkFiltered, lan: true, hosts: []string{"pypi.org"}}},
+		{[]string{"--inject", "gh"}, outcome{mode: sandbox.NetworkFiltered, denyAll: true}},
+		{[]string{"--inject", "gh", "--inject", "npm", "--allow-host", "pypi.org"}, outcome{mode: sandbox.NetworkFiltered, hosts: []string{"pypi.org"}}},
 		{[]string{"--allow-host", "pypi.org", "--allow-cidr", "192.0.2.0/24"},
 			outcome{mode: sandbox.NetworkFiltered, hosts: []string{"pypi.org"}, cidrs: []string{"192.0.2.0/24"}}},
 	} {
@@ -81,6 +83,8 @@ func TestEgressFlagsRefused(t *testing.T) {
 		{[]string{"--no-network", "--allow-lan-egress"}, "--no-network cannot be combined"},
 		{[]string{"--deny-egress", "--allow-host", "pypi.org"}, "--deny-egress cannot be combined"},
 		{[]string{"--deny-egress", "--allow-cidr", "192.0.2.0/24"}, "--deny-egress cannot be combined"},
+		{[]string{"--inject", "gh", "--no-network"}, "--inject: needs the network"},
+		{[]string{"--inject", ""}, "--inject: an alias is empty"},
 	} {
 		t.Run(strings.Join(tt.flags, " "), func(t *testing.T) {
 			args := append(append([]string{"run"}, tt.flags...), "--", "true")

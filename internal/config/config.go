@@ -60,6 +60,7 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		}
 	}
 	s.HostIO = hostIO(lookup)
+	s.LookupEnv = lookup
 	home := raw[knobs.Home]
 	if home == "" {
 		h, err := os.UserHomeDir()

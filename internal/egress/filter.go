@@ -31,6 +31,11 @@ type FilterConfig struct {
 	// Lookup resolves an allowed name to its IPv4 addresses for the DNS
 	// answers and the proxies; ErrNoSuchHost for a missing name. Required.
 	Lookup func(ctx context.Context, name string) ([]netip.Addr, error)
+	// Pinned are the hosts of the credentials the run injects, and the
+	// addresses they resolved to when the network started (credpin.go):
+	// their DNS answers, proxy requests and connections are refused with
+	// ReasonPinnedCredential before any rule is consulted.
+	Pinned Pins
 }
 
 // Validate checks c. The rules were checked when they were parsed.
@@ -54,6 +59,7 @@ func (c *FilterConfig) Validate() error {
 type Filter struct {
 	rules     Rules
 	hostAddrs []netip.Addr
+	pins      Pins
 	lookup    func(ctx context.Context, name string) ([]netip.Addr, error)
 
 	mu     sync.RWMutex // guards following
@@ -68,7 +74,7 @@ func NewFilter(cfg FilterConfig) (*Filter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	f := &Filter{rules: cfg.Rules, lookup: cfg.Lookup,
+	f := &Filter{rules: cfg.Rules, lookup: cfg.Lookup, pins: cfg.Pinned,
 		byAddr: make(map[netip.Addr][]string), byName: make(map[string][]netip.Addr)}
 	for _, a := range cfg.HostAddrs {
 		f.hostAddrs = append(f.hostAddrs, a.Unmap())
@@ -142,6 +148,9 @@ func (f *Filter) Decide(fl Flow) Verdict {
 	case ProtoTCP:
 		dst := fl.Dst.Addr().Unmap()
 		names := f.PinnedNames(dst)
+		if v, ok := f.pinnedVerdict(dst, names); ok {
+			return v
+		}
 		v := f.addrVerdict(dst, names)
 		if v.Allow && v.Reason == ReasonAllowedHost && SniffPort(fl.Dst.Port()) {
 			v.Sniff = true
@@ -161,6 +170,8 @@ func (f *Filter) decideDNS(fl Flow) Verdict {
 	switch {
 	case err != nil:
 		return Verdict{Reason: ReasonInvalidName, Host: RecordHost(fl.Host)}
+	case f.PinnedName(name):
+		return Verdict{Reason: ReasonPinnedCredential, Host: name}
 	case !f.AllowsName(name):
 		return Verdict{Reason: ReasonNotAllowed, Host: name}
 	case fl.QType != "A" && fl.QType != "AAAA", fl.QClass != "" && fl.QClass != "IN":
@@ -179,6 +190,9 @@ func SniffPort(p uint16) bool { return p == 80 || p == 443 }
 // addresses.
 func (f *Filter) Sniff(fl Flow) Verdict {
 	dst := fl.Dst.Addr().Unmap()
+	if n, err := NormalizeHost(fl.Host); err == nil && f.PinnedName(n) {
+		return Verdict{Reason: ReasonPinnedCredential, Host: n}
+	}
 	v := MatchName(fl.Host, fl.HostFrom, f.PinnedNames(dst))
 	if v.Allow {
 		v.Dial = netip.AddrPortFrom(dst, fl.Dst.Port())

@@ -15,7 +15,9 @@ type Target struct {
 }
 
 // Judge decides a proxy request for host:port, where host is a name or an
-// address literal as the guest wrote it. A name must match a rule; it is
+// address literal as the guest wrote it. A credential's host (or an
+// address pinned with it) is refused before any rule. A name must match a
+// rule; it is
 // resolved here and the proxy dials the first of its addresses that the
 // policy allows, never an address the guest chose. A literal address is
 // allowed only by a CIDR (handed-out addresses do not count here, so that
@@ -26,6 +28,9 @@ func (f *Filter) Judge(ctx context.Context, host string, port uint16) (Target, V
 	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
 		a = a.Unmap()
 		t := Target{Host: a.String()}
+		if v, ok := f.pinnedVerdict(a, nil); ok {
+			return t, v, nil
+		}
 		v := f.addrVerdict(a, nil)
 		if v.Allow {
 			t.Dial = netip.AddrPortFrom(a, port)
@@ -37,6 +42,9 @@ func (f *Filter) Judge(ctx context.Context, host string, port uint16) (Target, V
 		return Target{Host: RecordHost(host)}, Verdict{Reason: ReasonInvalidName}, nil
 	}
 	t := Target{Host: name, Names: []string{name}}
+	if f.PinnedName(name) {
+		return t, Verdict{Reason: ReasonPinnedCredential, Host: name}, nil
+	}
 	if !f.AllowsName(name) {
 		return t, Verdict{Reason: ReasonNotAllowed, Host: name}, nil
 	}

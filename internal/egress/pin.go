@@ -66,11 +66,12 @@ func (f *Filter) PinnedAddrs(name string) []netip.Addr {
 // (as the query spelled it) that Decide allowed. A: the name's IPv4
 // addresses through Lookup, each pinned to the name. AAAA: no addresses (no
 // IPv6 egress). ErrNoSuchHost when the name does not exist or has no IPv4
-// address, ErrNotAllowed for a name no rule allows or another query type;
+// address, ErrNotAllowed for a name no rule allows, a credential's host
+// or another query type;
 // any other error is a failure to resolve.
 func (f *Filter) ResolveDNS(ctx context.Context, name, qtype string) ([]netip.Addr, error) {
 	n, err := NormalizeHost(name)
-	if err != nil || !f.AllowsName(n) {
+	if err != nil || f.PinnedName(n) || !f.AllowsName(n) {
 		return nil, ErrNotAllowed
 	}
 	switch qtype {

@@ -18,3 +18,14 @@ func TestProxyEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyEnvDirect: hosts reached directly (the credential endpoint's
+// gateway) join NO_PROXY in both cases.
+func TestProxyEnvDirect(t *testing.T) {
+	env := ProxyEnv("10.0.2.1", "10.0.2.1")
+	for _, want := range []string{"NO_PROXY=localhost,127.0.0.1,::1,10.0.2.1", "no_proxy=localhost,127.0.0.1,::1,10.0.2.1"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("proxy env %v lacks %s", env, want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
 	"isopod/internal/egress/proxy"
+	"isopod/internal/errdefs"
 	"isopod/internal/netstack"
 	"isopod/internal/vmm"
 )
@@ -29,6 +30,7 @@ type Network struct {
 	filter *egress.Filter
 	proxy  *proxy.Server
 	env    []string
+	creds  *credentials // nil: the run injects none
 }
 
 // SocketBase is the user's private directory for the run sockets of the
@@ -127,8 +129,12 @@ type NetConfig struct {
 	Start time.Time
 	// NIC is a parked socket to serve (ParkNIC), now the network's to
 	// close; nil: a new one.
-	NIC    *NIC
-	Logger *slog.Logger // nil: discard
+	NIC *NIC
+	// Credentials are the credentials the run injects, resolved
+	// (credential.Resolve); filtered egress only. Their endpoint is
+	// served on the gateway and their hosts are pinned (credentials.go).
+	Credentials []Credential
+	Logger      *slog.Logger // nil: discard
 }
 
 // StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered
@@ -139,6 +145,9 @@ func StartNetwork(cfg NetConfig) (*Network, error) {
 	}
 	if cfg.Rules.Mode() == egress.ModeFiltered {
 		return startFiltered(cfg)
+	}
+	if len(cfg.Credentials) > 0 {
+		return nil, fmt.Errorf("credentials need filtered egress: %w", errdefs.ErrInvalidArgument)
 	}
 	n := &Network{mode: flightrec.ModeNAT}
 	ok := false
@@ -203,13 +212,14 @@ func (n *Network) LogPath() string { return n.rec.Path() }
 // nil.
 func (n *Network) EgressReport() any {
 	if rep := n.rec.Report(); rep != nil {
-		return rep
+		return n.creds.report(rep)
 	}
 	return nil
 }
 
 // Close ends every flow and removes the sockets. Idempotent.
 func (n *Network) Close() {
+	n.creds.close()
 	if n.proxy != nil {
 		n.proxy.Close()
 		n.proxy = nil

@@ -178,7 +178,7 @@ func TestRunSchema(t *testing.T) {
 	}
 	run := tools[ToolSandboxRun].InputSchema.(map[string]any)["properties"].(map[string]any)
 	for _, p := range []string{"cmd", "stage", "base", "network", "allow_hosts", "allow_cidrs", "commit_as", "timeout_s",
-		"vcpus", "mem_mib", "scratch_mib", "env", "cwd", "stdin", "stdin_file", "copy_out"} {
+		"vcpus", "mem_mib", "scratch_mib", "env", "cwd", "stdin", "stdin_file", "copy_out", "inject"} {
 		if run[p] == nil {
 			t.Errorf("sandbox_run lacks %s", p)
 		}
@@ -188,7 +188,7 @@ func TestRunSchema(t *testing.T) {
 	}
 	// Plain types: a nullable ["null", ...] type makes form-based clients
 	// send text.
-	for name, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array", "env": "object"} {
+	for name, typ := range map[string]string{"network": "boolean", "allow_hosts": "array", "allow_cidrs": "array", "copy_out": "array", "env": "object", "inject": "array"} {
 		if got := run[name].(map[string]any)["type"]; got != typ {
 			t.Errorf("%s type = %v; want %q", name, got, typ)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/admission"
+	"isopod/internal/credential"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 )
@@ -29,6 +30,8 @@ type RunArgs struct {
 	Network    *bool     `json:"network,omitempty" jsonschema:"give the VM a network card (default true: NAT to public addresses, unless allow_hosts or allow_cidrs is given); false for untrusted code that needs no network (refused with allow_hosts or allow_cidrs)"`
 	AllowHosts *[]string `json:"allow_hosts,omitempty" jsonschema:"switch to filtered, default-deny egress: only these host names are reachable (exact or *.suffix, e.g. [\"pypi.org\", \"*.pythonhosted.org\"]). Given at all, even as [], the run is filtered; with no rule in allow_hosts or allow_cidrs it denies everything but records every attempted connection and DNS lookup in the report's egress. Absent or null: no filtering from this argument"`
 	AllowCIDRs *[]string `json:"allow_cidrs,omitempty" jsonschema:"switch to filtered, default-deny egress and allow these destination networks (e.g. [\"203.0.113.0/24\"]). Given at all, even as [], the run is filtered; with no rule in allow_hosts or allow_cidrs it denies everything and records every attempt. Absent or null: no filtering from this argument"`
+
+	Inject []string `json:"inject,omitempty" jsonschema:"credential aliases the operator declared for MCP use (e.g. [\"github\"]): the host holds each secret and the VM never sees it; cmd calls $ISOPOD_CREDENTIAL_ENDPOINT/<alias>/<path> (plain http, e.g. curl -s $ISOPOD_CREDENTIAL_ENDPOINT/github/user) and the host makes the HTTPS request to the alias's one host with the secret added, if the operator's rules for the alias allow that method and path. Implies filtered egress (only allow_hosts and allow_cidrs besides); the alias's host is reachable only through the endpoint. Refused with network=false, and with one uniform message for an alias that is unknown, not enabled for MCP, or not usable on this host"`
 
 	CommitAs string `json:"commit_as,omitempty" jsonschema:"save the VM's filesystem changes as a stage with this label, only when cmd exits 0. Use <project>/<purpose>, e.g. myproj/deps; fork it later with stage"`
 
@@ -59,7 +62,7 @@ const runDescription = `Run one shell command in a fresh, isolated microVM and d
 
 Nothing persists except a stage saved with commit_as (only on exit 0) and files copied out with copy_out. workspace brings a host directory in (at /workspace, the default cwd) and workspace_out its changes back as a patch; the host tree is never modified. Fork a saved stage with stage. timeout_s covers boot and command together.
 
-Network: on by default (NAT). network=false for untrusted code; allow_hosts or allow_cidrs, given at all (even []), switches to default-deny filtering (with no rule in either, everything is denied) and the report's egress lists what was allowed and denied.
+Network: on by default (NAT). network=false for untrusted code; allow_hosts or allow_cidrs, given at all (even []), switches to default-deny filtering (with no rule in either, everything is denied) and the report's egress lists what was allowed and denied. inject names credentials the host signs requests with through $ISOPOD_CREDENTIAL_ENDPOINT (filtered egress; the secret never enters the VM).
 
 Base: base-debian unless base or a forked stage says otherwise; on a host where base-debian is not built, a run that names no base uses base-min and its warnings say how to build base-debian.`
 
@@ -151,9 +154,10 @@ func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admissi
 
 // inspectorArgs accepts what form-based clients (MCP Inspector) send for
 // sandbox_run's boolean and array arguments: text. network "true" or
-// "false" becomes the boolean; allow_hosts, allow_cidrs and copy_out given
-// as the JSON text of an array ("[]", "[\"pypi.org\"]") become that array;
-// an empty string (or "null") for any of the four means not given. Anything
+// "false" becomes the boolean; allow_hosts, allow_cidrs, copy_out,
+// read_files and inject given as the JSON text of an array ("[]",
+// "[\"pypi.org\"]") become that array; an empty string (or "null") for
+// any of them means not given. Anything
 // else is left for the checker to refuse.
 func inspectorArgs(args map[string]any) {
 	if v, ok := args["network"].(string); ok {
@@ -166,7 +170,7 @@ func inspectorArgs(args map[string]any) {
 			args["network"] = false
 		}
 	}
-	for _, name := range []string{"allow_hosts", "allow_cidrs", "copy_out", "read_files"} {
+	for _, name := range []string{"allow_hosts", "allow_cidrs", "copy_out", "read_files", "inject"} {
 		v, ok := args[name].(string)
 		if !ok {
 			continue
@@ -213,10 +217,17 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		TimeoutS:   in.TimeoutS,
 		Cwd:        in.Cwd,
 		CommitAs:   in.CommitAs,
+		// A model names the aliases: only those the store marks for MCP,
+		// and one uniform refusal for any other.
+		Inject: in.Inject,
+		Caller: credential.Model,
 	}
 	if in.Network != nil && !*in.Network {
 		if in.AllowHosts != nil || in.AllowCIDRs != nil {
 			return sandbox.Request{}, bad("network", "false removes the network card, so allow_hosts and allow_cidrs cannot apply; drop one or the other")
+		}
+		if len(in.Inject) > 0 {
+			return sandbox.Request{}, bad("inject", "needs the network: the VM reaches a credential through its gateway, and network=false removes the network card; drop one or the other")
 		}
 		r.NoNetwork = true
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/credential"
 	"isopod/internal/sandbox"
 )
 
@@ -90,7 +91,7 @@ func TestRunArgsMapping(t *testing.T) {
 		{"defaults", map[string]any{"cmd": "echo hi"}, func(t *testing.T, r sandbox.Request) {
 			// The defaults are the core's to apply; the server only says
 			// which base it prefers.
-			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Shell: true, DefaultBase: DefaultBase}
+			want := sandbox.Request{Argv: []string{"/bin/sh", "-c", "echo hi"}, Shell: true, DefaultBase: DefaultBase, Caller: credential.Model}
 			r.Stdin = nil
 			if !reflect.DeepEqual(r, want) {
 				t.Errorf("request = %+v, want %+v", r, want)

@@ -230,6 +230,7 @@ func runInputSchema() *jsonschema.Schema {
 	set("allow_cidrs", "array", nil, nil, nil)
 	set("copy_out", "array", []CopyOutArg{}, nil, nil)
 	set("read_files", "array", nil, nil, nil)
+	set("inject", "array", nil, nil, nil)
 	set("env", "object", nil, nil, nil)
 	set("timeout_s", "", sandbox.DefaultTimeoutS, f(1), f(sandbox.MaxTimeoutS))
 	set("vcpus", "", sandbox.DefaultVCPUs, f(1), f(sandbox.MaxVCPUs))

@@ -16,6 +16,9 @@ func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Re
 	if err != nil {
 		return req, nil, nil, err
 	}
+	if req.creds, err = s.resolveCredentials(req); err != nil {
+		return req, nil, nil, err
+	}
 	pl, err := s.planRun(ctx, req)
 	if err != nil {
 		return req, nil, nil, err

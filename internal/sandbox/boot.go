@@ -20,7 +20,7 @@ func (r *run) boot(ctx context.Context) error {
 		if r.ready != nil {
 			nic = r.ready.NIC
 		}
-		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0)
+		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0, r.req.creds...)
 		if err != nil {
 			return err
 		}

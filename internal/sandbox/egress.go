@@ -68,10 +68,10 @@ func validVMID(id string) bool {
 
 // startNetwork starts a run's network under rules, the request's parsed
 // network policy (the zero Rules: NAT), serving the parked socket nic (nil:
-// a new one).
-func (s *Service) startNetwork(nic *machine.NIC, id, dir string, rules egress.Rules, start time.Time) (*machine.Network, error) {
+// a new one), with the endpoint of the credentials it injects.
+func (s *Service) startNetwork(nic *machine.NIC, id, dir string, rules egress.Rules, start time.Time, creds ...machine.Credential) (*machine.Network, error) {
 	return machine.StartNetwork(machine.NetConfig{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
-		Rules: rules, Start: start, NIC: nic, Logger: s.log})
+		Rules: rules, Start: start, NIC: nic, Credentials: creds, Logger: s.log})
 }
 
 // netReport is the report's network block.

@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"isopod/internal/admission"
+	"isopod/internal/credential"
 	"isopod/internal/egress"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
@@ -76,6 +77,12 @@ type Request struct {
 	AllowHosts     []string
 	AllowCIDRs     []string
 	DenyEgress     bool
+	// Inject names credential aliases of the state root's store whose
+	// endpoint the run's VM serves (credentials.go): filtered egress,
+	// with nothing else allowed unless a list allows it. Refused with
+	// NoNetwork. Caller says who named them.
+	Inject []string
+	Caller credential.Caller
 
 	VCPUs      int
 	MemMiB     int
@@ -102,6 +109,8 @@ type Request struct {
 	// rules are the network switches parsed, by normalize: the one form
 	// the run's network takes.
 	rules egress.Rules
+	// creds are Inject resolved, by admit, before any VM starts.
+	creds []credential.Credential
 	// Place is the admission place a front end took for the run (nil:
 	// none). A ready VM whose place was lent to it is claimed by the run
 	// or ended before the run's VM starts.

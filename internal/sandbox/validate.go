@@ -180,13 +180,15 @@ const (
 
 // netSwitches are r's network switches, unparsed.
 func (r Request) netSwitches() egress.Switches {
-	return egress.Switches{NoNetwork: r.NoNetwork, AllowLAN: r.AllowLANEgress,
+	sw := egress.Switches{NoNetwork: r.NoNetwork, AllowLAN: r.AllowLANEgress,
 		AllowHosts: r.AllowHosts, AllowCIDRs: r.AllowCIDRs, DenyAll: r.DenyEgress}
+	return injectSwitches(r, sw)
 }
 
 // NetworkMode says which network r asks for (see egress.Switches.Mode):
-// NetworkNone with NoNetwork; NetworkFiltered with DenyEgress or either
-// allow list given, even empty; otherwise NetworkNAT.
+// NetworkNone with NoNetwork; NetworkFiltered with DenyEgress, either
+// allow list given, even empty, or credentials to inject; otherwise
+// NetworkNAT.
 func (r Request) NetworkMode() string { return string(r.netSwitches().Mode()) }
 
 // normalize fills defaults and checks every field of req against h, before
@@ -200,6 +202,9 @@ func normalize(req Request, h hostLimits) (Request, error) {
 		return req, err
 	}
 	if err := checkIO(req); err != nil {
+		return req, err
+	}
+	if err := checkInject(req); err != nil {
 		return req, err
 	}
 	rules, err := egress.ParseRules(req.netSwitches())

@@ -54,6 +54,10 @@ type Settings struct {
 	// HostIO are the MCP server's switches for the tool arguments that
 	// name host files (internal/hostio applies them).
 	HostIO HostIO
+	// LookupEnv is the front end's environment, read only for the
+	// secrets of the credentials a run injects (a store's env:NAME
+	// sources); nil: no variable is set.
+	LookupEnv func(string) (string, bool)
 }
 
 // JailMode is whether a VMM runs confined by isopod's jail.

@@ -58,6 +58,10 @@ func (p *Server) handleHTTP(c net.Conn) {
 		p.refuseStray(c, ev, stray)
 		return
 	}
+	if p.isCredential(head, port) {
+		p.serveCredential(c, br, raw)
+		return
+	}
 	p.forward(c, br, head, raw, port)
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -40,6 +41,12 @@ type Config struct {
 	Dial        func(ctx context.Context, network, address string) (net.Conn, error)
 	DialTimeout time.Duration // 0: DefaultDialTimeout
 	Logger      *slog.Logger
+	// Credential, when set, is the VM's credential endpoint: an
+	// absolute-form http:// request for CredentialAddr (the gateway's
+	// address and the endpoint's port) is handed to it, method, target and
+	// body kept, and not judged as egress (credential.go).
+	Credential     http.Handler
+	CredentialAddr netip.AddrPort
 }
 
 // Validate checks c.
