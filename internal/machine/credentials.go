@@ -38,14 +38,12 @@ func newCredentials(creds []Credential, rec flightrec.Recorder, cfg NetConfig) (
 	if len(creds) == 0 {
 		return nil, nil
 	}
-	hosts := make(map[string]string, len(creds))
 	c := &credentials{}
 	for _, cr := range creds {
-		hosts[cr.Alias.Name] = cr.Alias.Host
 		c.injected = append(c.injected, cr.Alias.Name)
 	}
 	gw, err := credential.NewGateway(credential.GatewayConfig{Credentials: creds, Logger: cfg.Logger,
-		Record: func(ev credential.Event) { rec.Record(CredentialEvent(ev, hosts[ev.Alias])) }})
+		Record: func(ev credential.Event) { rec.Record(ev.Flight()) }})
 	if err != nil {
 		return nil, err
 	}
@@ -93,23 +91,6 @@ func (c *credentials) close() {
 	if c != nil && c.srv != nil {
 		c.srv.Close()
 	}
-}
-
-// CredentialEvent is the flight-recorder record of one endpoint request
-// for host, the alias's (empty for an alias the run does not inject):
-// allowed ones as allowed_host, refused ones as credential_refused with
-// the check that refused them in the error field. Its proto is
-// credential.ProtoCredential, its port 443.
-func CredentialEvent(ev credential.Event, host string) flightrec.Event {
-	out := flightrec.Event{Proto: credential.ProtoCredential, Host: host, Port: 443, Allowed: ev.Allowed,
-		BytesDown: ev.Bytes, Reason: egress.ReasonAllowedHost}
-	if out.Host == "" {
-		out.Host = egress.RecordHost(ev.Alias)
-	}
-	if !ev.Allowed {
-		out.Reason, out.Error = egress.ReasonCredentialRefused, ev.Note
-	}
-	return out
 }
 
 // credentialReport is a filtered run's egress block with credentials:

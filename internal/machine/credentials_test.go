@@ -93,23 +93,3 @@ func TestNATRefusesCredentials(t *testing.T) {
 		t.Errorf("NAT with credentials: %v; want invalid argument", err)
 	}
 }
-
-// TestCredentialEvent: endpoint requests are recorded under the alias's
-// host, refused ones as credential_refused with the check that refused
-// them; an alias the run does not inject is recorded by its sanitised
-// name.
-func TestCredentialEvent(t *testing.T) {
-	ok := CredentialEvent(credential.Event{Alias: "gh", Method: "GET", Path: "/x", Status: 200, Bytes: 12, Allowed: true}, "api.example.org")
-	if !ok.Allowed || ok.Reason != egress.ReasonAllowedHost || ok.Host != "api.example.org" || ok.Port != 443 ||
-		ok.BytesDown != 12 || ok.Proto != credential.ProtoCredential {
-		t.Errorf("allowed request: %+v", ok)
-	}
-	no := CredentialEvent(credential.Event{Alias: "gh", Method: "DELETE", Path: "/x", Status: 403, Note: "not_permitted"}, "api.example.org")
-	if no.Allowed || no.Reason != egress.ReasonCredentialRefused || no.Error != "not_permitted" {
-		t.Errorf("refused request: %+v", no)
-	}
-	unknown := CredentialEvent(credential.Event{Alias: "x\x01y", Status: 403, Note: "unknown_alias"}, "")
-	if unknown.Host == "" || strings.ContainsRune(unknown.Host, '\x01') {
-		t.Errorf("unknown alias recorded as %q", unknown.Host)
-	}
-}
