@@ -14,6 +14,7 @@ import (
 	"isopod/internal/config"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // Main runs isopod-mcp with the command-line arguments args (without the
@@ -125,7 +126,7 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 		log.Info("stage registry", "repo", f.StageRegistry, "push_commits", f.PushCommits)
 	}
 	return Config{
-		Core: svc, HostIO: hostIO, Logger: log, Version: version,
+		Core: core{svc, stages.New(stages.Options{Settings: settings.Settings, Logger: log, Version: version, Removed: svc.StageRemoved})}, HostIO: hostIO, Logger: log, Version: version,
 		Admission: adm, Remote: f.Listen != "",
 		StageRegistry: f.StageRegistry, PushCommits: f.PushCommits,
 	}, nil

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/vmm"
 )
 
@@ -112,11 +113,11 @@ func runResult(r *sandbox.Report) *RunResult {
 // StageEntry is one stage in stage_list and stage_info: the core's entry
 // (created in RFC 3339) with created_unix, the same instant in seconds.
 type StageEntry struct {
-	sandbox.StageEntry
+	stages.StageEntry
 	CreatedUnix int64 `json:"created_unix"`
 }
 
-func stageEntries(in []sandbox.StageEntry) []StageEntry {
+func stageEntries(in []stages.StageEntry) []StageEntry {
 	out := make([]StageEntry, 0, len(in))
 	for _, e := range in {
 		out = append(out, StageEntry{StageEntry: e, CreatedUnix: unixOf(e.Created)})
@@ -168,15 +169,15 @@ type VMGCResult struct {
 
 // ImageListResult is image_list's result.
 type ImageListResult struct {
-	Images   []sandbox.ImageEntry `json:"images"`
-	Warnings []string             `json:"warnings,omitempty"`
+	Images   []stages.ImageEntry `json:"images"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
-func stageListResult(r *sandbox.StageListResult) *StageListResult {
+func stageListResult(r *stages.StageListResult) *StageListResult {
 	return &StageListResult{Stages: stageEntries(r.Stages)}
 }
 
-func stageInfoResult(r *sandbox.StageInfoResult) *StageInfoResult {
+func stageInfoResult(r *stages.StageInfoResult) *StageInfoResult {
 	return &StageInfoResult{
 		Stage:      StageEntry{StageEntry: r.Stage, CreatedUnix: unixOf(r.Stage.Created)},
 		Chain:      stageEntries(r.Chain),
@@ -184,7 +185,7 @@ func stageInfoResult(r *sandbox.StageInfoResult) *StageInfoResult {
 	}
 }
 
-func stageRemoveResult(r *sandbox.StageRemoveResult) *StageRemoveResult {
+func stageRemoveResult(r *stages.StageRemoveResult) *StageRemoveResult {
 	return &StageRemoveResult{Removed: r.Removed, Label: r.Label, Name: r.Name}
 }
 
@@ -203,10 +204,10 @@ func vmGCResult(r *sandbox.VMGCResult) *VMGCResult {
 	}
 }
 
-func imageListResult(r *sandbox.ImageListResult) *ImageListResult {
+func imageListResult(r *stages.ImageListResult) *ImageListResult {
 	out := &ImageListResult{Images: r.Images}
 	if out.Images == nil {
-		out.Images = []sandbox.ImageEntry{}
+		out.Images = []stages.ImageEntry{}
 	}
 	for _, w := range r.Warnings {
 		out.Warnings = append(out.Warnings, mcpWords.Replace(w))

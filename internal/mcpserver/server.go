@@ -21,6 +21,7 @@ import (
 	"isopod/internal/admission"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // Defaults of a Server.
@@ -36,19 +37,31 @@ const (
 	DefaultGCKeepLast = 20
 )
 
-// Core is what the server needs from the sandbox; *sandbox.Service
-// implements it.
+// Core is what the server needs from the sandbox and the stage store;
+// core implements it.
 type Core interface {
 	Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
-	StageList(ctx context.Context) (*sandbox.StageListResult, error)
-	StageInfo(ctx context.Context, ref string) (*sandbox.StageInfoResult, error)
-	StageRemove(ctx context.Context, ref string) (*sandbox.StageRemoveResult, error)
+	StageList(ctx context.Context) (*stages.StageListResult, error)
+	StageInfo(ctx context.Context, ref string) (*stages.StageInfoResult, error)
+	StageRemove(ctx context.Context, ref string) (*stages.StageRemoveResult, error)
 	VMList(ctx context.Context) (*sandbox.VMListResult, error)
 	VMGC(ctx context.Context, keepLast int) (*sandbox.VMGCResult, error)
-	ImageList(ctx context.Context) (*sandbox.ImageListResult, error)
+	ImageList(ctx context.Context) (*stages.ImageListResult, error)
 }
 
-var _ Core = (*sandbox.Service)(nil)
+var _ Core = core{}
+
+// core is the Core a server's main wires: runs and VMs are the sandbox's,
+// stages and bases their store's.
+type core struct {
+	*runCore
+	*stageStore
+}
+
+type (
+	runCore    = sandbox.Service
+	stageStore = stages.Service
+)
 
 // Config configures a Server.
 type Config struct {

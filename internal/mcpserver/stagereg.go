@@ -14,6 +14,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/store"
 )
 
@@ -29,13 +30,13 @@ import (
 // label's tag names the stage last pushed under that label; ids are exact.
 
 // stageTransfer is the core's optional ability to move stages through an
-// OCI registry; *sandbox.Service has it.
+// OCI registry; the stage store (*stages.Service) has it.
 type stageTransfer interface {
-	PullStage(ctx context.Context, repo, ref string) (*sandbox.StagePullResult, error)
-	StagePush(ctx context.Context, ref, dest string, o sandbox.StagePushOptions) (*sandbox.StagePushResult, error)
+	PullStage(ctx context.Context, repo, ref string) (*stages.StagePullResult, error)
+	StagePush(ctx context.Context, ref, dest string, o stages.StagePushOptions) (*stages.StagePushResult, error)
 }
 
-var _ stageTransfer = (*sandbox.Service)(nil)
+var _ stageTransfer = (*stages.Service)(nil)
 
 // RegistryResult says what a call moved through the stage registry.
 type RegistryResult struct {
@@ -198,7 +199,7 @@ func (s *Server) pushCommit(ctx context.Context, rep *sandbox.Report, label stri
 	pctx, cancel := context.WithTimeout(s.life, pushTimeout)
 	defer cancel()
 	for _, dest := range []string{s.cfg.StageRegistry + ":" + labelTag(label), s.cfg.StageRegistry + ":" + rep.StageID} {
-		res, err := tr.StagePush(pctx, rep.StageID, dest, sandbox.StagePushOptions{})
+		res, err := tr.StagePush(pctx, rep.StageID, dest, stages.StagePushOptions{})
 		if err != nil {
 			reg.PushError = mcpWords.Replace(plain(err))
 			s.log.Warn("pushing a committed stage failed", "stage", rep.StageID, "dest", dest, "err", err)

@@ -11,6 +11,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/transfer"
 )
 
@@ -35,17 +36,17 @@ func newTransferCore(repo string) *transferCore {
 	return &transferCore{repo: repo, stages: map[string]string{}, registry: map[string]string{}}
 }
 
-func (c *transferCore) StageInfo(_ context.Context, ref string) (*sandbox.StageInfoResult, error) {
+func (c *transferCore) StageInfo(_ context.Context, ref string) (*stages.StageInfoResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.stages[ref]
 	if !ok {
 		return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
 	}
-	return &sandbox.StageInfoResult{OK: true, Stage: sandbox.StageEntry{ID: id}}, nil
+	return &stages.StageInfoResult{OK: true, Stage: stages.StageEntry{ID: id}}, nil
 }
 
-func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.StagePullResult, error) {
+func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*stages.StagePullResult, error) {
 	c.pulls.Add(1)
 	time.Sleep(100 * time.Millisecond) // long enough for calls to meet
 	if c.gate != nil {
@@ -58,17 +59,17 @@ func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.
 		return nil, fmt.Errorf("%s:%s: manifest unknown: %w", repo, ref, errdefs.ErrNotFound)
 	}
 	c.stages[id] = id
-	return &sandbox.StagePullResult{OK: true, Stage: sandbox.StageEntry{ID: id}, PullResult: &transfer.PullResult{}}, nil
+	return &stages.StagePullResult{OK: true, Stage: stages.StageEntry{ID: id}, PullResult: &transfer.PullResult{}}, nil
 }
 
-func (c *transferCore) StagePush(_ context.Context, ref, dest string, _ sandbox.StagePushOptions) (*sandbox.StagePushResult, error) {
+func (c *transferCore) StagePush(_ context.Context, ref, dest string, _ stages.StagePushOptions) (*stages.StagePushResult, error) {
 	if c.pushFail != nil {
 		return nil, c.pushFail
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.pushed = append(c.pushed, dest)
-	return &sandbox.StagePushResult{OK: true, PushResult: &transfer.PushResult{Ref: dest}}, nil
+	return &stages.StagePushResult{OK: true, PushResult: &transfer.PushResult{Ref: dest}}, nil
 }
 
 func TestStagesOnDemand(t *testing.T) {

@@ -142,3 +142,7 @@ func (r *run) bootReady(ctx context.Context) (done bool, err error) {
 	r.ready = nil
 	return false, nil
 }
+
+// StageRemoved ends the ready VMs holding a removed stage's layer now,
+// not at the next run: the stage store calls it (stages.Options.Removed).
+func (s *Service) StageRemoved() { s.ready.Refill() }
