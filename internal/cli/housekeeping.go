@@ -6,6 +6,7 @@ import (
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/version"
+	"isopod/internal/vmrecord"
 )
 
 // call runs fn against the service and keeps its result for printing.
@@ -25,12 +26,18 @@ func call[T any](e *env, fn func(*sandbox.Service) (T, error)) error {
 // callStore runs fn against the stage and base store and keeps its
 // result for printing.
 func callStore[T any](e *env, fn func(*stages.Service) (T, error)) error {
-	res, err := fn(e.stageStore())
-	if err != nil {
-		return err
+	return keep(e)(fn(e.stageStore()))
+}
+
+// keep returns a function that keeps a result for printing.
+func keep(e *env) func(res any, err error) error {
+	return func(res any, err error) error {
+		if err != nil {
+			return err
+		}
+		e.result = res
+		return nil
 	}
-	e.result = res
-	return nil
 }
 
 // stageStore opens the stage and base store over the state root.
@@ -80,7 +87,7 @@ func newVMCmd(e *env) *cobra.Command {
 	ls := &cobra.Command{
 		Use: "ls", Aliases: []string{"list"}, Short: "List VM records, newest first; live: the VMM still runs", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.VMListResult, error) { return s.VMList(cmd.Context()) })
+			return keep(e)(vmrecord.Records{Paths: e.settings.Paths}.VMList(cmd.Context()))
 		},
 	}
 	var keep int

@@ -162,6 +162,11 @@ func TestImportRules(t *testing.T) {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" &&
 					!under("internal/machine")(imp) && !under("internal/vmm")(imp)
 			}},
+		{"VM records import neither the core, nor a front end, nor config, nor a VMM driver",
+			under("internal/vmrecord"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
+			}},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/settings"
 	"isopod/internal/stages"
 	"isopod/internal/vmm/vmmfake"
+	"isopod/internal/vmrecord"
 )
 
 // newFakeCore is the real core (and stage store) over a state root that holds what planning
@@ -47,7 +48,7 @@ func newFakeCoreOver(t testing.TB, bases ...string) (core, *vmmfake.Driver) {
 			}
 		}
 	})
-	return core{s, stages.New(stages.Options{Settings: set, Version: "test", Removed: s.StageRemoved})}, d
+	return core{s, stages.New(stages.Options{Settings: set, Version: "test", Removed: s.StageRemoved}), vmrecord.Records{Paths: p}}, d
 }
 
 // liveMachines counts the fake's machines still running.

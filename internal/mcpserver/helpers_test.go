@@ -16,6 +16,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // scriptedCore stands in for the VM-backed core where a test needs to
@@ -71,8 +72,8 @@ func (c *scriptedCore) StageRemove(_ context.Context, ref string) (*stages.Stage
 	return &stages.StageRemoveResult{OK: true, Removed: "abc", Label: ref}, nil
 }
 
-func (c *scriptedCore) VMList(context.Context) (*sandbox.VMListResult, error) {
-	return &sandbox.VMListResult{OK: true, VMs: []sandbox.VMEntry{}}, nil
+func (c *scriptedCore) VMList(context.Context) (*vmrecord.VMListResult, error) {
+	return &vmrecord.VMListResult{OK: true, VMs: []vmrecord.VMEntry{}}, nil
 }
 
 func (c *scriptedCore) VMGC(_ context.Context, keep int) (*sandbox.VMGCResult, error) {

@@ -6,6 +6,7 @@ import (
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/vmm"
+	"isopod/internal/vmrecord"
 )
 
 // Every tool result is a projection of a core result written out here, so
@@ -147,7 +148,7 @@ type StageRemoveResult struct {
 // VMEntry is one VM record in vm_list: the core's entry (created in
 // RFC 3339) with created_unix. live is true only while its VMM runs.
 type VMEntry struct {
-	sandbox.VMEntry
+	vmrecord.VMEntry
 	CreatedUnix int64 `json:"created_unix"`
 }
 
@@ -189,7 +190,7 @@ func stageRemoveResult(r *stages.StageRemoveResult) *StageRemoveResult {
 	return &StageRemoveResult{Removed: r.Removed, Label: r.Label, Name: r.Name}
 }
 
-func vmListResult(r *sandbox.VMListResult) *VMListResult {
+func vmListResult(r *vmrecord.VMListResult) *VMListResult {
 	out := &VMListResult{VMs: make([]VMEntry, 0, len(r.VMs))}
 	for _, v := range r.VMs {
 		out.VMs = append(out.VMs, VMEntry{VMEntry: v, CreatedUnix: unixOf(v.Created)})

@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // jsonNames lists the JSON member names of struct type t, embedded structs
@@ -101,7 +102,7 @@ func TestRunResultNames(t *testing.T) {
 // TestListResultsHaveNoOK: list results are projections too, with
 // created_unix beside created.
 func TestListResultsHaveNoOK(t *testing.T) {
-	r := vmListResult(&sandbox.VMListResult{OK: true, VMs: []sandbox.VMEntry{{ID: "vm-1", Created: "2026-12-01T10:00:00Z", Live: false}}})
+	r := vmListResult(&vmrecord.VMListResult{OK: true, VMs: []vmrecord.VMEntry{{ID: "vm-1", Created: "2026-12-01T10:00:00Z", Live: false}}})
 	b, _ := json.Marshal(r)
 	var m map[string]any
 	json.Unmarshal(b, &m)

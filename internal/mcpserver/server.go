@@ -22,6 +22,7 @@ import (
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // Defaults of a Server.
@@ -44,23 +45,25 @@ type Core interface {
 	StageList(ctx context.Context) (*stages.StageListResult, error)
 	StageInfo(ctx context.Context, ref string) (*stages.StageInfoResult, error)
 	StageRemove(ctx context.Context, ref string) (*stages.StageRemoveResult, error)
-	VMList(ctx context.Context) (*sandbox.VMListResult, error)
+	VMList(ctx context.Context) (*vmrecord.VMListResult, error)
 	VMGC(ctx context.Context, keepLast int) (*sandbox.VMGCResult, error)
 	ImageList(ctx context.Context) (*stages.ImageListResult, error)
 }
 
 var _ Core = core{}
 
-// core is the Core a server's main wires: runs and VMs are the sandbox's,
-// stages and bases their store's.
+// core is the Core a server's main wires: runs and VM GC are the
+// sandbox's, stages and bases their store's, the VM listing the records'.
 type core struct {
 	*runCore
 	*stageStore
+	vmRecords
 }
 
 type (
 	runCore    = sandbox.Service
 	stageStore = stages.Service
+	vmRecords  = vmrecord.Records
 )
 
 // Config configures a Server.

@@ -4,78 +4,32 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
 
 	"isopod/internal/image"
 	"isopod/internal/machine"
-	"isopod/internal/paths"
+	"isopod/internal/vmrecord"
 )
 
-// gcMinAge keeps unfinished records this young even past keep-last and even
-// when their owner is gone: a run may be starting. A finished record has no
-// such grace.
-const gcMinAge = 60 * time.Second
-
-// VMList lists VM records newest first.
-func (s *Service) VMList(ctx context.Context) (*VMListResult, error) {
-	recs := s.records()
-	res := &VMListResult{OK: true, VMs: []VMEntry{}}
-	for _, r := range recs {
-		res.VMs = append(res.VMs, VMEntry{
-			ID: r.ID, Name: r.Name, Created: r.Created.Format(time.RFC3339), Argv: r.Argv,
-			Live: vmmRunning(r), DirBytes: paths.DirBytes(s.opts.Paths.VM(r.ID)), ExitCode: r.ExitCode,
-		})
-	}
-	return res, nil
-}
-
-// records reads every VM record, newest first. Unreadable ones are skipped.
-func (s *Service) records() []*vmRecord {
-	ents, _ := os.ReadDir(s.opts.Paths.VMs())
-	var recs []*vmRecord
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		r, err := readRecord(filepath.Join(s.opts.Paths.VMs(), e.Name()))
-		if err != nil || r.ID != e.Name() {
-			continue
-		}
-		recs = append(recs, r)
-	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Created.After(recs[j].Created) })
-	return recs
-}
-
-// vmmRunning reports whether r's VMM process (by pid and start time) still
-// runs: what a listing calls live. The owner is not asked: a long-lived
-// owner (the MCP server) outlives every VM it ran.
-func vmmRunning(r *vmRecord) bool {
-	return alive(r.VMMPID, r.VMMStartTime)
-}
-
-// recordBusy reports whether r still belongs to a run: its VMM runs, or it
-// is unfinished and its owner lives (a run between boots, or one whose VMM
-// has not started yet).
-func recordBusy(r *vmRecord) bool {
-	return vmmRunning(r) || (!r.Finished && alive(r.OwnerPID, r.OwnerStartTime))
-}
-
-// prunable reports whether r may be removed past keep-last: nothing runs
-// it, and it is finished, or its owner is known to be gone (it died
-// mid-run), or it is older than gcMinAge.
-func prunable(r *vmRecord, now time.Time) bool {
-	if recordBusy(r) {
-		return false
-	}
-	return r.Finished || r.OwnerPID > 0 && r.OwnerStartTime > 0 || now.Sub(r.Created) >= gcMinAge
+// VMGCResult is what `isopod vm gc` removed and kept.
+type VMGCResult struct {
+	OK             bool     `json:"ok"`
+	Removed        []string `json:"removed"`
+	Kept           int      `json:"kept"`
+	KilledVMMs     []int    `json:"killed_vmm_pids"`
+	FreedBytes     int64    `json:"freed_bytes"`
+	StageLeftovers []string `json:"stage_leftovers_removed,omitempty"`
+	// SnapshotsRemoved are warm-pool snapshots no current run can use.
+	SnapshotsRemoved []string `json:"snapshots_removed,omitempty"`
+	// BuildLeftovers are what interrupted kernel fetches and image builds
+	// left in kernels/ and images/.
+	BuildLeftovers []string `json:"build_leftovers_removed,omitempty"`
 }
 
 // VMGC kills orphaned VMM processes and prunes all but the newest keepLast
-// records. A record still busy (see recordBusy) is never pruned; a finished
+// records. A record still busy (vmrecord.Record.Busy) is never pruned; a finished
 // one is prunable at once, even while its owner lives.
 func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	if keepLast < 0 {
@@ -84,43 +38,23 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 	res := &VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}
 	// The jail (when on) knows where dead VMMs' cgroups are.
 	s.driver(ctx)
-	recs := s.records()
+	rs := vmrecord.Records{Paths: s.opts.Paths}
+	recs := rs.List()
 	for _, r := range recs {
 		// An orphan: its owner is gone but its VMM (the same process, by
 		// pid and start time) still runs.
-		if !alive(r.OwnerPID, r.OwnerStartTime) && alive(r.VMMPID, r.VMMStartTime) {
+		if !vmrecord.Alive(r.OwnerPID, r.OwnerStartTime) && vmrecord.Alive(r.VMMPID, r.VMMStartTime) {
 			if err := syscall.Kill(r.VMMPID, syscall.SIGKILL); err == nil {
 				res.KilledVMMs = append(res.KilledVMMs, r.VMMPID)
 				s.log.Info("killed orphaned VMM", "vm", r.ID, "pid", r.VMMPID)
-				for i := 0; i < 100 && alive(r.VMMPID, r.VMMStartTime); i++ {
+				for i := 0; i < 100 && vmrecord.Alive(r.VMMPID, r.VMMStartTime); i++ {
 					time.Sleep(10 * time.Millisecond)
 				}
 			}
 		}
 	}
-	now := time.Now()
-	for i, r := range recs {
-		if !recordBusy(r) {
-			s.cleanLeftovers(r)
-		}
-		if i < keepLast || !prunable(r, now) {
-			res.Kept++
-			continue
-		}
-		dir := s.opts.Paths.VM(r.ID)
-		if !strings.HasPrefix(r.ID, "vm-") || filepath.Base(dir) != r.ID {
-			res.Kept++
-			continue
-		}
-		freed := paths.DirBytes(dir)
-		if err := os.RemoveAll(dir); err != nil {
-			s.log.Warn("removing vm record", "vm", r.ID, "err", err)
-			res.Kept++
-			continue
-		}
-		res.Removed = append(res.Removed, r.ID)
-		res.FreedBytes += freed
-	}
+	pr := rs.Prune(recs, keepLast, time.Now(), s.log, s.cleanLeftovers)
+	res.Removed, res.Kept, res.FreedBytes = pr.Removed, pr.Kept, pr.FreedBytes
 	if st, err := s.stages(); err == nil {
 		if left, err := st.GC(ctx); err == nil {
 			res.StageLeftovers = left
@@ -144,13 +78,13 @@ func (s *Service) gcCgroups() {
 		if !strings.HasPrefix(id, "vm-") {
 			return true
 		}
-		r, err := readRecord(s.opts.Paths.VM(id))
+		r, err := vmrecord.Read(s.opts.Paths.VM(id))
 		if err != nil {
 			// A run between making its directory and its record.
 			_, serr := os.Stat(s.opts.Paths.VM(id))
 			return serr == nil
 		}
-		return recordBusy(r)
+		return r.Busy()
 	})
 	for _, name := range removed {
 		s.log.Info("removed a dead VMM's cgroup", "cgroup", name)
@@ -168,10 +102,10 @@ func (s *Service) gcSocketDirs() {
 	ents, _ := os.ReadDir(base)
 	for _, e := range ents {
 		info, err := e.Info()
-		if err != nil || !e.IsDir() || !strings.HasPrefix(e.Name(), "vm-") || time.Since(info.ModTime()) < gcMinAge {
+		if err != nil || !e.IsDir() || !strings.HasPrefix(e.Name(), "vm-") || time.Since(info.ModTime()) < vmrecord.GCMinAge {
 			continue
 		}
-		if r, err := readRecord(s.opts.Paths.VM(e.Name())); err == nil && recordBusy(r) {
+		if r, err := vmrecord.Read(s.opts.Paths.VM(e.Name())); err == nil && r.Busy() {
 			continue
 		}
 		os.RemoveAll(filepath.Join(base, e.Name()))
@@ -182,7 +116,7 @@ func (s *Service) gcSocketDirs() {
 // record when its process died: its scratch and placeholder disks, its
 // socket directory, the staging files of a copy-out it was writing, and its
 // VMM's cgroup.
-func (s *Service) cleanLeftovers(r *vmRecord) {
+func (s *Service) cleanLeftovers(r *vmrecord.Record) {
 	os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), "scratch.ext4"))
 	for _, name := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(s.opts.Paths.VM(r.ID), name))

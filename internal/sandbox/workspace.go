@@ -163,14 +163,14 @@ func (r *run) packWorkspace(ctx context.Context) error {
 		return err
 	}
 	defer dir.Close()
-	work := workspaceWork(r.dir.rec.ID, r.dir.path, w.Options)
+	work := workspaceWork(r.dir.Rec.ID, r.dir.Path(), w.Options)
 	tree, err := workspace.Pack(ctx, dir, work, w.Options)
 	if err != nil {
 		return fmt.Errorf("workspace %s: %w", w.Host, err)
 	}
 	r.ws = tree
 	r.s.log.Debug("workspace packed", "work", work, "copy_ms", tree.CopyTime.Milliseconds(), "pack_ms", tree.PackTime.Milliseconds(), "ms", time.Since(t).Milliseconds())
-	upper := filepath.Join(r.dir.path, "workspace-upper.ext4")
+	upper := filepath.Join(r.dir.Path(), "workspace-upper.ext4")
 	if err := r.s.prepareScratch(upper, r.plan.scratchMiB); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
@@ -202,6 +202,6 @@ func (r *run) closeWorkspace() {
 		os.Remove(r.wsUpper)
 	}
 	if r.req.Workspace != nil && r.dir != nil {
-		removeWorkspaceWork(r.dir.rec.ID)
+		removeWorkspaceWork(r.dir.Rec.ID)
 	}
 }

@@ -82,7 +82,7 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 	if err != nil {
 		return workspace.PatchStats{}, err
 	}
-	content, err := os.MkdirTemp(r.dir.path, "workspace-out-")
+	content, err := os.MkdirTemp(r.dir.Path(), "workspace-out-")
 	if err != nil {
 		return workspace.PatchStats{}, fmt.Errorf("workspace patch: %w", err)
 	}
