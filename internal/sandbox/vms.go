@@ -11,6 +11,7 @@ import (
 	"isopod/internal/image"
 	"isopod/internal/machine"
 	"isopod/internal/vmrecord"
+	"isopod/internal/workspace"
 )
 
 // VMGCResult is what `isopod vm gc` removed and kept.
@@ -125,7 +126,7 @@ func (s *Service) cleanLeftovers(r *vmrecord.Record) {
 		os.RemoveAll(filepath.Join(base, r.ID))
 	}
 	if strings.HasPrefix(r.ID, "vm-") {
-		removeWorkspaceWork(r.ID)
+		workspace.RemoveWork(r.ID)
 	}
 	for _, p := range r.Staging {
 		if machine.IsStagingName(filepath.Base(p), r.OwnerPID) {

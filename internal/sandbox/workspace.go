@@ -163,7 +163,7 @@ func (r *run) packWorkspace(ctx context.Context) error {
 		return err
 	}
 	defer dir.Close()
-	work := workspaceWork(r.dir.Rec.ID, r.dir.Path(), w.Options)
+	work := workspace.WorkDir(r.dir.Rec.ID, r.dir.Path(), w.Options)
 	tree, err := workspace.Pack(ctx, dir, work, w.Options)
 	if err != nil {
 		return fmt.Errorf("workspace %s: %w", w.Host, err)
@@ -202,6 +202,6 @@ func (r *run) closeWorkspace() {
 		os.Remove(r.wsUpper)
 	}
 	if r.req.Workspace != nil && r.dir != nil {
-		removeWorkspaceWork(r.dir.Rec.ID)
+		workspace.RemoveWork(r.dir.Rec.ID)
 	}
 }
