@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"context"
+	"isopod/internal/warmpool"
 	"testing"
 	"time"
 )
@@ -11,4 +13,9 @@ func SetInlineBuildMin(t testing.TB, d time.Duration) {
 	old := inlineBuildMin
 	inlineBuildMin = d
 	t.Cleanup(func() { inlineBuildMin = old })
+}
+
+// WarmList is the warm-pool listing as the CLI makes it, for the tests.
+func (s *Service) WarmList(ctx context.Context) (*warmpool.ListResult, error) {
+	return s.warm.List(s.WarmStale(ctx)), nil
 }
