@@ -58,7 +58,7 @@ type Service struct {
 	// ready holds ready VMs (nil: none); bg runs background snapshot
 	// builds.
 	ready *machine.Pool
-	bg    *bgWork
+	bg    *warmpool.Builds
 	// buildsWaiting counts background snapshot builds waiting for a place.
 	buildsWaiting atomic.Int32
 
@@ -106,7 +106,7 @@ func New(opts Options) (*Service, error) {
 	if err := CheckVMM(opts.VMM); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: newBGWork()}
+	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: warmpool.NewBuilds()}
 	if opts.ReadyVMs > 0 && !opts.NoWarmPool {
 		s.ready = machine.NewPool(log, opts.ReadyVMs, func(ctx context.Context, memMiB int, y admission.Yield) (*admission.Ticket, error) {
 			return s.holdVM(ctx, memMiB, y, false)
@@ -155,6 +155,6 @@ func (s *Service) holdVM(ctx context.Context, memMiB int, y admission.Yield, bui
 // background teardowns, as Wait). Runs must be over. Idempotent.
 func (s *Service) Close() {
 	s.ready.Close()
-	s.bg.close()
+	s.bg.Close()
 	s.Wait()
 }
