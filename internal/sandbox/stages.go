@@ -5,50 +5,16 @@ import (
 	"fmt"
 
 	"isopod/internal/agentproto"
-	"isopod/internal/errdefs"
 	"isopod/internal/store"
 )
-
-// stages opens the stage store.
-func (s *Service) stages() (*store.Store, error) {
-	if err := s.opts.Paths.Ensure(); err != nil {
-		return nil, err
-	}
-	return store.Open(s.opts.Paths.Stages(), store.Options{
-		LocksDir: s.opts.Paths.Locks(),
-		Logger:   s.log,
-		Version:  s.opts.Version,
-	})
-}
 
 func toRef(st *store.Store, m store.Meta) stageRef {
 	return stageRef{ID: m.ID, Name: m.Name, Label: m.Label, BaseFlavor: m.BaseFlavor, BaseSHA256: m.BaseSHA256, Layer: st.LayerPath(m.ID)}
 }
 
-// stageChain opens the store and resolves ref to its chain of stages, root
-// first; the reserved empty stage has an empty chain.
-func (s *Service) stageChain(ref string) (*store.Store, []store.Meta, error) {
-	st, err := s.stages()
-	if err != nil {
-		return nil, nil, err
-	}
-	m, err := st.Resolve(ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	if m.IsBase() {
-		return st, nil, nil
-	}
-	chain, err := st.Chain(m)
-	if err != nil {
-		return nil, nil, err
-	}
-	return st, chain, nil
-}
-
 // resolveChain resolves ref to its chain of stages, root first.
 func (s *Service) resolveChain(ref string) ([]stageRef, error) {
-	st, chain, err := s.stageChain(ref)
+	st, chain, err := s.store.Chain(ref)
 	if err != nil || len(chain) == 0 {
 		return nil, err
 	}
@@ -61,7 +27,7 @@ func (s *Service) resolveChain(ref string) ([]stageRef, error) {
 
 // checkChainBase refuses a chain made over another build of its base.
 func (s *Service) checkChainBase(chain []stageRef, base baseImage) ([]string, error) {
-	st, err := s.stages()
+	st, err := s.store.Open()
 	if err != nil {
 		return nil, err
 	}
@@ -74,27 +40,6 @@ func (s *Service) checkChainBase(chain []stageRef, base baseImage) ([]string, er
 		metas = append(metas, m)
 	}
 	return store.CheckBase(metas, base.Flavor, base.SHA256, s.opts.AllowBaseSkew)
-}
-
-// checkLabelFree refuses a --commit-as label that is already taken, before
-// the run, so that a long setup is not wasted. The label's form was checked
-// when the request was normalised.
-func (s *Service) checkLabelFree(label string) error {
-	st, err := s.stages()
-	if err != nil {
-		return err
-	}
-	all, err := st.List()
-	if err != nil {
-		return err
-	}
-	for _, m := range all {
-		if m.Label == label {
-			return fmt.Errorf("--commit-as %q: the label is taken by stage %s (%s); pick another label or remove it with `isopod stage rm %s`: %w",
-				label, m.ID, m.Name, m.ID, errdefs.ErrAlreadyExists)
-		}
-	}
-	return nil
 }
 
 // warnNothingCommitted tells a --commit-as run that ended without a commit.
@@ -122,7 +67,7 @@ func (r *run) commit(ctx context.Context, done *agentproto.ExecDone) {
 
 // commitScratch stores the scratch disk as a stage.
 func (r *run) commitScratch(ctx context.Context) error {
-	st, err := r.s.stages()
+	st, err := r.s.store.Open()
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
 		}
 	})
 	res.Removed, res.Kept, res.FreedBytes = pr.Removed, pr.Kept, pr.FreedBytes
-	if st, err := s.stages(); err == nil {
+	if st, err := s.store.Open(); err == nil {
 		if left, err := st.GC(ctx); err == nil {
 			res.StageLeftovers = left
 		}

@@ -86,7 +86,7 @@ type ImageRemoveResult struct {
 // ImageRemove removes an imported or pulled base (by name or content id).
 // It is refused while stages or warm-pool snapshots use it.
 func (s *Service) ImageRemove(ctx context.Context, ref string) (*ImageRemoveResult, error) {
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}

@@ -91,7 +91,7 @@ func (s *Service) markStale(st *store.Store, entries []StageEntry) {
 
 // StageList lists stages oldest first.
 func (s *Service) StageList(ctx context.Context) (*StageListResult, error) {
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +106,7 @@ func (s *Service) StageList(ctx context.Context) (*StageListResult, error) {
 
 // StageInfo resolves ref and describes the stage and its chain.
 func (s *Service) StageInfo(ctx context.Context, ref string) (*StageInfoResult, error) {
-	st, chain, err := s.chain(ref)
+	st, chain, err := s.Chain(ref)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +124,7 @@ func (s *Service) StageInfo(ctx context.Context, ref string) (*StageInfoResult, 
 
 // StageRemove removes a stage no other stage builds on.
 func (s *Service) StageRemove(ctx context.Context, ref string) (*StageRemoveResult, error) {
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ type StageLogResult struct {
 // StageLog lists the chain from the base to ref, each layer with the command
 // that produced it, when, and its size.
 func (s *Service) StageLog(ctx context.Context, ref string) (*StageLogResult, error) {
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +175,7 @@ type StageDiffResult struct {
 
 // StageDiff compares the merged layers of two stages, read on the host.
 func (s *Service) StageDiff(ctx context.Context, a, b string) (*StageDiffResult, error) {
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}

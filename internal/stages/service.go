@@ -1,8 +1,10 @@
 package stages
 
 import (
+	"fmt"
 	"log/slog"
 
+	"isopod/internal/errdefs"
 	"isopod/internal/image"
 	"isopod/internal/oci"
 	"isopod/internal/settings"
@@ -42,8 +44,8 @@ func New(opts Options) *Service {
 // and pull), for a front end to show.
 type Progress = oci.Progress
 
-// store opens the stage store.
-func (s *Service) store() (*store.Store, error) {
+// Open opens the stage store.
+func (s *Service) Open() (*store.Store, error) {
 	if err := s.opts.Paths.Ensure(); err != nil {
 		return nil, err
 	}
@@ -54,10 +56,10 @@ func (s *Service) store() (*store.Store, error) {
 	})
 }
 
-// chain opens the store and resolves ref to its chain of stages, root
+// Chain opens the store and resolves ref to its chain of stages, root
 // first; the reserved empty stage has an empty chain.
-func (s *Service) chain(ref string) (*store.Store, []store.Meta, error) {
-	st, err := s.store()
+func (s *Service) Chain(ref string) (*store.Store, []store.Meta, error) {
+	st, err := s.Open()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -97,4 +99,25 @@ func (s *Service) installedSHA(flavor string) string {
 func (s *Service) haveBaseBuild(id string) bool {
 	_, ok := image.StoredByID(s.opts.Paths, id)
 	return ok
+}
+
+// CheckLabelFree refuses a run's --commit-as label that is already taken, before
+// the run, so that a long setup is not wasted. The label's form was checked
+// when the request was normalised.
+func (s *Service) CheckLabelFree(label string) error {
+	st, err := s.Open()
+	if err != nil {
+		return err
+	}
+	all, err := st.List()
+	if err != nil {
+		return err
+	}
+	for _, m := range all {
+		if m.Label == label {
+			return fmt.Errorf("--commit-as %q: the label is taken by stage %s (%s); pick another label or remove it with `isopod stage rm %s`: %w",
+				label, m.ID, m.Name, m.ID, errdefs.ErrAlreadyExists)
+		}
+	}
+	return nil
 }

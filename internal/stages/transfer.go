@@ -37,7 +37,7 @@ type StagePushResult struct {
 // o.WithoutBase) its base to dest, REGISTRY/REPO[:TAG]; the tag defaults
 // to the stage's id. Blobs the registry has are not sent again.
 func (s *Service) StagePush(ctx context.Context, ref, dest string, o StagePushOptions) (*StagePushResult, error) {
-	st, chain, err := s.chain(ref)
+	st, chain, err := s.Chain(ref)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func (s *Service) StagePull(ctx context.Context, source string, o StagePullOptio
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.store()
+	st, err := s.Open()
 	if err != nil {
 		return nil, err
 	}
