@@ -126,17 +126,24 @@ func (f *flights) do(ctx context.Context, key string, fn func() (string, bool, e
 }
 
 // ensureStage pulls the stage r forks when this host lacks it and the
-// registry has it, and points r at it by id. The pull counts against the
-// call's timeout_s: a call stops waiting for it at that deadline (the
-// pull goes on for the others that wait, and the stage it brings stays),
-// and the run gets what is left.
+// registry has it, and points r at it by id: the reference is resolved
+// once, here, and the run forks the stage found (a label that moves
+// meanwhile does not change it). The pull counts against the call's
+// timeout_s: a call stops waiting for it at that deadline (the pull goes
+// on for the others that wait, and the stage it brings stays), and the
+// run gets what is left.
 func (s *Server) ensureStage(ctx context.Context, r *sandbox.Request, st *runStatus) (*RegistryResult, error) {
 	tr, ok := s.cfg.Core.(stageTransfer)
 	if s.cfg.StageRegistry == "" || !ok || r.Stage == "" || r.Stage == sandbox.BaseStage {
 		return nil, nil
 	}
-	if _, err := s.cfg.Core.StageInfo(ctx, r.Stage); !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, nil // here (or unreadable: the run says why)
+	info, err := s.cfg.Core.StageInfo(ctx, r.Stage)
+	if err == nil {
+		r.Stage = info.Stage.ID
+		return nil, nil
+	}
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, nil // unreadable: the run says why
 	}
 	tag, ok := registryTag(r.Stage)
 	if !ok {

@@ -30,6 +30,8 @@ type transferCore struct {
 	pushFail error
 	// gate, when set, holds every pull until it is closed.
 	gate chan struct{}
+	// stageInfoHook, when set, runs after each StageInfo answer is made.
+	stageInfoHook func()
 }
 
 func newTransferCore(repo string) *transferCore {
@@ -40,6 +42,9 @@ func (c *transferCore) StageInfo(_ context.Context, ref string) (*stages.StageIn
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.stages[ref]
+	if c.stageInfoHook != nil {
+		c.stageInfoHook()
+	}
 	if !ok {
 		return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
 	}
@@ -110,6 +115,31 @@ func TestStagesOnDemand(t *testing.T) {
 	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/other"}, nil)
 	if !res.IsError || !strings.Contains(resultText(res), core.repo) || !strings.Contains(resultText(res), "not on this host") {
 		t.Errorf("a stage nowhere: %s", resultText(res))
+	}
+}
+
+// TestStageHereResolvedOnce: a stage this host has is resolved once, by
+// the server, and the run forks the stage found by its id, even when its
+// label has moved to another stage since.
+func TestStageHereResolvedOnce(t *testing.T) {
+	core := newTransferCore("reg.test/isopod/stages")
+	first, second := "st-00112233445566cc", "st-00112233445566dd"
+	core.stages["team/deps"], core.stages[first], core.stages[second] = first, first, second
+	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+		if req.Stage != first {
+			return nil, fmt.Errorf("ran %q, want the stage the label named when the call came, %s", req.Stage, first)
+		}
+		code := 0
+		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+	}
+	core.stageInfoHook = func() {
+		// The label moves once the server has resolved it.
+		core.stages["team/deps"] = second
+	}
+	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
+	r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/deps"}, nil))
+	if r.ForkedFrom != first || r.Registry != nil {
+		t.Errorf("forked %q (registry %+v); want %s, nothing pulled", r.ForkedFrom, r.Registry, first)
 	}
 }
 
