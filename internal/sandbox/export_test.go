@@ -19,3 +19,10 @@ func SetInlineBuildMin(t testing.TB, d time.Duration) {
 func (s *Service) WarmList(ctx context.Context) (*warmpool.ListResult, error) {
 	return s.warm.List(s.WarmStale(ctx)), nil
 }
+
+// Admit admits req as Run does and returns the request that runs, with
+// what it opened, and its release.
+func Admit(ctx context.Context, s *Service, req Request) (Request, func(), error) {
+	req, _, _, err := s.admit(ctx, req)
+	return req, func() { req.Workspace.release() }, err
+}

@@ -49,6 +49,9 @@ type Workspace struct {
 	// workspace.LimitError's What), for a patch_error over one; the CLI
 	// names its flags, the MCP server's caps are fixed.
 	Raise func(what string) string `json:"-"`
+	// opened: Dir was opened from Host by the run (openHost), which
+	// closes it.
+	opened bool
 }
 
 // WorkspaceReport is a report's workspace block.
@@ -116,21 +119,36 @@ func checkWorkspace(w *Workspace) error {
 	if err := w.Options.Validate(); err != nil {
 		return err
 	}
-	// A host directory that is missing, or not a directory, is refused
-	// here, before a VM directory is made; the copy opens it again.
-	if w.Dir == nil {
-		d, err := openWorkspace(w)
-		if err != nil {
-			return err
-		}
-		d.Close()
-	}
 	if w.Out != "" && w.OutDir == nil {
 		if err := (hostio.Operator{}).CheckCopyOut("workspace_out", w.Out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// openHost opens the host directory of a workspace the caller gave by its
+// path only, once, as the run is admitted: a missing one, or not a
+// directory, is refused before a VM directory is made, and the copy is
+// made from the directory opened here (Dir). The run closes it (release).
+func (w *Workspace) openHost() error {
+	if w == nil || w.Dir != nil {
+		return nil
+	}
+	d, err := openWorkspace(w)
+	if err != nil {
+		return err
+	}
+	w.Dir, w.opened = d, true
+	return nil
+}
+
+// release closes the host directory openHost opened. Idempotent.
+func (w *Workspace) release() {
+	if w != nil && w.opened {
+		w.Dir.Close()
+		w.opened = false
+	}
 }
 
 // openWorkspace opens the workspace's host directory.
@@ -201,6 +219,7 @@ func (r *run) closeWorkspace() {
 	if r.wsUpper != "" {
 		os.Remove(r.wsUpper)
 	}
+	r.req.Workspace.release()
 	if r.req.Workspace != nil && r.dir != nil {
 		workspace.RemoveWork(r.dir.Rec.ID)
 	}
