@@ -87,7 +87,7 @@ type Config struct {
 	// may call (tokens.go).
 	Remote bool
 	// StageRegistry, REGISTRY/REPOSITORY, is where a stage a call names but
-	// this host lacks is pulled from (stages.go); empty: nowhere.
+	// this host lacks is pulled from (stagereg.go); empty: nowhere.
 	StageRegistry string
 	// PushCommits pushes every stage a sandbox_run commits to
 	// StageRegistry, by id and by label.
