@@ -19,6 +19,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // Options selects what `isopod bench` measures.
@@ -31,6 +32,9 @@ type Options struct {
 	// (cold, network, fork, and the warm series' cold side); nil: the
 	// Service given, which then must have it off for those to boot.
 	Cold *sandbox.Service
+	// Stages removes the stages the fork and commit series make; nil:
+	// they stay.
+	Stages *stages.Service
 }
 
 // Stats summarises one series of samples in milliseconds.
@@ -73,7 +77,7 @@ func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &bench{s: s, cold: o.Cold, log: log}
+	b := &bench{s: s, cold: o.Cold, stages: o.Stages, log: log}
 	if b.cold == nil {
 		b.cold = s
 	}
@@ -84,7 +88,15 @@ func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (
 // boots.
 type bench struct {
 	s, cold *sandbox.Service
+	stages  *stages.Service
 	log     *slog.Logger
+}
+
+// removeStage removes a stage a series made, when it can.
+func (b *bench) removeStage(ctx context.Context, label string) {
+	if b.stages != nil {
+		b.stages.StageRemove(context.WithoutCancel(ctx), label)
+	}
 }
 
 func invalid(format string, args ...any) error {
@@ -294,7 +306,7 @@ func (b *bench) fork(ctx context.Context, n int, res *Result, total func(sandbox
 	var labels []string
 	defer func() {
 		for i := len(labels) - 1; i >= 0; i-- {
-			s.StageRemove(context.WithoutCancel(ctx), labels[i])
+			b.removeStage(ctx, labels[i])
 		}
 	}()
 	parent := sandbox.BaseStage
@@ -335,7 +347,7 @@ func (b *bench) commit(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
-	defer s.StageRemove(context.WithoutCancel(ctx), l)
+	defer b.removeStage(ctx, l)
 	if rep.CommitMS == nil {
 		return fmt.Errorf("bench commit: nothing committed")
 	}

@@ -28,7 +28,7 @@ warm pool applies, warm runs. Prints p50/p90 per series and their ratios.`,
 					return nil, err
 				}
 				defer cold.Close()
-				o.Cold = cold
+				o.Cold, o.Stages = cold, e.stageStore()
 				return bench.Run(cmd.Context(), s, e.log, o)
 			})
 		},

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/doctor"
 	"isopod/internal/settings"
 	"isopod/internal/version"
+	"isopod/internal/warmpool"
 )
 
 func newDoctorCmd(e *env) *cobra.Command {
@@ -32,10 +33,7 @@ func runDoctor(ctx context.Context, e *env) error {
 	h := doctor.System(s.Paths, s.Kernel, s.AgentBin)
 	h.VMM = svc.Prober
 	h.WarmPool = func(ctx context.Context) (doctor.WarmPool, error) {
-		l, err := svc.WarmList(ctx)
-		if err != nil {
-			return doctor.WarmPool{}, err
-		}
+		l := warmpool.New(s.Paths, e.log).List(svc.WarmStale(ctx))
 		wp := doctor.WarmPool{Snapshots: len(l.Snapshots), Stale: map[string]string{}}
 		for _, s := range l.Snapshots {
 			wp.Bytes += s.Allocated

@@ -3,7 +3,7 @@ package cli
 import (
 	"github.com/spf13/cobra"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/vmrecord"
 )
 
 func newEgressCmd(e *env) *cobra.Command {
@@ -17,9 +17,7 @@ flags to pass to the next run. Attempts no rule can allow (UDP, ICMP, the
 host's own or private addresses, malformed names) are listed as unallowable.`,
 		Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.EgressSuggestResult, error) {
-				return s.EgressSuggest(cmd.Context(), args[0])
-			})
+			return keep(e)(vmrecord.Records{Paths: e.settings.Paths}.EgressSuggest(cmd.Context(), args[0]))
 		},
 	}
 	return group("egress", "Work with the egress records of filtered runs", suggest)

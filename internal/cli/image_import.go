@@ -4,12 +4,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"isopod/internal/image"
-	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // newImageImportCmd is `isopod image import SOURCE`.
 func newImageImportCmd(e *env) *cobra.Command {
-	var o sandbox.ImageImportOptions
+	var o stages.ImageImportOptions
 	var maxMiB int64
 	cmd := &cobra.Command{
 		Use:   "import SOURCE",
@@ -25,7 +25,7 @@ Registry credentials come from Docker's config.json and credential helpers
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.MaxBytes = maxMiB << 20
 			o.Progress = progressTo(e.stderr)
-			return call(e, func(s *sandbox.Service) (*sandbox.ImageImportResult, error) {
+			return callStore(e, func(s *stages.Service) (*stages.ImageImportResult, error) {
 				return s.ImageImport(cmd.Context(), args[0], o)
 			})
 		},
@@ -42,7 +42,7 @@ func newImageRmCmd(e *env) *cobra.Command {
 		Short: "Remove an imported base (or a pulled base build, by content id); refused while stages or warm-pool snapshots use it",
 		Args:  positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.ImageRemoveResult, error) {
+			return callStore(e, func(s *stages.Service) (*stages.ImageRemoveResult, error) {
 				return s.ImageRemove(cmd.Context(), args[0])
 			})
 		},

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // progressEvery is how often a line is logged when stderr is not a
@@ -19,11 +19,11 @@ const progressEvery = 2 * time.Second
 
 // progressTo shows a transfer's progress on w: a bar redrawn in place when
 // w is a terminal, a line every few seconds (and at the end) otherwise.
-func progressTo(w io.Writer) func(sandbox.Progress) {
+func progressTo(w io.Writer) func(stages.Progress) {
 	tty := isTerminal(w)
 	var mu sync.Mutex
 	var last time.Time
-	return func(p sandbox.Progress) {
+	return func(p stages.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -40,7 +40,7 @@ func progressTo(w io.Writer) func(sandbox.Progress) {
 }
 
 // progressLine is one report as a log line.
-func progressLine(p sandbox.Progress) string {
+func progressLine(p stages.Progress) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %d/%d done", p.Op, p.ItemsDone, p.Items)
 	if p.Skipped > 0 {
@@ -60,7 +60,7 @@ func progressLine(p sandbox.Progress) string {
 }
 
 // progressBar is one report as a terminal line.
-func progressBar(p sandbox.Progress) string {
+func progressBar(p stages.Progress) string {
 	const width = 24
 	frac := 0.0
 	switch {

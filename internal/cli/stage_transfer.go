@@ -3,12 +3,12 @@ package cli
 import (
 	"github.com/spf13/cobra"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // newStagePushCmd is `isopod stage push REF DEST`.
 func newStagePushCmd(e *env) *cobra.Command {
-	var o sandbox.StagePushOptions
+	var o stages.StagePushOptions
 	cmd := &cobra.Command{
 		Use:   "push REF DEST",
 		Short: "Push a stage, its chain and its base to a registry (DEST: REGISTRY/REPO[:TAG], the tag defaults to the stage id)",
@@ -19,7 +19,7 @@ it. Blobs the registry already has are not sent again.`,
 		Args: positional(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Progress = progressTo(e.stderr)
-			return call(e, func(s *sandbox.Service) (*sandbox.StagePushResult, error) {
+			return callStore(e, func(s *stages.Service) (*stages.StagePushResult, error) {
 				return s.StagePush(cmd.Context(), args[0], args[1], o)
 			})
 		},
@@ -30,14 +30,14 @@ it. Blobs the registry already has are not sent again.`,
 
 // newStagePullCmd is `isopod stage pull SOURCE`.
 func newStagePullCmd(e *env) *cobra.Command {
-	var o sandbox.StagePullOptions
+	var o stages.StagePullOptions
 	cmd := &cobra.Command{
 		Use:   "pull SOURCE",
 		Short: "Pull a stage, its chain and (when missing here) its base from a registry (SOURCE: REGISTRY/REPO:TAG or @DIGEST)",
 		Args:  positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Progress = progressTo(e.stderr)
-			return call(e, func(s *sandbox.Service) (*sandbox.StagePullResult, error) {
+			return callStore(e, func(s *stages.Service) (*stages.StagePullResult, error) {
 				return s.StagePull(cmd.Context(), args[0], o)
 			})
 		},

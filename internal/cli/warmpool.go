@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"isopod/internal/sandbox"
+	"isopod/internal/warmpool"
 )
 
 func newWarmpoolCmd(e *env) *cobra.Command {
@@ -32,7 +33,9 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Aliases: []string{"ls"}, Short: "List warm-pool snapshots, newest first", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.WarmListResult, error) { return s.WarmList(cmd.Context()) })
+			return call(e, func(s *sandbox.Service) (*warmpool.ListResult, error) {
+				return warmpool.New(e.settings.Paths, e.log).List(s.WarmStale(cmd.Context())), nil
+			})
 		},
 	}
 	var all bool
@@ -43,9 +46,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 			if len(args) == 1 {
 				key = args[0]
 			}
-			return call(e, func(s *sandbox.Service) (*sandbox.WarmRemoveResult, error) {
-				return s.WarmRemove(cmd.Context(), key, all)
-			})
+			return keep(e)(warmpool.New(e.settings.Paths, e.log).Remove(key, all))
 		},
 	}
 	rm.Flags().BoolVar(&all, "all", false, "remove every snapshot")

@@ -162,6 +162,17 @@ func TestImportRules(t *testing.T) {
 				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !under("internal/netstack")(imp) &&
 					!frontEnd(imp) && imp != mod+"internal/config"
 			}},
+		{"the stage store's housekeeping imports neither the core, nor a front end, nor config, nor the machine layer or a VMM",
+			under("internal/stages"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" &&
+					!under("internal/machine")(imp) && !under("internal/vmm")(imp)
+			}},
+		{"VM records import neither the core, nor a front end, nor config, nor a VMM driver",
+			under("internal/vmrecord"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
+			}},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},

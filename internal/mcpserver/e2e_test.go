@@ -23,6 +23,7 @@ import (
 	"isopod/internal/config"
 	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 // The test binary doubles as the server: with serveEnv=1, TestMain serves
@@ -228,11 +229,7 @@ func findVMBase() (base, why string) {
 		return "", fmt.Sprintf("no settings: %v", err)
 	}
 	paths := settings.Paths
-	svc, err := settings.NewService(nil, "test")
-	if err != nil {
-		return "", fmt.Sprintf("sandbox core unavailable: %v", err)
-	}
-	res, err := svc.ImageList(context.Background())
+	res, err := stages.New(stages.Options{Settings: settings.Settings}).ImageList(context.Background())
 	if err != nil {
 		return "", fmt.Sprintf("cannot list images under %s (%v); build the kernel and images first", paths.Home, err)
 	}

@@ -12,24 +12,25 @@ import (
 	"isopod/internal/hostio"
 	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 )
 
 func TestToolErrorsNameTheFix(t *testing.T) {
 	tests := []struct {
 		name   string
 		err    error
-		images *sandbox.ImageListResult
+		images *stages.ImageListResult
 		args   map[string]any
 		want   []string
 	}{
 		{"unbuilt base carries its build hint", fmt.Errorf("base base-debian: %w", errdefs.ErrFailedPrecondition),
-			&sandbox.ImageListResult{OK: true, Images: []sandbox.ImageEntry{
+			&stages.ImageListResult{OK: true, Images: []stages.ImageEntry{
 				{Flavor: "base-min", Built: true},
 				{Flavor: "base-debian", Hint: "isopod image build base-debian"},
 			}}, map[string]any{"cmd": "true"},
 			[]string{"failed_precondition", "base base-debian is not built", "isopod image build base-debian"}},
 		{"stale base", fmt.Errorf("stale: %w", errdefs.ErrFailedPrecondition),
-			&sandbox.ImageListResult{OK: true, Images: []sandbox.ImageEntry{
+			&stages.ImageListResult{OK: true, Images: []stages.ImageEntry{
 				{Flavor: "base-min", Built: true, Stale: true, StaleReason: "agent", Hint: "isopod image build base-min"},
 			}}, map[string]any{"cmd": "true", "base": "base-min"},
 			[]string{"is stale (agent)", "isopod image build base-min"}},
@@ -40,7 +41,7 @@ func TestToolErrorsNameTheFix(t *testing.T) {
 		{"unclassified", errors.New("disk full"), nil, map[string]any{"cmd": "true"}, []string{"internal", "disk full", "Fix:"}},
 		{"a fork of an unknown stage names the stage, not the default base",
 			fmt.Errorf("no stage matches %q (see `isopod stage list`): %w", "proj/none", errdefs.ErrNotFound),
-			&sandbox.ImageListResult{OK: true, Images: []sandbox.ImageEntry{{Flavor: "base-debian", Hint: "isopod image build base-debian"}}},
+			&stages.ImageListResult{OK: true, Images: []stages.ImageEntry{{Flavor: "base-debian", Hint: "isopod image build base-debian"}}},
 			map[string]any{"cmd": "true", "stage": "proj/none"},
 			[]string{`no stage matches "proj/none" (see stage_list)`, `there is no stage "proj/none": stage_list shows`}},
 		{"a core refusal names the argument",

@@ -15,6 +15,8 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // scriptedCore stands in for the VM-backed core where a test needs to
@@ -25,7 +27,7 @@ type scriptedCore struct {
 	reqs   []sandbox.Request
 	stdins []string
 	run    func(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
-	images *sandbox.ImageListResult
+	images *stages.ImageListResult
 	gcs    atomic.Int32
 	keep   atomic.Int32
 	refs   []string
@@ -55,23 +57,23 @@ func (c *scriptedCore) requests() []sandbox.Request {
 	return slices.Clone(c.reqs)
 }
 
-func (c *scriptedCore) StageList(context.Context) (*sandbox.StageListResult, error) {
-	return &sandbox.StageListResult{OK: true, Stages: []sandbox.StageEntry{}}, nil
+func (c *scriptedCore) StageList(context.Context) (*stages.StageListResult, error) {
+	return &stages.StageListResult{OK: true, Stages: []stages.StageEntry{}}, nil
 }
 
-func (c *scriptedCore) StageInfo(_ context.Context, ref string) (*sandbox.StageInfoResult, error) {
+func (c *scriptedCore) StageInfo(_ context.Context, ref string) (*stages.StageInfoResult, error) {
 	c.mu.Lock()
 	c.refs = append(c.refs, ref)
 	c.mu.Unlock()
 	return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
 }
 
-func (c *scriptedCore) StageRemove(_ context.Context, ref string) (*sandbox.StageRemoveResult, error) {
-	return &sandbox.StageRemoveResult{OK: true, Removed: "abc", Label: ref}, nil
+func (c *scriptedCore) StageRemove(_ context.Context, ref string) (*stages.StageRemoveResult, error) {
+	return &stages.StageRemoveResult{OK: true, Removed: "abc", Label: ref}, nil
 }
 
-func (c *scriptedCore) VMList(context.Context) (*sandbox.VMListResult, error) {
-	return &sandbox.VMListResult{OK: true, VMs: []sandbox.VMEntry{}}, nil
+func (c *scriptedCore) VMList(context.Context) (*vmrecord.VMListResult, error) {
+	return &vmrecord.VMListResult{OK: true, VMs: []vmrecord.VMEntry{}}, nil
 }
 
 func (c *scriptedCore) VMGC(_ context.Context, keep int) (*sandbox.VMGCResult, error) {
@@ -80,7 +82,7 @@ func (c *scriptedCore) VMGC(_ context.Context, keep int) (*sandbox.VMGCResult, e
 	return &sandbox.VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}, nil
 }
 
-func (c *scriptedCore) ImageList(context.Context) (*sandbox.ImageListResult, error) {
+func (c *scriptedCore) ImageList(context.Context) (*stages.ImageListResult, error) {
 	if c.images == nil {
 		return nil, errdefs.ErrNotSupported
 	}

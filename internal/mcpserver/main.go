@@ -14,6 +14,8 @@ import (
 	"isopod/internal/config"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // Main runs isopod-mcp with the command-line arguments args (without the
@@ -125,7 +127,8 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 		log.Info("stage registry", "repo", f.StageRegistry, "push_commits", f.PushCommits)
 	}
 	return Config{
-		Core: svc, HostIO: hostIO, Logger: log, Version: version,
+		Core: core{svc, stages.New(stages.Options{Settings: settings.Settings, Logger: log, Version: version, Removed: svc.StageRemoved}),
+			vmrecord.Records{Paths: settings.Paths}}, HostIO: hostIO, Logger: log, Version: version,
 		Admission: adm, Remote: f.Listen != "",
 		StageRegistry: f.StageRegistry, PushCommits: f.PushCommits,
 	}, nil

@@ -4,7 +4,9 @@ import (
 	"time"
 
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/vmm"
+	"isopod/internal/vmrecord"
 )
 
 // Every tool result is a projection of a core result written out here, so
@@ -112,11 +114,11 @@ func runResult(r *sandbox.Report) *RunResult {
 // StageEntry is one stage in stage_list and stage_info: the core's entry
 // (created in RFC 3339) with created_unix, the same instant in seconds.
 type StageEntry struct {
-	sandbox.StageEntry
+	stages.StageEntry
 	CreatedUnix int64 `json:"created_unix"`
 }
 
-func stageEntries(in []sandbox.StageEntry) []StageEntry {
+func stageEntries(in []stages.StageEntry) []StageEntry {
 	out := make([]StageEntry, 0, len(in))
 	for _, e := range in {
 		out = append(out, StageEntry{StageEntry: e, CreatedUnix: unixOf(e.Created)})
@@ -146,7 +148,7 @@ type StageRemoveResult struct {
 // VMEntry is one VM record in vm_list: the core's entry (created in
 // RFC 3339) with created_unix. live is true only while its VMM runs.
 type VMEntry struct {
-	sandbox.VMEntry
+	vmrecord.VMEntry
 	CreatedUnix int64 `json:"created_unix"`
 }
 
@@ -168,15 +170,15 @@ type VMGCResult struct {
 
 // ImageListResult is image_list's result.
 type ImageListResult struct {
-	Images   []sandbox.ImageEntry `json:"images"`
-	Warnings []string             `json:"warnings,omitempty"`
+	Images   []stages.ImageEntry `json:"images"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
-func stageListResult(r *sandbox.StageListResult) *StageListResult {
+func stageListResult(r *stages.StageListResult) *StageListResult {
 	return &StageListResult{Stages: stageEntries(r.Stages)}
 }
 
-func stageInfoResult(r *sandbox.StageInfoResult) *StageInfoResult {
+func stageInfoResult(r *stages.StageInfoResult) *StageInfoResult {
 	return &StageInfoResult{
 		Stage:      StageEntry{StageEntry: r.Stage, CreatedUnix: unixOf(r.Stage.Created)},
 		Chain:      stageEntries(r.Chain),
@@ -184,11 +186,11 @@ func stageInfoResult(r *sandbox.StageInfoResult) *StageInfoResult {
 	}
 }
 
-func stageRemoveResult(r *sandbox.StageRemoveResult) *StageRemoveResult {
+func stageRemoveResult(r *stages.StageRemoveResult) *StageRemoveResult {
 	return &StageRemoveResult{Removed: r.Removed, Label: r.Label, Name: r.Name}
 }
 
-func vmListResult(r *sandbox.VMListResult) *VMListResult {
+func vmListResult(r *vmrecord.VMListResult) *VMListResult {
 	out := &VMListResult{VMs: make([]VMEntry, 0, len(r.VMs))}
 	for _, v := range r.VMs {
 		out.VMs = append(out.VMs, VMEntry{VMEntry: v, CreatedUnix: unixOf(v.Created)})
@@ -203,10 +205,10 @@ func vmGCResult(r *sandbox.VMGCResult) *VMGCResult {
 	}
 }
 
-func imageListResult(r *sandbox.ImageListResult) *ImageListResult {
+func imageListResult(r *stages.ImageListResult) *ImageListResult {
 	out := &ImageListResult{Images: r.Images}
 	if out.Images == nil {
-		out.Images = []sandbox.ImageEntry{}
+		out.Images = []stages.ImageEntry{}
 	}
 	for _, w := range r.Warnings {
 		out.Warnings = append(out.Warnings, mcpWords.Replace(w))

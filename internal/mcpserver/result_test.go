@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // jsonNames lists the JSON member names of struct type t, embedded structs
@@ -100,7 +102,7 @@ func TestRunResultNames(t *testing.T) {
 // TestListResultsHaveNoOK: list results are projections too, with
 // created_unix beside created.
 func TestListResultsHaveNoOK(t *testing.T) {
-	r := vmListResult(&sandbox.VMListResult{OK: true, VMs: []sandbox.VMEntry{{ID: "vm-1", Created: "2026-12-01T10:00:00Z", Live: false}}})
+	r := vmListResult(&vmrecord.VMListResult{OK: true, VMs: []vmrecord.VMEntry{{ID: "vm-1", Created: "2026-12-01T10:00:00Z", Live: false}}})
 	b, _ := json.Marshal(r)
 	var m map[string]any
 	json.Unmarshal(b, &m)
@@ -111,7 +113,7 @@ func TestListResultsHaveNoOK(t *testing.T) {
 	if vm["created_unix"] != float64(1796119200) || vm["created"] != "2026-12-01T10:00:00Z" || vm["live"] != false {
 		t.Errorf("vm entry %s", b)
 	}
-	st := stageListResult(&sandbox.StageListResult{OK: true, Stages: []sandbox.StageEntry{{ID: "st-1", Created: "2026-12-01T10:00:00Z"}}})
+	st := stageListResult(&stages.StageListResult{OK: true, Stages: []stages.StageEntry{{ID: "st-1", Created: "2026-12-01T10:00:00Z"}}})
 	b, _ = json.Marshal(st)
 	if !strings.Contains(string(b), `"created_unix":1796119200`) || strings.Contains(string(b), `"ok"`) {
 		t.Errorf("stage_list result %s", b)

@@ -21,6 +21,8 @@ import (
 	"isopod/internal/admission"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
+	"isopod/internal/vmrecord"
 )
 
 // Defaults of a Server.
@@ -36,19 +38,33 @@ const (
 	DefaultGCKeepLast = 20
 )
 
-// Core is what the server needs from the sandbox; *sandbox.Service
-// implements it.
+// Core is what the server needs from the sandbox and the stage store;
+// core implements it.
 type Core interface {
 	Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
-	StageList(ctx context.Context) (*sandbox.StageListResult, error)
-	StageInfo(ctx context.Context, ref string) (*sandbox.StageInfoResult, error)
-	StageRemove(ctx context.Context, ref string) (*sandbox.StageRemoveResult, error)
-	VMList(ctx context.Context) (*sandbox.VMListResult, error)
+	StageList(ctx context.Context) (*stages.StageListResult, error)
+	StageInfo(ctx context.Context, ref string) (*stages.StageInfoResult, error)
+	StageRemove(ctx context.Context, ref string) (*stages.StageRemoveResult, error)
+	VMList(ctx context.Context) (*vmrecord.VMListResult, error)
 	VMGC(ctx context.Context, keepLast int) (*sandbox.VMGCResult, error)
-	ImageList(ctx context.Context) (*sandbox.ImageListResult, error)
+	ImageList(ctx context.Context) (*stages.ImageListResult, error)
 }
 
-var _ Core = (*sandbox.Service)(nil)
+var _ Core = core{}
+
+// core is the Core a server's main wires: runs and VM GC are the
+// sandbox's, stages and bases their store's, the VM listing the records'.
+type core struct {
+	*runCore
+	*stageStore
+	vmRecords
+}
+
+type (
+	runCore    = sandbox.Service
+	stageStore = stages.Service
+	vmRecords  = vmrecord.Records
+)
 
 // Config configures a Server.
 type Config struct {
@@ -71,7 +87,7 @@ type Config struct {
 	// may call (tokens.go).
 	Remote bool
 	// StageRegistry, REGISTRY/REPOSITORY, is where a stage a call names but
-	// this host lacks is pulled from (stages.go); empty: nowhere.
+	// this host lacks is pulled from (stagereg.go); empty: nowhere.
 	StageRegistry string
 	// PushCommits pushes every stage a sandbox_run commits to
 	// StageRegistry, by id and by label.

@@ -14,6 +14,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/store"
 )
 
@@ -29,13 +30,13 @@ import (
 // label's tag names the stage last pushed under that label; ids are exact.
 
 // stageTransfer is the core's optional ability to move stages through an
-// OCI registry; *sandbox.Service has it.
+// OCI registry; the stage store (*stages.Service) has it.
 type stageTransfer interface {
-	PullStage(ctx context.Context, repo, ref string) (*sandbox.StagePullResult, error)
-	StagePush(ctx context.Context, ref, dest string, o sandbox.StagePushOptions) (*sandbox.StagePushResult, error)
+	PullStage(ctx context.Context, repo, ref string) (*stages.StagePullResult, error)
+	StagePush(ctx context.Context, ref, dest string, o stages.StagePushOptions) (*stages.StagePushResult, error)
 }
 
-var _ stageTransfer = (*sandbox.Service)(nil)
+var _ stageTransfer = (*stages.Service)(nil)
 
 // RegistryResult says what a call moved through the stage registry.
 type RegistryResult struct {
@@ -125,17 +126,24 @@ func (f *flights) do(ctx context.Context, key string, fn func() (string, bool, e
 }
 
 // ensureStage pulls the stage r forks when this host lacks it and the
-// registry has it, and points r at it by id. The pull counts against the
-// call's timeout_s: a call stops waiting for it at that deadline (the
-// pull goes on for the others that wait, and the stage it brings stays),
-// and the run gets what is left.
+// registry has it, and points r at it by id: the reference is resolved
+// once, here, and the run forks the stage found (a label that moves
+// meanwhile does not change it). The pull counts against the call's
+// timeout_s: a call stops waiting for it at that deadline (the pull goes
+// on for the others that wait, and the stage it brings stays), and the
+// run gets what is left.
 func (s *Server) ensureStage(ctx context.Context, r *sandbox.Request, st *runStatus) (*RegistryResult, error) {
 	tr, ok := s.cfg.Core.(stageTransfer)
 	if s.cfg.StageRegistry == "" || !ok || r.Stage == "" || r.Stage == sandbox.BaseStage {
 		return nil, nil
 	}
-	if _, err := s.cfg.Core.StageInfo(ctx, r.Stage); !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, nil // here (or unreadable: the run says why)
+	info, err := s.cfg.Core.StageInfo(ctx, r.Stage)
+	if err == nil {
+		r.Stage = info.Stage.ID
+		return nil, nil
+	}
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, nil // unreadable: the run says why
 	}
 	tag, ok := registryTag(r.Stage)
 	if !ok {
@@ -198,7 +206,7 @@ func (s *Server) pushCommit(ctx context.Context, rep *sandbox.Report, label stri
 	pctx, cancel := context.WithTimeout(s.life, pushTimeout)
 	defer cancel()
 	for _, dest := range []string{s.cfg.StageRegistry + ":" + labelTag(label), s.cfg.StageRegistry + ":" + rep.StageID} {
-		res, err := tr.StagePush(pctx, rep.StageID, dest, sandbox.StagePushOptions{})
+		res, err := tr.StagePush(pctx, rep.StageID, dest, stages.StagePushOptions{})
 		if err != nil {
 			reg.PushError = mcpWords.Replace(plain(err))
 			s.log.Warn("pushing a committed stage failed", "stage", rep.StageID, "dest", dest, "err", err)

@@ -11,6 +11,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/stages"
 	"isopod/internal/transfer"
 )
 
@@ -29,23 +30,28 @@ type transferCore struct {
 	pushFail error
 	// gate, when set, holds every pull until it is closed.
 	gate chan struct{}
+	// stageInfoHook, when set, runs after each StageInfo answer is made.
+	stageInfoHook func()
 }
 
 func newTransferCore(repo string) *transferCore {
 	return &transferCore{repo: repo, stages: map[string]string{}, registry: map[string]string{}}
 }
 
-func (c *transferCore) StageInfo(_ context.Context, ref string) (*sandbox.StageInfoResult, error) {
+func (c *transferCore) StageInfo(_ context.Context, ref string) (*stages.StageInfoResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.stages[ref]
+	if c.stageInfoHook != nil {
+		c.stageInfoHook()
+	}
 	if !ok {
 		return nil, fmt.Errorf("stage %q: %w", ref, errdefs.ErrNotFound)
 	}
-	return &sandbox.StageInfoResult{OK: true, Stage: sandbox.StageEntry{ID: id}}, nil
+	return &stages.StageInfoResult{OK: true, Stage: stages.StageEntry{ID: id}}, nil
 }
 
-func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.StagePullResult, error) {
+func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*stages.StagePullResult, error) {
 	c.pulls.Add(1)
 	time.Sleep(100 * time.Millisecond) // long enough for calls to meet
 	if c.gate != nil {
@@ -58,17 +64,17 @@ func (c *transferCore) PullStage(_ context.Context, repo, ref string) (*sandbox.
 		return nil, fmt.Errorf("%s:%s: manifest unknown: %w", repo, ref, errdefs.ErrNotFound)
 	}
 	c.stages[id] = id
-	return &sandbox.StagePullResult{OK: true, Stage: sandbox.StageEntry{ID: id}, PullResult: &transfer.PullResult{}}, nil
+	return &stages.StagePullResult{OK: true, Stage: stages.StageEntry{ID: id}, PullResult: &transfer.PullResult{}}, nil
 }
 
-func (c *transferCore) StagePush(_ context.Context, ref, dest string, _ sandbox.StagePushOptions) (*sandbox.StagePushResult, error) {
+func (c *transferCore) StagePush(_ context.Context, ref, dest string, _ stages.StagePushOptions) (*stages.StagePushResult, error) {
 	if c.pushFail != nil {
 		return nil, c.pushFail
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.pushed = append(c.pushed, dest)
-	return &sandbox.StagePushResult{OK: true, PushResult: &transfer.PushResult{Ref: dest}}, nil
+	return &stages.StagePushResult{OK: true, PushResult: &transfer.PushResult{Ref: dest}}, nil
 }
 
 func TestStagesOnDemand(t *testing.T) {
@@ -109,6 +115,31 @@ func TestStagesOnDemand(t *testing.T) {
 	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/other"}, nil)
 	if !res.IsError || !strings.Contains(resultText(res), core.repo) || !strings.Contains(resultText(res), "not on this host") {
 		t.Errorf("a stage nowhere: %s", resultText(res))
+	}
+}
+
+// TestStageHereResolvedOnce: a stage this host has is resolved once, by
+// the server, and the run forks the stage found by its id, even when its
+// label has moved to another stage since.
+func TestStageHereResolvedOnce(t *testing.T) {
+	core := newTransferCore("reg.test/isopod/stages")
+	first, second := "st-00112233445566cc", "st-00112233445566dd"
+	core.stages["team/deps"], core.stages[first], core.stages[second] = first, first, second
+	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+		if req.Stage != first {
+			return nil, fmt.Errorf("ran %q, want the stage the label named when the call came, %s", req.Stage, first)
+		}
+		code := 0
+		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+	}
+	core.stageInfoHook = func() {
+		// The label moves once the server has resolved it.
+		core.stages["team/deps"] = second
+	}
+	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
+	r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "stage": "team/deps"}, nil))
+	if r.ForkedFrom != first || r.Registry != nil {
+		t.Errorf("forked %q (registry %+v); want %s, nothing pulled", r.ForkedFrom, r.Registry, first)
 	}
 }
 

@@ -8,10 +8,11 @@ import (
 )
 
 // admit refuses, before any VM starts, everything about req that can be
-// refused: it normalizes req, plans the run and checks the copy-out
+// refused: it normalizes req, opens the workspace's host directory (once:
+// the run copies what was checked), plans the run and checks the copy-out
 // destinations a front end did not open. It returns the run's stdin, which
-// the caller closes.
-func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Reader, error) {
+// the caller closes; the run closes the workspace directory it opened.
+func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _ io.Reader, retErr error) {
 	req, err := normalize(req, readHostLimits())
 	if err != nil {
 		return req, nil, nil, err
@@ -19,6 +20,14 @@ func (s *Service) admit(ctx context.Context, req Request) (Request, *plan, io.Re
 	if req.creds, err = s.resolveCredentials(req); err != nil {
 		return req, nil, nil, err
 	}
+	if err := req.Workspace.openHost(); err != nil {
+		return req, nil, nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			req.Workspace.release()
+		}
+	}()
 	pl, err := s.planRun(ctx, req)
 	if err != nil {
 		return req, nil, nil, err

@@ -20,7 +20,7 @@ func (r *run) boot(ctx context.Context) error {
 		if r.ready != nil {
 			nic = r.ready.NIC
 		}
-		n, err := r.s.startNetwork(nic, r.dir.rec.ID, r.dir.path, r.req.rules, r.t0, r.req.creds...)
+		n, err := r.s.startNetwork(nic, r.dir.Rec.ID, r.dir.Path(), r.req.rules, r.t0, r.req.creds...)
 		if err != nil {
 			return err
 		}
@@ -81,16 +81,16 @@ func (r *run) mountRoot(ctx context.Context, flush bool) error {
 // environment, the request's sizes and network, the record's name.
 func (r *run) spec() machine.Spec {
 	sp := machine.Spec{
-		ID:        r.dir.rec.ID,
-		Dir:       r.dir.path,
+		ID:        r.dir.Rec.ID,
+		Dir:       r.dir.Path(),
 		Kernel:    r.plan.kernel.Kernel,
 		Initrd:    r.plan.kernel.Initramfs,
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,
 		Disks:     r.runDisks(),
-		Hostname:  r.dir.rec.Name,
+		Hostname:  r.dir.Rec.Name,
 		Env:       r.plan.env,
-		SerialLog: r.dir.serial,
+		SerialLog: r.dir.Serial,
 		Logger:    r.s.log,
 	}
 	if !r.req.NoNetwork {
@@ -121,7 +121,7 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	m, _ := r.vm.Current() // nil: the VMM did not start
 	if m != nil {
 		r.rep.Accel = m.Accel()
-		r.dir.started(m)
+		r.dir.Started(m)
 	}
 	var be *machine.BootError
 	switch {

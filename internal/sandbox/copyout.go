@@ -60,9 +60,9 @@ func (r *run) copyOut(ctx context.Context) error {
 // record, so that `isopod vm gc` removes it should this process die
 // during the copy ("": the copy ended).
 func (r *run) staging(path string) {
-	r.dir.rec.Staging = nil
+	r.dir.Rec.Staging = nil
 	if path != "" {
-		r.dir.rec.Staging = []string{path}
+		r.dir.Rec.Staging = []string{path}
 	}
-	writeRecord(r.dir.path, r.dir.rec)
+	r.dir.Save()
 }

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"context"
+	"isopod/internal/warmpool"
 	"testing"
 	"time"
 )
@@ -11,4 +13,16 @@ func SetInlineBuildMin(t testing.TB, d time.Duration) {
 	old := inlineBuildMin
 	inlineBuildMin = d
 	t.Cleanup(func() { inlineBuildMin = old })
+}
+
+// WarmList is the warm-pool listing as the CLI makes it, for the tests.
+func (s *Service) WarmList(ctx context.Context) (*warmpool.ListResult, error) {
+	return s.warm.List(s.WarmStale(ctx)), nil
+}
+
+// Admit admits req as Run does and returns the request that runs, with
+// what it opened, and its release.
+func Admit(ctx context.Context, s *Service, req Request) (Request, func(), error) {
+	req, _, _, err := s.admit(ctx, req)
+	return req, func() { req.Workspace.release() }, err
 }

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
+	"isopod/internal/vmrecord"
 )
 
 // What the benchmarks (internal/bench) measure isopod against: the same
@@ -52,7 +53,7 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	if _, err := s.warm.Read(in.key.ID()); err != nil {
 		return "", vmm.Config{}, nil, fmt.Errorf("bench: no snapshot for %s: %w", in.key.ID(), err)
 	}
-	id := "floor-" + newVMID()[3:]
+	id := "floor-" + vmrecord.NewID()[3:]
 	n, err := s.startNetwork(nil, id, dir, req.rules, time.Now())
 	if err != nil {
 		return "", vmm.Config{}, nil, err

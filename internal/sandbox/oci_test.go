@@ -15,6 +15,8 @@ import (
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
 	"isopod/internal/sandbox/sandboxtest"
+	"isopod/internal/settings"
+	"isopod/internal/stages"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -39,8 +41,9 @@ func writeImported(t *testing.T, p paths.Paths, name string, env []string, workd
 
 func TestRunTakesAnImportedBasesDefaults(t *testing.T) {
 	t.Parallel()
-	var p paths.Paths
-	s, _ := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) { o.NoWarmPool, p = true, o.Paths })
+	var set settings.Settings
+	s, _ := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) { o.NoWarmPool, set = true, o.Settings })
+	p := set.Paths
 	writeImported(t, p, "img", []string{"FOO=image", "BAR=image"}, "/usr", true)
 	writeImported(t, p, "bare", nil, "", false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -65,7 +68,7 @@ func TestRunTakesAnImportedBasesDefaults(t *testing.T) {
 	if _, err := s.Run(ctx, sandbox.Request{Argv: []string{"true"}, Base: "bare", NoNetwork: true}); err != nil {
 		t.Errorf("argv over a base without /bin/sh: %v", err)
 	}
-	list, err := s.ImageList(ctx)
+	list, err := stages.New(stages.Options{Settings: set}).ImageList(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

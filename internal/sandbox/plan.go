@@ -95,7 +95,7 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 		pl.warnings = append(pl.warnings, warns...)
 	}
 	if req.CommitAs != "" {
-		if err := s.checkLabelFree(req.CommitAs); err != nil {
+		if err := s.store.CheckLabelFree(req.CommitAs); err != nil {
 			return nil, err
 		}
 	}

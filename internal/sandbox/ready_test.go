@@ -9,6 +9,8 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/sandbox"
+	"isopod/internal/settings"
+	"isopod/internal/stages"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -146,15 +148,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestReadyVMsOfRemovedStage(t *testing.T) {
 	t.Parallel()
 	a := newAdmission(t, 8, 8)
+	var set settings.Settings
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
-		o.ReadyVMs, o.Places = 1, a
+		o.ReadyVMs, o.Places, set = 1, a, o.Settings
 	})
+	st := stages.New(stages.Options{Settings: set, Version: "test", Removed: s.StageRemoved})
 	ctx := context.Background()
 	commit := run(t, s, sandbox.Request{Argv: []string{"sh", "-c", "echo s > /s"}, NoNetwork: true, CommitAs: "lay"})
 	if commit.StageID == "" {
 		t.Fatalf("not committed: %+v", commit)
 	}
-	info, err := s.StageInfo(ctx, "lay")
+	info, err := st.StageInfo(ctx, "lay")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +180,7 @@ func TestReadyVMsOfRemovedStage(t *testing.T) {
 
 	// Removed and put back (as a pull of the same stage would): the same
 	// id and path, another file.
-	if _, err := s.StageRemove(ctx, "lay"); err != nil {
+	if _, err := st.StageRemove(ctx, "lay"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
@@ -193,7 +197,7 @@ func TestReadyVMsOfRemovedStage(t *testing.T) {
 	waitFor(t, "the refill", func() bool { return readyIn(a, d) == 2 })
 
 	// Removed for good: the next run's refill discards its ready VM.
-	if _, err := s.StageRemove(ctx, "lay"); err != nil {
+	if _, err := st.StageRemove(ctx, "lay"); err != nil {
 		t.Fatal(err)
 	}
 	if rep := run(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true}); !rep.ReadyVM {

@@ -12,6 +12,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
+	"isopod/internal/vmrecord"
 )
 
 // Ready VMs (machine.Pool), for a front end that lives long (the MCP
@@ -47,7 +48,7 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.newVMDir([]string{"isopod", "ready"}, base, "")
+	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "ready"}, base, "")
 	if err != nil {
 		return nil, err
 	}
@@ -57,17 +58,17 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 			rv.Discard()
 		}
 	}()
-	rv.Scratch = filepath.Join(d.path, "scratch.ext4")
+	rv.Scratch = filepath.Join(d.Path(), "scratch.ext4")
 	if err := s.prepareScratch(rv.Scratch, sh.ScratchMiB); err != nil {
 		return nil, err
 	}
-	ph, err := machine.Placeholders(d.path)
+	ph, err := machine.Placeholders(d.Path())
 	if err != nil {
 		return nil, err
 	}
 	var net *vmm.Net
 	if in.key.NIC {
-		if rv.NIC, err = machine.ParkNIC(s.opts.Paths.Scope(), d.rec.ID); err != nil {
+		if rv.NIC, err = machine.ParkNIC(s.opts.Paths.Scope(), d.Rec.ID); err != nil {
 			return nil, err
 		}
 		net = rv.NIC.VMMNet()
@@ -76,7 +77,7 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 		return nil, err
 	}
 	disks := machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}.Slots(ph)
-	cfg := warmConfig(in, d.rec.ID, d.path, d.serial, net, disks)
+	cfg := warmConfig(in, d.Rec.ID, d.Path(), d.Serial, net, disks)
 	cfg.Logger, cfg.Paused = s.log, true
 	unuse, err := s.warm.Use(ctx, meta.Key)
 	if err != nil {
@@ -88,7 +89,7 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 		return nil, fmt.Errorf("restoring a ready VM: %w", err)
 	}
 	rv.VM.Attach(m)
-	d.started(m)
+	d.Started(m)
 	rv.Made = time.Now()
 	return rv, nil
 }
@@ -97,9 +98,9 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 // scratch disk and VMM.
 func (r *run) adoptReady() {
 	rv := r.ready
-	d := rv.Dir.(*vmDir) // made by makeReady
-	d.rec.Argv, d.rec.Stage = r.req.Argv, r.req.Stage
-	writeRecord(d.path, d.rec)
+	d := rv.Dir.(*vmrecord.Dir) // made by makeReady
+	d.Rec.Argv, d.Rec.Stage = r.req.Argv, r.req.Stage
+	d.Save()
 	r.dir, r.scratch, r.vm = d, rv.Scratch, rv.VM
 	// The run holds its own place (the front end admitted it).
 	rv.Place.Release()
@@ -138,7 +139,11 @@ func (r *run) bootReady(ctx context.Context) (done bool, err error) {
 	if !errors.Is(err, errWarmUnusable) {
 		return false, err
 	}
-	r.s.log.Warn("ready VM unusable; resuming another", "vm", r.dir.rec.ID, "err", err)
+	r.s.log.Warn("ready VM unusable; resuming another", "vm", r.dir.Rec.ID, "err", err)
 	r.ready = nil
 	return false, nil
 }
+
+// StageRemoved ends the ready VMs holding a removed stage's layer now,
+// not at the next run: the stage store calls it (stages.Options.Removed).
+func (s *Service) StageRemoved() { s.ready.Refill() }

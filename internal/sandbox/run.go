@@ -12,6 +12,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
+	"isopod/internal/vmrecord"
 	"isopod/internal/workspace"
 )
 
@@ -27,7 +28,7 @@ type run struct {
 	rep    *Report
 	t0     time.Time
 	plan   *plan
-	dir    *vmDir
+	dir    *vmrecord.Dir
 	stdout *machine.Capture
 	stderr *machine.Capture
 
@@ -178,7 +179,7 @@ func (r *run) prepare() error {
 	if r.ready != nil {
 		r.adoptReady()
 	} else {
-		d, err := r.s.newVMDir(r.req.Argv, r.plan.base.Flavor, r.req.Stage)
+		d, err := vmrecord.NewDir(r.s.opts.Paths, r.req.Argv, r.plan.base.Flavor, r.req.Stage)
 		if err != nil {
 			return err
 		}
@@ -187,12 +188,12 @@ func (r *run) prepare() error {
 	d := r.dir
 	var err error
 	r.rep = &Report{
-		OK: true, VMID: d.rec.ID, Name: d.rec.Name, Argv: r.req.Argv, Path: "cold",
+		OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Argv: r.req.Argv, Path: "cold",
 		VCPUs: r.req.VCPUs, MemMiB: r.req.MemMiB, ScratchMiB: r.plan.scratchMiB,
 		RootfsFlavor: r.plan.base.Flavor, BaseSHA256: r.plan.base.SHA256,
-		SerialLogPath: d.consolePath(),
-		StdoutLogPath: filepath.Join(d.path, "stdout.log"),
-		StderrLogPath: filepath.Join(d.path, "stderr.log"),
+		SerialLogPath: d.ConsolePath(),
+		StdoutLogPath: filepath.Join(d.Path(), "stdout.log"),
+		StderrLogPath: filepath.Join(d.Path(), "stderr.log"),
 		Warnings:      r.plan.warnings,
 	}
 	r.rep.Warnings = append(r.rep.Warnings, r.s.jailReport()...)
@@ -213,7 +214,7 @@ func (r *run) ensureScratch() error {
 	if r.scratch != "" {
 		return nil
 	}
-	scratch := filepath.Join(r.dir.path, "scratch.ext4")
+	scratch := filepath.Join(r.dir.Path(), "scratch.ext4")
 	if err := r.s.prepareScratch(scratch, r.plan.scratchMiB); err != nil {
 		return err
 	}
@@ -302,16 +303,16 @@ func (r *run) cleanup() {
 		r.ready.NIC.Close() // parked, and not taken by a network
 	}
 	if r.dir != nil {
-		machine.CleanDisks(r.dir.path, r.scratch)
+		machine.CleanDisks(r.dir.Path(), r.scratch)
 	}
 	if r.dir != nil {
 		var code *int
 		if r.rep != nil {
 			code = r.rep.ExitCode
 		}
-		r.dir.finish(code)
+		r.dir.End(code)
 		if r.unrecord {
-			os.RemoveAll(r.dir.path)
+			os.RemoveAll(r.dir.Path())
 		}
 	}
 }

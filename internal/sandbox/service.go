@@ -12,6 +12,7 @@ import (
 	"isopod/internal/jail"
 	"isopod/internal/machine"
 	"isopod/internal/settings"
+	"isopod/internal/stages"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -55,10 +56,12 @@ type Service struct {
 
 	td   teardownState
 	warm *warmpool.Catalog
+	// store is the stage store, as the planner reads and commits to it.
+	store *stages.Service
 	// ready holds ready VMs (nil: none); bg runs background snapshot
 	// builds.
 	ready *machine.Pool
-	bg    *bgWork
+	bg    *warmpool.Builds
 	// buildsWaiting counts background snapshot builds waiting for a place.
 	buildsWaiting atomic.Int32
 
@@ -106,7 +109,8 @@ func New(opts Options) (*Service, error) {
 	if err := CheckVMM(opts.VMM); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: newBGWork()}
+	s := &Service{opts: opts, log: log, warm: warmpool.New(opts.Paths, log), bg: warmpool.NewBuilds(),
+		store: stages.New(stages.Options{Settings: opts.Settings, Logger: log, Version: opts.Version})}
 	if opts.ReadyVMs > 0 && !opts.NoWarmPool {
 		s.ready = machine.NewPool(log, opts.ReadyVMs, func(ctx context.Context, memMiB int, y admission.Yield) (*admission.Ticket, error) {
 			return s.holdVM(ctx, memMiB, y, false)
@@ -155,6 +159,6 @@ func (s *Service) holdVM(ctx context.Context, memMiB int, y admission.Yield, bui
 // background teardowns, as Wait). Runs must be over. Idempotent.
 func (s *Service) Close() {
 	s.ready.Close()
-	s.bg.close()
+	s.bg.Close()
 	s.Wait()
 }

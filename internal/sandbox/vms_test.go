@@ -6,6 +6,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
 	"isopod/internal/machine"
+	"isopod/internal/vmrecord"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +33,7 @@ func deadPID(t *testing.T) (int, uint64) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	pid, st := cmd.Process.Pid, procStartTime(cmd.Process.Pid)
+	pid, st := cmd.Process.Pid, vmrecord.ProcStartTime(cmd.Process.Pid)
 	cmd.Process.Kill()
 	cmd.Wait()
 	if st == 0 {
@@ -41,13 +42,13 @@ func deadPID(t *testing.T) (int, uint64) {
 	return pid, st
 }
 
-func writeTestRecord(t *testing.T, s *Service, r *vmRecord) {
+func writeTestRecord(t *testing.T, s *Service, r *vmrecord.Record) {
 	t.Helper()
 	dir := s.opts.Paths.VM(r.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRecord(dir, r); err != nil {
+	if err := vmrecord.Write(dir, r); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -60,13 +61,13 @@ func TestGCKillsOnlyTrueOrphans(t *testing.T) {
 	old := time.Now().Add(-time.Hour)
 
 	// An orphan: owner gone, VMM pid and start time match a live process.
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000001", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
-		VMMPID: orphan.Process.Pid, VMMStartTime: procStartTime(orphan.Process.Pid)})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000001", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
+		VMMPID: orphan.Process.Pid, VMMStartTime: vmrecord.ProcStartTime(orphan.Process.Pid)})
 	// A reused pid: the recorded start time does not match; never killed.
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000002", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
-		VMMPID: reused.Process.Pid, VMMStartTime: procStartTime(reused.Process.Pid) + 1})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000002", Created: old, OwnerPID: ownerPID, OwnerStartTime: ownerStart,
+		VMMPID: reused.Process.Pid, VMMStartTime: vmrecord.ProcStartTime(reused.Process.Pid) + 1})
 	// A live run: its owner is this process.
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000003", Created: old, OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid())})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000003", Created: old, OwnerPID: os.Getpid(), OwnerStartTime: vmrecord.ProcStartTime(os.Getpid())})
 
 	res, err := s.VMGC(context.Background(), 0)
 	if err != nil {
@@ -78,7 +79,7 @@ func TestGCKillsOnlyTrueOrphans(t *testing.T) {
 	if err := orphan.Wait(); err == nil {
 		t.Errorf("the orphan was not killed")
 	}
-	if !alive(reused.Process.Pid, procStartTime(reused.Process.Pid)) {
+	if !vmrecord.Alive(reused.Process.Pid, vmrecord.ProcStartTime(reused.Process.Pid)) {
 		t.Errorf("a process whose start time did not match was killed")
 	}
 	if _, err := os.Stat(s.opts.Paths.VM("vm-00000003")); err != nil {
@@ -93,7 +94,7 @@ func TestGCKeepsNewestAndYoung(t *testing.T) {
 	s := newTestService(t)
 	ownerPID, ownerStart := deadPID(t)
 	for i, age := range []time.Duration{3 * time.Hour, 2 * time.Hour, time.Hour, time.Second} {
-		writeTestRecord(t, s, &vmRecord{ID: "vm-0000010" + itoa(i), Created: time.Now().Add(-age), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
+		writeTestRecord(t, s, &vmrecord.Record{ID: "vm-0000010" + itoa(i), Created: time.Now().Add(-age), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
 	}
 	res, err := s.VMGC(context.Background(), 1)
 	if err != nil {
@@ -112,7 +113,7 @@ func TestGCKeepsNewestAndYoung(t *testing.T) {
 func TestGCRefusesNegativeKeep(t *testing.T) {
 	s := newTestService(t)
 	ownerPID, ownerStart := deadPID(t)
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000201", Created: time.Now().Add(-time.Hour), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000201", Created: time.Now().Add(-time.Hour), OwnerPID: ownerPID, OwnerStartTime: ownerStart, Finished: true})
 	if _, err := s.VMGC(context.Background(), -1); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("VMGC(-1): %v; want ErrInvalidArgument", err)
 	}
@@ -147,20 +148,6 @@ func TestGCSweepsBuildLeftovers(t *testing.T) {
 }
 
 func itoa(i int) string { return string(rune('0' + i)) }
-
-func TestParseStatStartTime(t *testing.T) {
-	line := "1234 (qemu (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 10 5 0 0 20 0 3 0 987654 100000 50"
-	if got := parseStatStartTime(line); got != 987654 {
-		t.Errorf("got %d; want 987654", got)
-	}
-	if got := parseStatStartTime("garbage"); got != 0 {
-		t.Errorf("garbage: got %d", got)
-	}
-	if procStartTime(os.Getpid()) == 0 {
-		t.Errorf("no start time for this process")
-	}
-	_ = filepath.Join
-}
 
 func TestGCRemovesStaleSocketDirs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
@@ -203,21 +190,21 @@ func TestGCRemovesStaleSocketDirs(t *testing.T) {
 func TestLiveMeansTheVMMRuns(t *testing.T) {
 	s := newTestService(t)
 	vmmProc := startSleeper(t)
-	me, meStart := os.Getpid(), procStartTime(os.Getpid())
+	me, meStart := os.Getpid(), vmrecord.ProcStartTime(os.Getpid())
 	now := time.Now()
-	recs := []*vmRecord{
+	recs := []*vmrecord.Record{
 		// Finished a moment ago by this (still running) process.
 		{ID: "vm-00000301", Created: now, OwnerPID: me, OwnerStartTime: meStart, Finished: true},
 		// Still running: its VMM is up.
 		{ID: "vm-00000302", Created: now.Add(-time.Second), OwnerPID: me, OwnerStartTime: meStart,
-			VMMPID: vmmProc.Process.Pid, VMMStartTime: procStartTime(vmmProc.Process.Pid)},
+			VMMPID: vmmProc.Process.Pid, VMMStartTime: vmrecord.ProcStartTime(vmmProc.Process.Pid)},
 		// Starting: unfinished, no VMM yet, owner alive.
 		{ID: "vm-00000303", Created: now.Add(-2 * time.Second), OwnerPID: me, OwnerStartTime: meStart},
 	}
 	for _, r := range recs {
 		writeTestRecord(t, s, r)
 	}
-	list, err := s.VMList(context.Background())
+	list, err := vmrecord.Records{Paths: s.opts.Paths}.VMList(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,11 +240,11 @@ func TestLiveMeansTheVMMRuns(t *testing.T) {
 func TestGCPrunesAbandonedRuns(t *testing.T) {
 	s := newTestService(t)
 	dead, deadStart := deadPID(t)
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000401", Created: time.Now().Add(-time.Hour), OwnerPID: dead, OwnerStartTime: deadStart})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000401", Created: time.Now().Add(-time.Hour), OwnerPID: dead, OwnerStartTime: deadStart})
 	// Its owner is known to be gone: no need to wait.
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000402", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000402", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart})
 	// An owner that cannot be told: kept while young, a run may be starting.
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000403", Created: time.Now()})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000403", Created: time.Now()})
 	res, err := s.VMGC(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -279,12 +266,12 @@ func TestGCRemovesLeftoversOfDeadRuns(t *testing.T) {
 	for _, f := range []string{part, other} {
 		os.WriteFile(f, []byte("half"), 0o600)
 	}
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000501", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart, Staging: []string{part, other}})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000501", Created: time.Now(), OwnerPID: dead, OwnerStartTime: deadStart, Staging: []string{part, other}})
 	scratch := filepath.Join(s.opts.Paths.VM("vm-00000501"), "scratch.ext4")
 	os.WriteFile(scratch, []byte("disk"), 0o600)
 	live := startSleeper(t)
-	writeTestRecord(t, s, &vmRecord{ID: "vm-00000502", Created: time.Now(), OwnerPID: os.Getpid(), OwnerStartTime: procStartTime(os.Getpid()),
-		VMMPID: live.Process.Pid, VMMStartTime: procStartTime(live.Process.Pid)})
+	writeTestRecord(t, s, &vmrecord.Record{ID: "vm-00000502", Created: time.Now(), OwnerPID: os.Getpid(), OwnerStartTime: vmrecord.ProcStartTime(os.Getpid()),
+		VMMPID: live.Process.Pid, VMMStartTime: vmrecord.ProcStartTime(live.Process.Pid)})
 	liveScratch := filepath.Join(s.opts.Paths.VM("vm-00000502"), "scratch.ext4")
 	os.WriteFile(liveScratch, []byte("disk"), 0o600)
 	if _, err := s.VMGC(context.Background(), 10); err != nil {

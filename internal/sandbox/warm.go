@@ -250,11 +250,11 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	if r.vm.Net != nil {
 		net = r.vm.Net.VMMNet()
 	}
-	ph, err := machine.Placeholders(r.dir.path)
+	ph, err := machine.Placeholders(r.dir.Path())
 	if err != nil {
 		return err
 	}
-	cfg := warmConfig(r.warm.in, r.dir.rec.ID, r.dir.path, r.dir.serial, net, r.runDisks().Slots(ph))
+	cfg := warmConfig(r.warm.in, r.dir.Rec.ID, r.dir.Path(), r.dir.Serial, net, r.runDisks().Slots(ph))
 	cfg.Logger = r.s.log
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
@@ -267,7 +267,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	release()
 	if err == nil {
 		r.rep.Accel = m.Accel()
-		r.dir.started(m)
+		r.dir.Started(m)
 	}
 	tRestore := time.Since(t)
 	if err != nil {
@@ -307,7 +307,7 @@ func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) e
 func (r *run) configureResumed(ctx context.Context) error {
 	cctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
-	ip, err := r.vm.MakeOwn(cctx, r.dir.rec.Name)
+	ip, err := r.vm.MakeOwn(cctx, r.dir.Rec.Name)
 	if err != nil {
 		return err
 	}

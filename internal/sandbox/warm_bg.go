@@ -2,60 +2,11 @@ package sandbox
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 
 	"isopod/internal/admission"
 	"isopod/internal/vmm"
 )
-
-// bgWork runs a long-lived front end's background work (snapshot builds),
-// at most one per key at a time, cancelled and waited for by close.
-type bgWork struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-
-	mu      sync.Mutex // guards following
-	running map[string]bool
-	closed  bool
-}
-
-func newBGWork() *bgWork {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &bgWork{ctx: ctx, cancel: cancel, running: map[string]bool{}}
-}
-
-// start runs fn in the background unless work of key is running or the
-// work was closed; it reports whether it started.
-func (b *bgWork) start(key string, fn func(ctx context.Context)) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed || b.running[key] {
-		return false
-	}
-	b.running[key] = true
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		defer func() {
-			b.mu.Lock()
-			delete(b.running, key)
-			b.mu.Unlock()
-		}()
-		fn(b.ctx)
-	}()
-	return true
-}
-
-// close cancels the work under way and waits for it. Idempotent.
-func (b *bgWork) close() {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	b.cancel()
-	b.wg.Wait()
-}
 
 // buildInBackground builds in's snapshot after the run that needed it (a
 // long-lived front end's choice: that run boots cold and reports
@@ -64,7 +15,7 @@ func (b *bgWork) close() {
 // free.
 func (s *Service) buildInBackground(drv vmm.Driver, in warmInputs) {
 	key := in.key.ID()
-	s.bg.start("snapshot "+key, func(ctx context.Context) {
+	s.bg.Start(key, func(ctx context.Context) {
 		for {
 			yielded, err := s.buildHeld(ctx, drv, in)
 			switch {

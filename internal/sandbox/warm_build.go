@@ -11,6 +11,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
+	"isopod/internal/vmrecord"
 	"isopod/internal/warmpool"
 )
 
@@ -31,7 +32,7 @@ var inlineBuildMin = 15 * time.Second
 // network (if any) the snapshot VM uses. The builder's machine is dropped
 // when the build ends.
 type warmBuild struct {
-	dir      *vmDir
+	dir      *vmrecord.Dir
 	vm       *machine.Machine
 	deadline time.Time
 	started  func(vmm.Machine) // called once the VMM runs; may be nil
@@ -97,17 +98,17 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
-	ph, err := machine.Placeholders(b.dir.path)
+	ph, err := machine.Placeholders(b.dir.Path())
 	if err != nil {
 		return nil, err
 	}
-	cfg := warmConfig(in, b.dir.rec.ID, b.dir.path, b.dir.serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
+	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
 	cfg.Logger = s.log
 	m, err := b.vm.Start(ctx, drv, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("starting the snapshot VM: %w", err)
 	}
-	b.dir.started(m)
+	b.dir.Started(m)
 	if b.started != nil {
 		b.started(m)
 	}
@@ -191,21 +192,21 @@ func (s *Service) buildShape(ctx context.Context, drv vmm.Driver, in warmInputs)
 	}
 	// The snapshot VM gets a VM directory like a run, so that `isopod vm
 	// gc` finds its VMM should this process die.
-	d, err := s.newVMDir([]string{"isopod", "warmpool", "build"}, in.base.Flavor, BaseStage)
+	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "warmpool", "build"}, in.base.Flavor, BaseStage)
 	if err != nil {
 		return nil, false, err
 	}
-	defer d.finish(nil)
+	defer d.End(nil)
 	v := machine.New(s.log)
 	defer v.Close()
 	if in.key.NIC {
-		if v.Net, err = s.startNetwork(nil, d.rec.ID, d.path, egress.Rules{}, time.Now()); err != nil {
+		if v.Net, err = s.startNetwork(nil, d.Rec.ID, d.Path(), egress.Rules{}, time.Now()); err != nil {
 			return nil, false, err
 		}
 	}
 	meta, _, err := s.buildWarm(ctx, drv, in, warmBuild{dir: d, vm: v, deadline: time.Now().Add(snapshotBuildTimeout)})
 	if err != nil {
-		return nil, false, fmt.Errorf("%w (console: %s)", err, d.consolePath())
+		return nil, false, fmt.Errorf("%w (console: %s)", err, d.ConsolePath())
 	}
 	return meta, true, nil
 }

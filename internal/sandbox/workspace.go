@@ -49,6 +49,9 @@ type Workspace struct {
 	// workspace.LimitError's What), for a patch_error over one; the CLI
 	// names its flags, the MCP server's caps are fixed.
 	Raise func(what string) string `json:"-"`
+	// opened: Dir was opened from Host by the run (openHost), which
+	// closes it.
+	opened bool
 }
 
 // WorkspaceReport is a report's workspace block.
@@ -116,21 +119,36 @@ func checkWorkspace(w *Workspace) error {
 	if err := w.Options.Validate(); err != nil {
 		return err
 	}
-	// A host directory that is missing, or not a directory, is refused
-	// here, before a VM directory is made; the copy opens it again.
-	if w.Dir == nil {
-		d, err := openWorkspace(w)
-		if err != nil {
-			return err
-		}
-		d.Close()
-	}
 	if w.Out != "" && w.OutDir == nil {
 		if err := (hostio.Operator{}).CheckCopyOut("workspace_out", w.Out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// openHost opens the host directory of a workspace the caller gave by its
+// path only, once, as the run is admitted: a missing one, or not a
+// directory, is refused before a VM directory is made, and the copy is
+// made from the directory opened here (Dir). The run closes it (release).
+func (w *Workspace) openHost() error {
+	if w == nil || w.Dir != nil {
+		return nil
+	}
+	d, err := openWorkspace(w)
+	if err != nil {
+		return err
+	}
+	w.Dir, w.opened = d, true
+	return nil
+}
+
+// release closes the host directory openHost opened. Idempotent.
+func (w *Workspace) release() {
+	if w != nil && w.opened {
+		w.Dir.Close()
+		w.opened = false
+	}
 }
 
 // openWorkspace opens the workspace's host directory.
@@ -163,14 +181,14 @@ func (r *run) packWorkspace(ctx context.Context) error {
 		return err
 	}
 	defer dir.Close()
-	work := workspaceWork(r.dir.rec.ID, r.dir.path, w.Options)
+	work := workspace.WorkDir(r.dir.Rec.ID, r.dir.Path(), w.Options)
 	tree, err := workspace.Pack(ctx, dir, work, w.Options)
 	if err != nil {
 		return fmt.Errorf("workspace %s: %w", w.Host, err)
 	}
 	r.ws = tree
 	r.s.log.Debug("workspace packed", "work", work, "copy_ms", tree.CopyTime.Milliseconds(), "pack_ms", tree.PackTime.Milliseconds(), "ms", time.Since(t).Milliseconds())
-	upper := filepath.Join(r.dir.path, "workspace-upper.ext4")
+	upper := filepath.Join(r.dir.Path(), "workspace-upper.ext4")
 	if err := r.s.prepareScratch(upper, r.plan.scratchMiB); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
@@ -201,7 +219,8 @@ func (r *run) closeWorkspace() {
 	if r.wsUpper != "" {
 		os.Remove(r.wsUpper)
 	}
+	r.req.Workspace.release()
 	if r.req.Workspace != nil && r.dir != nil {
-		removeWorkspaceWork(r.dir.rec.ID)
+		workspace.RemoveWork(r.dir.Rec.ID)
 	}
 }

@@ -5,16 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"isopod/internal/agentclient"
-	"isopod/internal/agentproto"
 	"isopod/internal/machine"
 	"isopod/internal/workspace"
 )
@@ -78,16 +73,16 @@ func linksOutWarning(out string, links []string) string {
 func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 	w := r.req.Workspace
 	maxPatch := cmp.Or(w.MaxPatchBytes, workspace.DefaultMaxPatchBytes)
-	changes, err := r.listChanges(ctx, cmp.Or(w.MaxFiles, workspace.DefaultMaxFiles), maxPatch)
+	changes, err := r.vm.ListChanges(ctx, cmp.Or(w.MaxFiles, workspace.DefaultMaxFiles), maxPatch)
 	if err != nil {
 		return workspace.PatchStats{}, err
 	}
-	content, err := os.MkdirTemp(r.dir.path, "workspace-out-")
+	content, err := os.MkdirTemp(r.dir.Path(), "workspace-out-")
 	if err != nil {
 		return workspace.PatchStats{}, fmt.Errorf("workspace patch: %w", err)
 	}
 	defer os.RemoveAll(content)
-	if err := r.fetchChanged(ctx, changes, content, maxPatch); err != nil {
+	if err := r.vm.FetchChanged(ctx, changes, w.Guest, content, maxPatch); err != nil {
 		return workspace.PatchStats{}, err
 	}
 	sf, err := machine.Stage(ctx, machine.GetFile{Host: w.Out, HostDir: w.OutDir, Staging: r.staging})
@@ -95,7 +90,7 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 		return workspace.PatchStats{}, err
 	}
 	defer r.staging("")
-	stats, err := r.ws.Patch(ctx, changes, &appendWriter{w: sf})
+	stats, err := r.ws.Patch(ctx, changes, machine.Appender(sf))
 	if err != nil {
 		sf.Abort()
 		return stats, err
@@ -104,111 +99,4 @@ func (r *run) writePatch(ctx context.Context) (workspace.PatchStats, error) {
 		return stats, err
 	}
 	return stats, nil
-}
-
-// listChanges asks the guest what changed and turns its untrusted answer
-// into changes: at most maxEntries, the new files among them (outside .git)
-// holding at most maxContent bytes by the guest's own count. The content
-// of each file is fetched later.
-func (r *run) listChanges(ctx context.Context, maxEntries int, maxContent int64) ([]workspace.Change, error) {
-	var (
-		changes []workspace.Change
-		content int64
-	)
-	err := r.vm.WorkspaceChanges(ctx, maxEntries, func(e agentproto.WorkspaceEntry) error {
-		cs, err := changesOf(e)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			if c.Kind != workspace.Deleted && c.Mode.IsRegular() && !workspace.LeftOut(c.Path) {
-				content += max(e.Size, 0)
-			}
-		}
-		if content > maxContent {
-			return &workspace.LimitError{What: "changed bytes", Have: content, AtLeast: true, Limit: maxContent}
-		}
-		changes = append(changes, cs...)
-		return nil
-	})
-	if err != nil {
-		var le *workspace.LimitError
-		if !errors.As(err, &le) && ctx.Err() == nil {
-			err = fmt.Errorf("listing the workspace's changes: %w", err)
-		}
-		return nil, err
-	}
-	return changes, nil
-}
-
-// changesOf is what one entry of the guest's list means.
-func changesOf(e agentproto.WorkspaceEntry) ([]workspace.Change, error) {
-	kind := workspace.Added
-	if e.InOriginal {
-		kind = workspace.Modified
-	}
-	perm := fs.FileMode(e.Mode).Perm()
-	switch e.Kind {
-	case "deleted":
-		return []workspace.Change{{Path: e.Path, Kind: workspace.Deleted}}, nil
-	case "opaque":
-		return []workspace.Change{{Path: e.Path, Kind: workspace.Deleted},
-			{Path: e.Path, Kind: workspace.Added, Mode: fs.ModeDir | perm}}, nil
-	case "dir":
-		return []workspace.Change{{Path: e.Path, Kind: kind, Mode: fs.ModeDir | perm}}, nil
-	case "symlink":
-		return []workspace.Change{{Path: e.Path, Kind: kind, Mode: fs.ModeSymlink | 0o777, Target: e.Target}}, nil
-	case "file":
-		return []workspace.Change{{Path: e.Path, Kind: kind, Mode: perm}}, nil
-	}
-	return nil, fmt.Errorf("the guest listed %s with an unknown kind %s", strconv.Quote(e.Path), strconv.Quote(e.Kind))
-}
-
-// fetchChanged copies the new content of every changed regular file
-// (outside .git) from the guest into dir, at most maxContent bytes of data
-// in all, and points each change at its copy.
-func (r *run) fetchChanged(ctx context.Context, changes []workspace.Change, dir string, maxContent int64) error {
-	budget := maxContent
-	for i := range changes {
-		c := &changes[i]
-		if c.Kind == workspace.Deleted || !c.Mode.IsRegular() || workspace.LeftOut(c.Path) {
-			continue
-		}
-		if workspace.CheckPath(c.Path) != nil {
-			continue // refused, with its reason, when the patch is made
-		}
-		name := filepath.Join(dir, strconv.Itoa(i))
-		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return fmt.Errorf("workspace patch: %w", err)
-		}
-		guest := path.Join(r.req.Workspace.Guest, c.Path)
-		fd, err := r.vm.CopyOut(ctx, guest, agentclient.CopyLimits{MaxSize: maxContent, MaxData: budget}, f)
-		if err == nil {
-			err = f.Truncate(fd.Bytes)
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("fetching the workspace's changed files: %w", err)
-		}
-		budget -= fd.Data
-		c.Content = name
-	}
-	return nil
-}
-
-// appendWriter writes sequentially through a WriterAt.
-type appendWriter struct {
-	w interface {
-		WriteAt([]byte, int64) (int, error)
-	}
-	off int64
-}
-
-func (a *appendWriter) Write(p []byte) (int, error) {
-	n, err := a.w.WriteAt(p, a.off)
-	a.off += int64(n)
-	return n, err
 }

@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -43,5 +44,43 @@ func TestWorkspaceCopyOnTmpfs(t *testing.T) {
 	s.Wait()
 	if _, err := os.Stat(filepath.Join(base, rep.VMID)); !os.IsNotExist(err) {
 		t.Errorf("the run's tmpfs directory is left: %v", err)
+	}
+}
+
+// TestWorkspaceOpenedOnce: the host directory a run copies is the one its
+// request was admitted with, opened once: a directory put in its place
+// after the check is not what the run copies.
+func TestWorkspaceOpenedOnce(t *testing.T) {
+	t.Parallel()
+	s, _ := newColdService(t, vmmfake.Config{})
+	parent := t.TempDir()
+	tree := filepath.Join(parent, "ws")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "a.txt"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req, release, err := sandbox.Admit(ctx, s, sandbox.Request{NoNetwork: true, Argv: []string{"true"}, Workspace: &sandbox.Workspace{Host: tree}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	// Another directory takes the path once the request is admitted.
+	if err := os.Rename(tree, filepath.Join(parent, "checked")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"x", "y", "z"} {
+		if err := os.WriteFile(filepath.Join(tree, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := run(t, s, req)
+	if rep.Workspace == nil || rep.Workspace.Files != 1 {
+		t.Errorf("workspace report %+v; want the one file of the directory checked", rep.Workspace)
 	}
 }

@@ -25,8 +25,9 @@ import (
 type PullRequest struct {
 	Store *store.Store
 	Paths paths.Paths
-	// Source is REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:...
-	Source string
+	// Ref is REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:..., as PullRef
+	// parsed it: the source is parsed once, by the caller.
+	Ref name.Reference
 	// As labels the stage here; empty: the label it was pushed with
 	// (label@id when that is taken here).
 	As string
@@ -60,7 +61,7 @@ func PullRef(src string) (name.Reference, error) {
 	return ref, nil
 }
 
-// PullStage fetches the stage req.Source names, its chain and, when this
+// PullStage fetches the stage req.Ref names, its chain and, when this
 // host lacks it, its base, and publishes them in the store.
 func (c Client) PullStage(ctx context.Context, req PullRequest) (*PullResult, error) {
 	start := time.Now()
@@ -69,9 +70,9 @@ func (c Client) PullStage(ctx context.Context, req PullRequest) (*PullResult, er
 			return nil, fmt.Errorf("--as: %w", err)
 		}
 	}
-	ref, err := PullRef(req.Source)
-	if err != nil {
-		return nil, err
+	ref := req.Ref
+	if ref == nil {
+		return nil, fmt.Errorf("a pull names no source: give REPO:TAG or REPO@DIGEST: %w", errdefs.ErrInvalidArgument)
 	}
 	repo, opts := ref.Context(), c.Registry.Options(ctx)
 	m, digest, err := getManifest(ref, StageArtifactType, StageConfigType, opts)

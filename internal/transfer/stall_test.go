@@ -101,7 +101,7 @@ func TestStalledRegistryFailsUnavailable(t *testing.T) {
 				m2 := a.commit(t, 6, "s/y", "", base)
 				_, err = cl.PushStage(ctx, PushRequest{Store: a.st, Chain: []store.Meta{m2}, Base: base, WithoutBase: true, Dest: reg.host + "/stages/other:y"})
 			} else {
-				_, err = cl.PullStage(ctx, PullRequest{Store: b.st, Paths: b.p, Source: reg.host + "/stages/s:x"})
+				_, err = cl.PullStage(ctx, PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/s:x")})
 			}
 			took := time.Since(start)
 			var se *oci.StallError
@@ -143,7 +143,7 @@ func TestPullRefusesWhatTheSourceBroke(t *testing.T) {
 		w.Write(body)
 		return true
 	})
-	_, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: src})
+	_, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, src)})
 	var te *oci.TooLargeError
 	if !errors.As(err, &te) || errdefs.Class(err) != "invalid_argument" || !strings.Contains(err.Error(), "4 MiB") {
 		t.Errorf("a manifest over the cap: %v; want an invalid-argument refusal naming the cap", err)
@@ -162,7 +162,7 @@ func TestPullRefusesWhatTheSourceBroke(t *testing.T) {
 	reg.mu.Lock()
 	reg.bad = man.Config.Digest.String()
 	reg.mu.Unlock()
-	_, err = Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: src})
+	_, err = Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, src)})
 	var de *oci.DigestError
 	if !errors.As(err, &de) || de.Want != man.Config.Digest.String() || !strings.HasPrefix(de.Got, "sha256:") || de.Got == de.Want ||
 		errdefs.Class(err) != "failed_precondition" {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"github.com/google/go-containerregistry/pkg/name"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -173,7 +174,7 @@ func TestPushAndPullAChainWithItsBase(t *testing.T) {
 
 	var reports []oci.Progress
 	c := Client{Progress: func(p oci.Progress) { reports = append(reports, p) }}
-	res, err := c.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: reg.host + "/stages/p:tip"})
+	res, err := c.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/p:tip")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestPushAndPullAChainWithItsBase(t *testing.T) {
 	}
 	// A host with the chain and base moves nothing; a push from it does
 	// not pack again (its layers carry their blob records).
-	again, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: reg.host + "/stages/p:tip"})
+	again, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/p:tip")})
 	if err != nil || moved(again.Layers)[0] || moved(again.Layers)[1] || !again.Base.Present {
 		t.Fatalf("pulling again: %+v, %v", again, err)
 	}
@@ -212,7 +213,7 @@ func TestPullRefusals(t *testing.T) {
 	push(t, a, []store.Meta{m}, base, reg.host+"/stages/nobase:x", true)
 
 	b := newHost(t)
-	_, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: reg.host + "/stages/nobase:x"})
+	_, err := Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/nobase:x")})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), base.ContentSHA256) || !strings.Contains(err.Error(), "isopod image build base-min") {
 		t.Fatalf("pull over a missing base: %v; want a refusal naming the base and how to get it", err)
 	}
@@ -224,7 +225,7 @@ func TestPullRefusals(t *testing.T) {
 	reg.mu.Lock()
 	reg.bad = reg.lastLayer(t, m.ID, a)
 	reg.mu.Unlock()
-	_, err = Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: reg.host + "/stages/bad:x"})
+	_, err = Client{}.PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/bad:x")})
 	var de *oci.DigestError
 	if !errors.As(err, &de) {
 		t.Fatalf("pull of a damaged blob: %v; want a digest refusal", err)
@@ -232,11 +233,25 @@ func TestPullRefusals(t *testing.T) {
 	if _, err := b.st.Get(m.ID); err == nil {
 		t.Fatal("a damaged blob became a stage")
 	}
-	for _, src := range []string{reg.host + "/stages/bad", reg.host + "/stages/none:x"} {
-		if _, err := (Client{}).PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Source: src}); err == nil {
-			t.Errorf("pull %s: accepted", src)
-		}
+	if _, err := PullRef(reg.host + "/stages/bad"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("pull source naming no tag or digest: %v; want invalid_argument", err)
 	}
+	if _, err := (Client{}).PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p, Ref: pullRef(t, reg.host+"/stages/none:x")}); err == nil {
+		t.Error("pull of a missing tag: accepted")
+	}
+	if _, err := (Client{}).PullStage(context.Background(), PullRequest{Store: b.st, Paths: b.p}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("pull with no source: %v; want invalid_argument", err)
+	}
+}
+
+// pullRef parses a pull source the way a caller does, once.
+func pullRef(t *testing.T, src string) name.Reference {
+	t.Helper()
+	ref, err := PullRef(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }
 
 // lastLayer is the blob digest host a recorded for stage id.

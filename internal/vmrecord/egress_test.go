@@ -1,4 +1,4 @@
-package sandbox
+package vmrecord
 
 import (
 	"context"
@@ -10,12 +10,11 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
-	"isopod/internal/settings"
 )
 
 func TestEgressSuggestErrors(t *testing.T) {
 	home := t.TempDir()
-	s := &Service{opts: Options{Settings: settings.Settings{Paths: paths.Paths{Home: home}}}}
+	s := Records{Paths: paths.Paths{Home: home}}
 	ctx := context.Background()
 	for _, tt := range []struct {
 		id   string

@@ -1,4 +1,4 @@
-package sandbox
+package stages
 
 import (
 	"context"
@@ -37,7 +37,7 @@ type StagePushResult struct {
 // o.WithoutBase) its base to dest, REGISTRY/REPO[:TAG]; the tag defaults
 // to the stage's id. Blobs the registry has are not sent again.
 func (s *Service) StagePush(ctx context.Context, ref, dest string, o StagePushOptions) (*StagePushResult, error) {
-	st, chain, err := s.stageChain(ref)
+	st, chain, err := s.Chain(ref)
 	if err != nil {
 		return nil, err
 	}
@@ -90,11 +90,8 @@ func (s *Service) StagePull(ctx context.Context, source string, o StagePullOptio
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.stages()
+	st, err := s.Open()
 	if err != nil {
-		return nil, err
-	}
-	if err := s.opts.Paths.Ensure(); err != nil {
 		return nil, err
 	}
 	key := s.opts.Paths.Home + "\x00" + ref.Name() + "\x00" + o.As
@@ -102,7 +99,7 @@ func (s *Service) StagePull(ctx context.Context, source string, o StagePullOptio
 	ch := pulls.DoChan(key, func() (any, error) {
 		c := transfer.Client{Registry: s.registry(), Progress: o.Progress, Logger: s.log}
 		return c.PullStage(context.WithoutCancel(ctx), transfer.PullRequest{
-			Store: st, Paths: s.opts.Paths, Source: ref.Name(), As: o.As, AllowBaseSkew: s.opts.AllowBaseSkew,
+			Store: st, Paths: s.opts.Paths, Ref: ref, As: o.As, AllowBaseSkew: s.opts.AllowBaseSkew,
 		})
 	})
 	var r singleflight.Result

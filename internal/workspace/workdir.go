@@ -1,4 +1,4 @@
-package sandbox
+package workspace
 
 import (
 	"cmp"
@@ -8,8 +8,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"isopod/internal/workspace"
 )
 
 // Where a workspace's copy is made. Copying a tree creates a file per
@@ -28,15 +26,15 @@ const shmSpare = 512 << 20
 // shmBase is this user's private directory on the tmpfs.
 func shmBase() string { return filepath.Join(shmDir, fmt.Sprintf("isopod-%d", os.Getuid())) }
 
-// workspaceWork returns the directory the workspace's copy is made under
-// for the VM vmID, made private; fallback (the VM directory) when no tmpfs
-// has room.
-func workspaceWork(vmID, fallback string, o workspace.Options) string {
+// WorkDir returns the directory the workspace's copy is made under for
+// the VM vmID, made private; fallback (the VM directory) when no tmpfs has
+// room.
+func WorkDir(vmID, fallback string, o Options) string {
 	var st unix.Statfs_t
 	if err := unix.Statfs(shmDir, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
 		return fallback
 	}
-	need := 2*cmp.Or(o.MaxBytes, workspace.DefaultMaxBytes) + shmSpare
+	need := 2*cmp.Or(o.MaxBytes, DefaultMaxBytes) + shmSpare
 	if int64(st.Bavail)*int64(st.Bsize) < need {
 		return fallback
 	}
@@ -61,9 +59,9 @@ func ownedByMe(fi os.FileInfo) bool {
 	return ok && int(st.Uid) == os.Getuid() && fi.Mode().Perm()&0o022 == 0
 }
 
-// removeWorkspaceWork removes what a run (or one killed during it) left on
-// the tmpfs. Idempotent.
-func removeWorkspaceWork(vmID string) {
+// RemoveWork removes what a run (or one killed during it) left on the
+// tmpfs under WorkDir. Idempotent.
+func RemoveWork(vmID string) {
 	if vmID != "" {
 		os.RemoveAll(filepath.Join(shmBase(), vmID))
 	}

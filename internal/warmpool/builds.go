@@ -1,0 +1,55 @@
+package warmpool
+
+import (
+	"context"
+	"sync"
+)
+
+// Builds runs a long-lived front end's snapshot builds in the background,
+// at most one per key at a time, cancelled and waited for by Close.
+type Builds struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex // guards following
+	running map[string]bool
+	closed  bool
+}
+
+// NewBuilds returns an empty Builds.
+func NewBuilds() *Builds {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Builds{ctx: ctx, cancel: cancel, running: map[string]bool{}}
+}
+
+// Start runs fn in the background unless a build of key is running or
+// Close was called; it reports whether it started.
+func (b *Builds) Start(key string, fn func(ctx context.Context)) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.running[key] {
+		return false
+	}
+	b.running[key] = true
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer func() {
+			b.mu.Lock()
+			delete(b.running, key)
+			b.mu.Unlock()
+		}()
+		fn(b.ctx)
+	}()
+	return true
+}
+
+// Close cancels the builds under way and waits for them. Idempotent.
+func (b *Builds) Close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
+}
