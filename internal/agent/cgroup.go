@@ -125,6 +125,18 @@ func (g *Cgroups) sweep() {
 	g.leftovers = kept
 }
 
+// killLeftovers kills what runs in the leftover cgroups.
+func (g *Cgroups) killLeftovers() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, dir := range g.leftovers {
+		writeFile(filepath.Join(dir, "cgroup.kill"), "1")
+	}
+}
+
 // release ends the use of a kept exec's or job's cgroup without killing
 // what still runs in it: it is removed now when empty, else by a later
 // exec's sweep once it is.

@@ -224,3 +224,25 @@ func (s *Server) waitJob(j *job, wait <-chan unix.WaitStatus, cg *execCgroup, ti
 	}
 	j.finish(d)
 }
+
+// KillAll kills every running background job, its process group and
+// cgroup, and what kept execs and jobs left in their cgroups: what a
+// power-off does to a guest, for an agent that serves as a plain process
+// (tests, the fake VMM), whose jobs would otherwise outlive it. Processes
+// that a kept exec left outside any cgroup (commands not confined) are
+// not tracked and are not killed.
+func (s *Server) KillAll() {
+	for _, j := range s.jobs.list() {
+		if j.exited() {
+			continue
+		}
+		if err := j.st.signal(unix.SIGKILL); err != nil {
+			s.log.Debug("killing a job", "job", j.id, "err", err)
+		}
+		j.mu.Lock()
+		cg := j.cg
+		j.mu.Unlock()
+		cg.killAll()
+	}
+	s.opts.Cgroups.killLeftovers()
+}

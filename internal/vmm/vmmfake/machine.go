@@ -173,6 +173,11 @@ func (m *Machine) run() {
 	}
 	m.console.Info("vmmfake guest up", "vm", m.cfg.ID, "restored", m.g.restored)
 	srv := agent.NewServer(agent.Options{Logger: m.console, System: m.sys, Hello: m.hello})
+	// The guest's background jobs end with the machine, as in a real VM.
+	defer func() {
+		<-m.stopped
+		srv.KillAll()
+	}()
 	err := srv.Serve(m.ctx, &channel{m: m, dropHello: m.g.restored})
 	if err == nil {
 		m.console.Info("vmmfake guest powered off")
