@@ -1,5 +1,10 @@
 package agentproto
 
+import (
+	"strings"
+	"unicode/utf8"
+)
+
 // Session limits (see Sessions in the package comment).
 const (
 	// JobBuffer is how many unread bytes the guest keeps per stream of a
@@ -52,19 +57,26 @@ type JobInfo struct {
 	More bool `json:"more,omitempty"`
 }
 
-// JobName is a job's Name for argv.
+// JobName is a job's Name for argv: its words joined by spaces, cut so
+// that it takes at most jobNameMax bytes in a header (EncodedLen).
 func JobName(argv []string) string {
-	n := ""
+	var b strings.Builder
+	room := jobNameMax - EncodedLen("")
 	for i, a := range argv {
 		if i > 0 {
-			n += " "
+			a = " " + a
 		}
-		n += a
-		if len(n) > jobNameMax {
-			return n[:jobNameMax]
+		for j, w := 0, 0; j < len(a); j += w {
+			_, w = utf8.DecodeRuneInString(a[j:])
+			n := EncodedLen(a[j:j+w]) - EncodedLen("")
+			if room < n {
+				return b.String()
+			}
+			room -= n
+			b.WriteString(a[j : j+w])
 		}
 	}
-	return n
+	return b.String()
 }
 
 // PutFile is a copy-in's body.

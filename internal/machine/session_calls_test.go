@@ -1,0 +1,57 @@
+package machine_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/machine"
+	"isopod/internal/vmm/vmmfake"
+)
+
+// A session's calls through the Machine: the session mark, a kept exec,
+// a background job read and waited for, a copy-in read back by a command.
+func TestSessionCalls(t *testing.T) {
+	m, _ := bootFake(t, vmmfake.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.Session(ctx); err != nil {
+		t.Fatalf("Session: %v", err)
+	}
+	j, err := m.StartJob(ctx, machine.Exec{Argv: []string{"/bin/sh", "-c", "echo job-out; exit 4"}, Cwd: "/"})
+	if err != nil || j.ID == "" {
+		t.Fatalf("StartJob: %+v, %v", j, err)
+	}
+	out, err := m.JobWait(ctx, j.ID, 10*time.Second, 0)
+	if err != nil || out.ExitCode == nil || *out.ExitCode != 4 || string(out.Stdout) != "job-out\n" {
+		t.Errorf("JobWait: %+v %q, %v", out.JobInfo, out.Stdout, err)
+	}
+	if list, err := m.JobList(ctx); err != nil || len(list) != 1 {
+		t.Errorf("JobList: %+v, %v", list, err)
+	}
+	if err := m.JobKill(ctx, "j404", 9); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("JobKill of an unknown job: %v", err)
+	}
+	if _, err := m.JobRead(ctx, j.ID, 0); err != nil {
+		t.Errorf("JobRead: %v", err)
+	}
+
+	dest := filepath.Join(t.TempDir(), "in", "file.txt")
+	if n, err := m.PutFile(ctx, dest, 0o600, 1<<20, strings.NewReader("copied in\n")); err != nil || n != 10 {
+		t.Fatalf("PutFile: %d, %v", n, err)
+	}
+	var stdout bytes.Buffer
+	res, err := m.Exec(ctx, machine.Exec{Argv: []string{"/bin/sh", "-c", "cat " + dest + "; stat -c %a " + dest}, Cwd: "/",
+		Timeout: 10 * time.Second, Stdout: &stdout, Keep: true})
+	if err != nil || res.ExitCode == nil || *res.ExitCode != 0 || stdout.String() != "copied in\n600\n" {
+		t.Errorf("reading the copy back: %+v %q, %v", res, stdout.String(), err)
+	}
+	if _, err := m.StartJob(ctx, machine.Exec{Argv: []string{"cat"}, Stdin: strings.NewReader("x")}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a job with stdin: %v; want invalid argument", err)
+	}
+}
