@@ -111,14 +111,14 @@ const (
 	KindSignal   Kind = "signal"    // host -> guest: Signal set; to the exec's process group
 
 	// Sessions and background jobs (see Sessions above).
-	KindSession Kind = "session"   // host -> guest: keep this connection's execs when it ends; OK
-	KindJob     Kind = "job"       // guest -> host: JobInfo set; payload is the stdout then the stderr bytes it counts
-	KindJobRead Kind = "job_read"  // host -> guest: Job, MaxBytes (per stream; 0: JobReadMax); KindJob
-	KindJobWait Kind = "job_wait"  // host -> guest: Job, WaitMS, MaxBytes; KindJob once exited or after WaitMS
-	KindJobKill Kind = "job_kill"  // host -> guest: Job, Signal; to the job's process group; OK
-	KindJobList Kind = "job_list"  // both: the guest's reply sets Jobs
-	KindPutFile Kind = "put_file"  // host -> guest: Path, MaxBytes, Put; KindFileChunk frames follow
-	KindFileAck Kind = "file_ack"  // guest -> host: one put_file chunk written
+	KindSession Kind = "session"  // host -> guest: keep this connection's execs when it ends; OK
+	KindJob     Kind = "job"      // guest -> host: JobInfo set; payload is the stdout then the stderr bytes it counts
+	KindJobRead Kind = "job_read" // host -> guest: Job, MaxBytes (per stream; 0: JobReadMax); KindJob
+	KindJobWait Kind = "job_wait" // host -> guest: Job, WaitMS, MaxBytes; KindJob once exited or after WaitMS
+	KindJobKill Kind = "job_kill" // host -> guest: Job, Signal; to the job's process group; OK
+	KindJobList Kind = "job_list" // both: the guest's reply sets Jobs
+	KindPutFile Kind = "put_file" // host -> guest: Path, MaxBytes, Put; KindFileChunk frames follow
+	KindFileAck Kind = "file_ack" // guest -> host: one put_file chunk written
 
 	// Files. A copy-out sends only the file's data: holes (and runs of
 	// zeros) are left out, so a sparse file stays sparse and costs nothing

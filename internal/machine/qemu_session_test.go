@@ -1,0 +1,110 @@
+package machine_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"isopod/internal/machine"
+	"isopod/internal/vmm"
+	"isopod/internal/vmm/qemu"
+)
+
+// bootQEMU boots base-min under QEMU with its root mounted and returns the
+// Machine; it is closed when the test ends.
+func bootQEMU(t *testing.T, hostname string) (*machine.Machine, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots a VM; skipped under -short")
+	}
+	if _, err := exec.LookPath(qemu.DefaultBinary); err != nil {
+		t.Skipf("%s not installed", qemu.DefaultBinary)
+	}
+	dir := t.TempDir()
+	kernel, initrd, disks := installedGuest(t, dir)
+	drv, err := qemu.New(qemu.Config{ProbeCache: filepath.Join(dir, "probe.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := machine.New(nil)
+	t.Cleanup(m.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	cfg := vmm.Config{ID: "vm-0000000c", Dir: dir, Kernel: kernel, Initrd: initrd, Cmdline: machine.Cmdline(hostname),
+		VCPUs: 1, MemMiB: 256, Disks: disks.Cold()}
+	if err := m.Boot(ctx, drv, cfg); err != nil {
+		t.Fatalf("Boot: %v", err)
+	}
+	if err := m.Mount(ctx, disks, "", false, time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	if _, err := m.Configure(ctx); err != nil {
+		t.Fatalf("Configure: %v", err)
+	}
+	return m, ctx
+}
+
+// sh runs script in the guest and returns its stdout, failing on a
+// non-zero exit.
+func sh(t *testing.T, ctx context.Context, m *machine.Machine, keep bool, script string) (string, time.Duration) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	res, err := m.Exec(ctx, machine.Exec{Argv: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Cwd: "/", Timeout: time.Minute, Stdout: &out, Stderr: &errb, Keep: keep})
+	if err != nil || res.ExitCode == nil || *res.ExitCode != 0 {
+		t.Fatalf("%q: %+v, %v; stderr %q", script, res, err, errb.String())
+	}
+	return out.String(), res.Elapsed
+}
+
+// TestQEMUSession keeps one real VM across calls: a server started by a
+// kept exec answers the next exec, `sleep 100 &` returns at once, a
+// background job is read and waited for, and a file copied in is whole.
+func TestQEMUSession(t *testing.T) {
+	m, ctx := bootQEMU(t, "sess")
+	if err := m.Session(ctx); err != nil {
+		t.Fatalf("Session: %v", err)
+	}
+	// busybox httpd puts itself in the background; the exec returns and
+	// the server stays.
+	sh(t, ctx, m, true, "mkdir -p /tmp/www && echo served > /tmp/www/index.html && httpd -p 127.0.0.1:8000 -h /tmp/www")
+	if got, _ := sh(t, ctx, m, false, "wget -q -O - http://127.0.0.1:8000/"); got != "served\n" {
+		t.Errorf("the kept server answered %q", got)
+	}
+	pid, took := sh(t, ctx, m, true, "sleep 100 & echo $!")
+	if took > 10*time.Second {
+		t.Errorf("`sleep 100 &` kept the exec %s", took)
+	}
+	if got, _ := sh(t, ctx, m, false, "kill -0 "+strings.TrimSpace(pid)+" && echo running"); got != "running\n" {
+		t.Errorf("the kept sleep: %q", got)
+	}
+
+	job, err := m.StartJob(ctx, machine.Exec{Argv: []string{"/bin/sh", "-c", "echo start; sleep 1; echo end; exit 5"}, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("StartJob: %v", err)
+	}
+	done, err := m.JobWait(ctx, job.ID, time.Minute, 0)
+	if err != nil || done.ExitCode == nil || *done.ExitCode != 5 || string(done.Stdout) != "start\nend\n" {
+		t.Errorf("JobWait: %+v %q, %v", done.JobInfo, done.Stdout, err)
+	}
+
+	data := make([]byte, 300<<10)
+	rand.Read(data)
+	if _, err := m.PutFile(ctx, "/tmp/in/data.bin", 0o640, 1<<20, bytes.NewReader(data)); err != nil {
+		t.Fatalf("PutFile: %v", err)
+	}
+	want := fmt.Sprintf("%x  /tmp/in/data.bin\n640\n", sha256.Sum256(data))
+	if got, _ := sh(t, ctx, m, false, "sha256sum /tmp/in/data.bin; stat -c %a /tmp/in/data.bin"); got != want {
+		t.Errorf("the copied-in file: %q; want %q", got, want)
+	}
+	if err := m.Halt(ctx, 30*time.Second); err != nil {
+		t.Errorf("Halt: %v", err)
+	}
+}
