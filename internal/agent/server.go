@@ -106,6 +106,7 @@ func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 		w:      &frameWriter{w: rw},
 		execs:  make(map[uint64]*execState),
 		puts:   make(map[uint64]chan putChunk),
+		ports:  make(map[uint64]*portRelay),
 		halted: make(chan struct{}),
 	}
 	if s.opts.ReapAll {
@@ -205,6 +206,7 @@ type conn struct {
 	mu       sync.Mutex
 	execs    map[uint64]*execState
 	puts     map[uint64]chan putChunk // copy-ins receiving chunks
+	ports    map[uint64]*portRelay    // relayed streams
 	closing  bool                     // set when Serve stops; no handler starts after it
 	halted   chan struct{}
 	haltOnce sync.Once
@@ -315,6 +317,10 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.startPut(m)
 	case agentproto.KindFileChunk:
 		return c.routePut(m, payload)
+	case agentproto.KindPortOpen:
+		c.startPort(m)
+	case agentproto.KindPortData, agentproto.KindPortAck, agentproto.KindPortClose:
+		return c.routePort(m, payload)
 	case agentproto.KindStdin:
 		return c.routeStdin(m, payload)
 	case agentproto.KindSignal:

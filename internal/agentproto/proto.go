@@ -70,6 +70,15 @@
 // answers [KindFileDone]; on any failure it removes the temporary file and
 // answers [KindError].
 //
+// [KindPortOpen] relays a TCP connection to 127.0.0.1:Port in the guest
+// over the agent channel, so it works without any network: the guest
+// dials, answers OK (or an error), and both sides then send
+// [KindPortData] frames, each acknowledged with [KindPortAck] once
+// written to its socket; a side keeps at most [PortWindow] unacknowledged,
+// so one slow stream never holds up the channel. [KindPortClose] with EOF
+// is a half-close (no more data from its sender); without it the stream
+// is over both ways. A stream ends with its connection.
+//
 // This wire surface is unstable: it changes with [Version] and both ends are
 // always built from one tree.
 package agentproto
@@ -120,6 +129,12 @@ const (
 	KindPutFile Kind = "put_file" // host -> guest: Path, MaxBytes, Put; KindFileChunk frames follow
 	KindFileAck Kind = "file_ack" // guest -> host: one put_file chunk written
 
+	// Port relay (see Sessions above): frames carry the port_open's ID.
+	KindPortOpen  Kind = "port_open"  // host -> guest: Port; OK once connected
+	KindPortData  Kind = "port_data"  // both: payload is stream bytes
+	KindPortAck   Kind = "port_ack"   // both: one port_data frame written to the socket
+	KindPortClose Kind = "port_close" // both: EOF set: half-close; else the stream is over
+
 	// Files. A copy-out sends only the file's data: holes (and runs of
 	// zeros) are left out, so a sparse file stays sparse and costs nothing
 	// to copy. Each chunk says where its bytes belong.
@@ -156,7 +171,7 @@ type Msg struct {
 	Exec   *Exec     `json:"exec,omitempty"`
 	Done   *ExecDone `json:"done,omitempty"`
 	Stream string    `json:"stream,omitempty"` // "stdout" or "stderr" on KindOutput
-	EOF    bool      `json:"eof,omitempty"`    // on KindStdin: no more input
+	EOF    bool      `json:"eof,omitempty"`    // on KindStdin, a put's KindFileChunk, KindPortClose: no more input
 	Signal int       `json:"signal,omitempty"` // on KindSignal
 
 	Path     string    `json:"path,omitempty"`      // on KindCopyOut
@@ -171,6 +186,7 @@ type Msg struct {
 	JobInfo *JobInfo  `json:"job_info,omitempty"` // on KindJob
 	Jobs    []JobInfo `json:"jobs,omitempty"`     // on KindJobList from the guest
 	WaitMS  int64     `json:"wait_ms,omitempty"`  // on KindJobWait
+	Port    int       `json:"port,omitempty"`     // on KindPortOpen
 
 	Mount    *Mount          `json:"mount,omitempty"`
 	Entry    *WorkspaceEntry `json:"entry,omitempty"`

@@ -21,6 +21,9 @@ const (
 	// PutWindow is how many unacknowledged put_file chunks the host may
 	// have outstanding.
 	PutWindow = 8
+	// PortWindow is how many unacknowledged port_data frames each side of
+	// a relayed stream may have outstanding.
+	PortWindow = 16
 	// jobNameMax caps JobInfo.Name.
 	jobNameMax = 256
 )

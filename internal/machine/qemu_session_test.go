@@ -6,6 +6,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -66,7 +69,8 @@ func sh(t *testing.T, ctx context.Context, m *machine.Machine, keep bool, script
 
 // TestQEMUSession keeps one real VM across calls: a server started by a
 // kept exec answers the next exec, `sleep 100 &` returns at once, a
-// background job is read and waited for, and a file copied in is whole.
+// background job is read and waited for, a file copied in is whole, and
+// the server is reached from the host through Expose.
 func TestQEMUSession(t *testing.T) {
 	m, ctx := bootQEMU(t, "sess")
 	if err := m.Session(ctx); err != nil {
@@ -78,6 +82,29 @@ func TestQEMUSession(t *testing.T) {
 	if got, _ := sh(t, ctx, m, false, "wget -q -O - http://127.0.0.1:8000/"); got != "served\n" {
 		t.Errorf("the kept server answered %q", got)
 	}
+	// The same server, from the host, over the agent channel: the VM has
+	// no network.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx, stopExpose := context.WithCancel(ctx)
+	exposed := make(chan error, 1)
+	go func() { exposed <- m.Expose(ectx, 8000, ln) }()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/")
+	if err != nil {
+		t.Fatalf("GET through Expose: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "served\n" {
+		t.Errorf("through Expose the server answered %q", body)
+	}
+	stopExpose()
+	if err := <-exposed; err != nil {
+		t.Errorf("Expose: %v", err)
+	}
+
 	pid, took := sh(t, ctx, m, true, "sleep 100 & echo $!")
 	if took > 10*time.Second {
 		t.Errorf("`sleep 100 &` kept the exec %s", took)

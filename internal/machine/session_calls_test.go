@@ -4,6 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -53,5 +58,49 @@ func TestSessionCalls(t *testing.T) {
 	}
 	if _, err := m.StartJob(ctx, machine.Exec{Argv: []string{"cat"}, Stdin: strings.NewReader("x")}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("a job with stdin: %v; want invalid argument", err)
+	}
+}
+
+// Expose relays host connections to a guest port over the agent channel;
+// the fake guest's loopback is the host's, so a test server stands in for
+// the guest's.
+func TestExpose(t *testing.T) {
+	m, _ := bootFake(t, vmmfake.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "guest says "+r.URL.Path)
+	}))
+	defer srv.Close()
+	guestPort := srv.Listener.Addr().(*net.TCPAddr).Port
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	ectx, stop := context.WithCancel(ctx)
+	go func() { served <- m.Expose(ectx, guestPort, ln) }()
+	for i := range 3 {
+		resp, err := http.Get(fmt.Sprintf("http://%s/%d", ln.Addr(), i))
+		if err != nil {
+			t.Fatalf("GET through the relay: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != fmt.Sprintf("guest says /%d", i) {
+			t.Errorf("body %q", body)
+		}
+	}
+	stop()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Expose: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Expose did not return after its context ended")
+	}
+	if err := m.Expose(ctx, 0, ln); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("port 0: %v", err)
 	}
 }
