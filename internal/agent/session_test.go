@@ -94,6 +94,27 @@ func TestKeepExecOutputEndsWithProcess(t *testing.T) {
 	}
 }
 
+// A leftover that writes without pause holds a kept exec for at most
+// keepDrainMax after its process exited, and keeps running.
+func TestKeepExecChattyLeftover(t *testing.T) {
+	c := startAgent(t, Options{})
+	t0 := time.Now()
+	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", "echo $$ >&2; (while :; do echo tick; done) & echo $! >&2"}, Keep: true})
+	took := time.Since(t0)
+	lines := strings.Fields(string(r.stderr))
+	if len(lines) != 2 {
+		t.Fatalf("stderr %q; want two pids", r.stderr)
+	}
+	pid := pidOf(t, []byte(lines[1]))
+	if took > keepDrainMax+time.Second {
+		t.Errorf("the exec took %s; want at most about %s", took, keepDrainMax)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if !alive(pid) {
+		t.Errorf("the chatty leftover died")
+	}
+}
+
 // A kept exec's timeout kills its process group, what it started
 // included, and nothing else.
 func TestKeepExecTimeoutKillsItsGroup(t *testing.T) {
