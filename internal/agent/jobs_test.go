@@ -153,3 +153,36 @@ func TestJobStream(t *testing.T) {
 		t.Errorf("empty read: %q, %d", p, d)
 	}
 }
+
+// The guest remembers MaxJobs jobs: one more is refused while all run,
+// and forgets the oldest exited job once one has exited.
+func TestJobTableFull(t *testing.T) {
+	c := startAgent(t, Options{})
+	ctx := c.ctx()
+	var ids []string
+	for range agentproto.MaxJobs {
+		j, err := c.StartJob(ctx, agentproto.Exec{Argv: []string{"sleep", "100"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+	}
+	if _, err := c.StartJob(ctx, agentproto.Exec{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a job over the limit: %v; want failed precondition", err)
+	}
+	if err := c.JobKill(ctx, ids[3], int(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.JobWait(ctx, ids[3], 10*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartJob(ctx, agentproto.Exec{Argv: []string{"true"}}); err != nil {
+		t.Fatalf("a job once one exited: %v", err)
+	}
+	if _, err := c.JobRead(ctx, ids[3], 0); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the exited job: %v; want forgotten", err)
+	}
+	for _, id := range ids {
+		c.JobKill(ctx, id, int(unix.SIGKILL))
+	}
+}

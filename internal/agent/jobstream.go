@@ -24,8 +24,8 @@ func (s *jobStream) write(p []byte) {
 		s.head += over
 		s.dropped += int64(over)
 	}
-	if s.head >= agentproto.JobBuffer {
-		// Compact: the read part never grows past the buffer's size.
+	if s.head >= agentproto.JobBuffer/4 {
+		// Compact: the read part stays under a quarter of the buffer.
 		n := copy(s.buf, s.buf[s.head:])
 		s.buf, s.head = s.buf[:n], 0
 	}
@@ -37,7 +37,7 @@ func (s *jobStream) read(max int) (p []byte, dropped int64) {
 	p = append([]byte(nil), s.buf[s.head:s.head+n]...)
 	s.head += n
 	if s.head == len(s.buf) {
-		s.buf, s.head = s.buf[:0], 0
+		s.buf, s.head = nil, 0 // an idle job holds no buffer
 	}
 	dropped, s.dropped = s.dropped, 0
 	return p, dropped

@@ -14,8 +14,10 @@ const (
 	// carries, so that both streams fit one frame.
 	JobReadMax = 256 << 10
 	// MaxJobs is how many jobs the guest remembers; starting one more
-	// forgets the oldest exited job, or is refused when all run.
-	MaxJobs = 64
+	// forgets the oldest exited job, or is refused when all run. With
+	// JobBuffer it bounds the memory the agent keeps for job output
+	// (about 2.5 MiB a job at most).
+	MaxJobs = 16
 	// MaxJobWaitMS caps JobWait's WaitMS.
 	MaxJobWaitMS = 10 * 60 * 1000
 	// PutWindow is how many unacknowledged put_file chunks the host may
