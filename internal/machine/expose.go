@@ -17,7 +17,8 @@ import (
 // channel: no network is needed. It serves until ctx is done or ln is
 // closed (it closes ln itself when ctx ends), then waits for the
 // connections it relays to end, and returns nil after a close or ctx's
-// end. A connection the guest refuses (nothing listens on the port) is
+// end; when the VM's agent goes away first it closes ln and fails as
+// unavailable. A connection the guest refuses (nothing listens on the port) is
 // closed at once.
 func (v *Machine) Expose(ctx context.Context, guestPort int, ln net.Listener) error {
 	if guestPort <= 0 || guestPort > 65535 {
@@ -30,7 +31,10 @@ func (v *Machine) Expose(ctx context.Context, guestPort int, ln net.Listener) er
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-c.Done():
+		}
 		ln.Close()
 	}()
 	var wg sync.WaitGroup
@@ -38,6 +42,13 @@ func (v *Machine) Expose(ctx context.Context, guestPort int, ln net.Listener) er
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
+			select {
+			case <-c.Done():
+				if ctx.Err() == nil {
+					return fmt.Errorf("exposing guest port %d: the VM's agent went away: %w", guestPort, errdefs.ErrUnavailable)
+				}
+			default:
+			}
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}

@@ -104,3 +104,37 @@ func TestExpose(t *testing.T) {
 		t.Errorf("port 0: %v", err)
 	}
 }
+
+// Expose ends, unavailable, when the VM goes away.
+func TestExposeEndsWithTheVM(t *testing.T) {
+	m, _ := bootFake(t, vmmfake.Config{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	// A port nothing listens on: the relay closes the connection, which
+	// shows Expose serving.
+	free, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := free.Addr().(*net.TCPAddr).Port
+	free.Close()
+	go func() { served <- m.Expose(context.Background(), port, ln) }()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := conn.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("a connection to a closed guest port: %d, %v; want EOF", n, err)
+	}
+	conn.Close()
+	m.Close()
+	select {
+	case err := <-served:
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("Expose after the VM ended: %v; want unavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Expose did not return after the VM ended")
+	}
+}
