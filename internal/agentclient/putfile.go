@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"time"
 
 	"isopod/internal/agentproto"
 )
@@ -15,8 +16,10 @@ import (
 // writes a temporary file beside path and renames it there once complete,
 // so path never holds a partial file; it refuses a path that is a
 // directory or another non-regular file. More than maxBytes bytes
-// (maxBytes > 0) fail the copy, as does a read error of r; either leaves
-// nothing at path. It returns the bytes written.
+// (maxBytes > 0) fail the copy, as do a read error of r and the end of
+// ctx; each leaves nothing at path (the guest has removed its temporary
+// file when PutFile returns, unless it does not answer within abortWait).
+// It returns the bytes written.
 func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, maxBytes int64, r io.Reader) (int64, error) {
 	id, q, err := c.register()
 	if err != nil {
@@ -31,7 +34,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, max
 		// One byte over the limit is enough for the guest to refuse it.
 		r = io.LimitReader(r, maxBytes+1)
 	}
-	abort := func() { c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindFileChunk, Abort: true}, nil) }
+	abort := func() { c.abortPut(id, q) }
 	buf := make([]byte, agentproto.ChunkSize)
 	var off int64
 	inflight, eof := 0, false
@@ -69,6 +72,26 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, max
 		}
 	}
 	return c.putDone(ctx, q, path, off)
+}
+
+// abortWait bounds how long an abandoned copy-in waits for the guest to
+// remove its temporary file.
+const abortWait = 2 * time.Second
+
+// abortPut tells the guest to give a copy-in up and waits (briefly) for
+// its answer, so that the temporary file is gone when PutFile returns.
+func (c *Client) abortPut(id uint64, q *queue) {
+	if c.send(&agentproto.Msg{ID: id, Kind: agentproto.KindFileChunk, Abort: true}, nil) != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), abortWait)
+	defer cancel()
+	for {
+		f, err := c.recv(ctx, q)
+		if err != nil || f.msg.Kind == agentproto.KindError || f.msg.Kind == agentproto.KindFileDone {
+			return
+		}
+	}
 }
 
 // putDone waits for the guest's verdict once every chunk is acknowledged.
