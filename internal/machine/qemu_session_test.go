@@ -91,6 +91,7 @@ func TestQEMUSession(t *testing.T) {
 	ectx, stopExpose := context.WithCancel(ctx)
 	exposed := make(chan error, 1)
 	go func() { exposed <- m.Expose(ectx, 8000, ln) }()
+	t0 := time.Now()
 	resp, err := http.Get("http://" + ln.Addr().String() + "/")
 	if err != nil {
 		t.Fatalf("GET through Expose: %v", err)
@@ -100,6 +101,20 @@ func TestQEMUSession(t *testing.T) {
 	if string(body) != "served\n" {
 		t.Errorf("through Expose the server answered %q", body)
 	}
+	t.Logf("a GET through Expose took %s", time.Since(t0))
+	sum, _ := sh(t, ctx, m, false, "head -c 8388608 /dev/urandom > /tmp/www/big && sha256sum /tmp/www/big")
+	t0 = time.Now()
+	resp, err = http.Get("http://" + ln.Addr().String() + "/big")
+	if err != nil {
+		t.Fatalf("GET of 8 MiB through Expose: %v", err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, resp.Body)
+	resp.Body.Close()
+	if err != nil || fmt.Sprintf("%x", h.Sum(nil)) != strings.Fields(sum)[0] {
+		t.Errorf("8 MiB through Expose: %d bytes, %v; the digest differs from the guest's", n, err)
+	}
+	t.Logf("8 MiB through Expose took %s", time.Since(t0))
 	stopExpose()
 	if err := <-exposed; err != nil {
 		t.Errorf("Expose: %v", err)
@@ -109,6 +124,7 @@ func TestQEMUSession(t *testing.T) {
 	if took > 10*time.Second {
 		t.Errorf("`sleep 100 &` kept the exec %s", took)
 	}
+	t.Logf("a kept `sleep 100 &` took %s", took)
 	if got, _ := sh(t, ctx, m, false, "kill -0 "+strings.TrimSpace(pid)+" && echo running"); got != "running\n" {
 		t.Errorf("the kept sleep: %q", got)
 	}
@@ -124,9 +140,11 @@ func TestQEMUSession(t *testing.T) {
 
 	data := make([]byte, 300<<10)
 	rand.Read(data)
+	t0 = time.Now()
 	if _, err := m.PutFile(ctx, "/tmp/in/data.bin", 0o640, 1<<20, bytes.NewReader(data)); err != nil {
 		t.Fatalf("PutFile: %v", err)
 	}
+	t.Logf("copying %d KiB in took %s", len(data)>>10, time.Since(t0))
 	want := fmt.Sprintf("%x  /tmp/in/data.bin\n640\n", sha256.Sum256(data))
 	if got, _ := sh(t, ctx, m, false, "sha256sum /tmp/in/data.bin; stat -c %a /tmp/in/data.bin"); got != want {
 		t.Errorf("the copied-in file: %q; want %q", got, want)
