@@ -24,6 +24,14 @@ import (
 // Machine; it is closed when the test ends.
 func bootQEMU(t *testing.T, hostname string) (*machine.Machine, context.Context) {
 	t.Helper()
+	m, ctx, _, _ := bootQEMUWith(t, hostname)
+	return m, ctx
+}
+
+// bootQEMUWith is bootQEMU, also returning the driver and the VM's
+// configuration (to restore a snapshot of it).
+func bootQEMUWith(t *testing.T, hostname string) (*machine.Machine, context.Context, *qemu.Driver, vmm.Config) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots a VM; skipped under -short")
 	}
@@ -51,7 +59,7 @@ func bootQEMU(t *testing.T, hostname string) (*machine.Machine, context.Context)
 	if _, err := m.Configure(ctx); err != nil {
 		t.Fatalf("Configure: %v", err)
 	}
-	return m, ctx
+	return m, ctx, drv, cfg
 }
 
 // sh runs script in the guest and returns its stdout, failing on a
@@ -148,6 +156,51 @@ func TestQEMUSession(t *testing.T) {
 	want := fmt.Sprintf("%x  /tmp/in/data.bin\n640\n", sha256.Sum256(data))
 	if got, _ := sh(t, ctx, m, false, "sha256sum /tmp/in/data.bin; stat -c %a /tmp/in/data.bin"); got != want {
 		t.Errorf("the copied-in file: %q; want %q", got, want)
+	}
+	if err := m.Halt(ctx, 30*time.Second); err != nil {
+		t.Errorf("Halt: %v", err)
+	}
+}
+
+// A session VM snapshotted and restored (a pause and resume) keeps its
+// background job, which ran on, and the server a kept exec left.
+func TestQEMUSessionSurvivesSnapshot(t *testing.T) {
+	m, ctx, drv, cfg := bootQEMUWith(t, "pause")
+	if err := m.Session(ctx); err != nil {
+		t.Fatalf("Session: %v", err)
+	}
+	job, err := m.StartJob(ctx, machine.Exec{Argv: []string{"/bin/sh", "-c", "i=0; while :; do echo $i; i=$((i+1)); sleep 0.1; done"}, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("StartJob: %v", err)
+	}
+	sh(t, ctx, m, true, "mkdir -p /tmp/www && echo still-served > /tmp/www/index.html && httpd -p 127.0.0.1:8000 -h /tmp/www")
+	before, err := m.JobWait(ctx, job.ID, 300*time.Millisecond, 0)
+	if err != nil || before.State != "running" {
+		t.Fatalf("JobWait before the snapshot: %+v, %v", before.JobInfo, err)
+	}
+	snap := t.TempDir()
+	if err := m.Snapshot(ctx, snap, time.Time{}); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	m.Drop()
+	if _, err := m.Restore(ctx, drv, cfg, snap); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := m.Greet(ctx); err != nil {
+		t.Fatalf("Greet after the restore: %v", err)
+	}
+	if err := m.Session(ctx); err != nil {
+		t.Fatalf("Session after the restore: %v", err)
+	}
+	after, err := m.JobWait(ctx, job.ID, 500*time.Millisecond, 0)
+	if err != nil || after.State != "running" || len(after.Stdout) == 0 {
+		t.Errorf("the job after the restore: %+v %q, %v; want it running on", after.JobInfo, after.Stdout, err)
+	}
+	if got, _ := sh(t, ctx, m, false, "wget -q -O - http://127.0.0.1:8000/"); got != "still-served\n" {
+		t.Errorf("the kept server after the restore: %q", got)
+	}
+	if err := m.JobKill(ctx, job.ID, 9); err != nil {
+		t.Errorf("JobKill: %v", err)
 	}
 	if err := m.Halt(ctx, 30*time.Second); err != nil {
 		t.Errorf("Halt: %v", err)
