@@ -93,9 +93,9 @@ const handlerGrace = 2 * time.Second
 // sends Halt (Serve returns nil), the stream ends or breaks (an error
 // wrapping io.EOF or the cause), or ctx is done. Before returning it kills
 // every process it started and waits briefly for their handlers, unless
-// the host sent KindSession on it: then its execs run on, and background
-// jobs are never killed by a connection's end. A read
-// blocked on rw is released only when the caller closes rw.
+// the host sent KindSession on it: then its execs run on. Background jobs
+// are never killed by a connection's end. A read blocked on rw is
+// released only when the caller closes rw.
 func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
