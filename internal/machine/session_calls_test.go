@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,5 +137,26 @@ func TestExposeEndsWithTheVM(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Expose did not return after the VM ended")
+	}
+}
+
+// A fake guest's background jobs end with its machine, as a real guest's
+// do.
+func TestFakeJobsEndWithTheMachine(t *testing.T) {
+	m, _ := bootFake(t, vmmfake.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j, err := m.StartJob(ctx, machine.Exec{Argv: []string{"sleep", "100"}, Cwd: "/"})
+	if err != nil || j.Pid <= 0 {
+		t.Fatalf("StartJob: %+v, %v", j, err)
+	}
+	m.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(j.Pid, 0) == nil {
+		if time.Now().After(deadline) {
+			syscall.Kill(j.Pid, syscall.SIGKILL)
+			t.Fatalf("the job (pid %d) outlived its machine", j.Pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
