@@ -5,12 +5,16 @@
 // loads the kernel modules listed in /etc/isopod/modules, finds the disks by
 // their virtio serials, assembles the overlay root, switches into it, reaps
 // every orphan and then serves the agentproto protocol on the virtio-serial
-// port named isopod.agent until the host asks it to halt.
+// port named isopod.agent until the host asks it to halt. A [Server]
+// outlives its connections: background jobs and the processes that kept
+// execs left live in it, and the port is served again when a session's
+// connection ends (see agentproto's Sessions).
 //
 // The protocol side ([Serve], [Server]) also runs as a plain process: with
 // Options.ReapAll false it waits for each child by pid and never touches the
 // machine unless a [System] is given, so tests drive it over a socket pair
-// and run real host programs.
+// and run real host programs; [Server.KillAll] then ends what would
+// outlive it.
 //
 // The package imports only the standard library, golang.org/x/sys,
 // isopod/internal/agentproto and isopod/internal/errdefs, so the agent links

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,9 @@ func commandMemMax(memTotal int64) int64 {
 type Cgroups struct {
 	parent string // CommandCgroup; "" when unavailable
 	log    *slog.Logger
+
+	mu        sync.Mutex
+	leftovers []string // cgroups of kept execs and jobs, removed once empty
 }
 
 // setupCgroups mounts cgroup2, enables the cpu, memory and pids controllers
@@ -84,6 +88,7 @@ type execCgroup struct {
 	fd  int // for clone3(CLONE_INTO_CGROUP)
 	dir string
 	log *slog.Logger
+	g   *Cgroups
 }
 
 // forExec makes exec id's cgroup, or returns nil when commands are not
@@ -92,6 +97,7 @@ func (g *Cgroups) forExec(id uint64) *execCgroup {
 	if g == nil || g.parent == "" {
 		return nil
 	}
+	g.sweep()
 	dir := filepath.Join(g.parent, "exec-"+strconv.FormatUint(id, 10))
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		g.log.Warn("making an exec's cgroup", "err", err)
@@ -103,7 +109,71 @@ func (g *Cgroups) forExec(id uint64) *execCgroup {
 		os.Remove(dir)
 		return nil
 	}
-	return &execCgroup{fd: fd, dir: dir, log: g.log}
+	return &execCgroup{fd: fd, dir: dir, log: g.log, g: g}
+}
+
+// sweep removes the leftover cgroups that have emptied.
+func (g *Cgroups) sweep() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	kept := g.leftovers[:0]
+	for _, dir := range g.leftovers {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			kept = append(kept, dir)
+		}
+	}
+	g.leftovers = kept
+}
+
+// killLeftovers kills what runs in the leftover cgroups.
+func (g *Cgroups) killLeftovers() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, dir := range g.leftovers {
+		writeFile(filepath.Join(dir, "cgroup.kill"), "1")
+	}
+}
+
+// release ends the use of a kept exec's or job's cgroup without killing
+// what still runs in it: it is removed now when empty, else by a later
+// exec's sweep once it is.
+func (e *execCgroup) release() {
+	if e == nil {
+		return
+	}
+	unix.Close(e.fd)
+	if err := os.Remove(e.dir); err == nil || errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	e.g.mu.Lock()
+	e.g.leftovers = append(e.g.leftovers, e.dir)
+	e.g.mu.Unlock()
+}
+
+// signalAll sends sig to every process still in the cgroup, those that
+// left the command's process group included.
+func (e *execCgroup) signalAll(sig unix.Signal) error {
+	if e == nil {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir, "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			if err := unix.Kill(pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // killAll kills every process in the cgroup, including those that left

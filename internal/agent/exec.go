@@ -299,18 +299,30 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		return
 	}
 	defer p.closeAll()
-	cg := c.srv.opts.Cgroups.forExec(st.id)
-	defer cg.remove()
+	cg := c.srv.opts.Cgroups.forExec(c.srv.cgroupSeq.Add(1))
 	pid, wait, err := c.forkExec(prog, req.Argv, cwd, env, p, cg)
 	if err != nil {
+		cg.remove()
 		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
 		return
 	}
 	if err := st.started(pid); err != nil {
 		c.log.Warn("delivering an early signal failed", "id", st.id, "err", err)
 	}
-	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0])
+	c.log.Debug("exec started", "id", st.id, "pid", pid, "argv0", req.Argv[0], "keep", req.Keep)
 
+	if req.Keep {
+		streams := c.startKeptStreams(st, p)
+		ws, timedOut := c.waitExec(st, pid, wait, cg, req.TimeoutMS)
+		// What the process started keeps running, in its group and
+		// cgroup; its output ends here.
+		st.exited()
+		streams.finishKept(p)
+		cg.release()
+		c.execDone(st.id, start, &ws, 0, timedOut)
+		return
+	}
+	defer cg.remove()
 	streams := c.startStreams(st, p)
 	ws, timedOut := c.waitExec(st, pid, wait, cg, req.TimeoutMS)
 	// The direct child is gone: end whatever it left in its group and its
@@ -392,7 +404,7 @@ func (c *conn) forkExec(prog string, argv []string, cwd string, env []string, p 
 
 // waitExec waits for the process pid to exit. It kills the process group
 // and cgroup when the timeout (if any) passes, reporting timedOut, or when
-// the connection ends.
+// the connection ends unless it is a session's.
 func (c *conn) waitExec(st *execState, pid int, wait <-chan unix.WaitStatus, cg *execCgroup, timeoutMS int64) (ws unix.WaitStatus, timedOut bool) {
 	var timeout <-chan time.Time
 	if timeoutMS > 0 {
@@ -413,6 +425,11 @@ func (c *conn) waitExec(st *execState, pid int, wait <-chan unix.WaitStatus, cg 
 			cg.killAll()
 		case <-ctxDone:
 			ctxDone = nil
+			if c.session.Load() {
+				// A session's connection ended: the exec runs on to its
+				// end or timeout, its output going nowhere.
+				continue
+			}
 			killGroup(pid)
 			cg.killAll()
 		}

@@ -126,6 +126,10 @@ type execStreams struct {
 	pumps     sync.WaitGroup // the stdout and stderr pumps
 	stopStdin chan struct{}  // closed to stop feeding stdin
 	stdinDone chan struct{}  // closed once stdin feeding has stopped
+
+	// A kept exec's: its output pipes, owned by the pumps, and their drain.
+	out, errR *os.File
+	drain     *keepDrain
 }
 
 // startStreams starts pumping stdout and stderr to the host and, when the

@@ -186,7 +186,9 @@ func startAgent(t *testing.T, opts Options) *testConn {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &testConn{t: t, wire: newWireTap(host), serveErr: make(chan error, 1), rawID: 1 << 40}
-	go func() { c.serveErr <- Serve(ctx, guest, opts) }()
+	srv := NewServer(opts)
+	t.Cleanup(srv.KillAll) // after the connection's end (cleanups run last first)
+	go func() { c.serveErr <- srv.Serve(ctx, guest) }()
 	c.Client = agentclient.New(c.wire, nil)
 	t.Cleanup(func() {
 		c.Close()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"isopod/internal/agentproto"
@@ -65,6 +66,9 @@ type Server struct {
 	mu         sync.Mutex
 	netEnv     []string
 	netApplied *agentproto.NetConfig // the last configuration applied, env aside
+
+	cgroupSeq atomic.Uint64 // names the execs' cgroups, unique across connections
+	jobs      jobTable      // background jobs outlive their connection
 }
 
 // NewServer returns a Server with opts.
@@ -88,8 +92,10 @@ const handlerGrace = 2 * time.Second
 // Serve sends Hello (ID 0) on rw and then answers requests until the host
 // sends Halt (Serve returns nil), the stream ends or breaks (an error
 // wrapping io.EOF or the cause), or ctx is done. Before returning it kills
-// every process it started and waits briefly for their handlers. A read
-// blocked on rw is released only when the caller closes rw.
+// every process it started and waits briefly for their handlers, unless
+// the host sent KindSession on it: then its execs run on. Background jobs
+// are never killed by a connection's end. A read blocked on rw is
+// released only when the caller closes rw.
 func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -99,6 +105,8 @@ func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 		ctx:    ctx,
 		w:      &frameWriter{w: rw},
 		execs:  make(map[uint64]*execState),
+		puts:   make(map[uint64]chan putChunk),
+		ports:  make(map[uint64]*portRelay),
 		halted: make(chan struct{}),
 	}
 	if s.opts.ReapAll {
@@ -123,6 +131,11 @@ func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
+	if c.session.Load() {
+		// A session's execs run on; the next connection is served now.
+		s.log.Debug("session connection ended; its execs run on", "err", err)
+		return err
+	}
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()
 	select {
@@ -188,9 +201,13 @@ type conn struct {
 	reap reaper
 	wg   sync.WaitGroup
 
+	session atomic.Bool // the host sent KindSession
+
 	mu       sync.Mutex
 	execs    map[uint64]*execState
-	closing  bool // set when Serve stops; no handler starts after it
+	puts     map[uint64]chan putChunk // copy-ins receiving chunks
+	ports    map[uint64]*portRelay    // relayed streams
+	closing  bool                     // set when Serve stops; no handler starts after it
 	halted   chan struct{}
 	haltOnce sync.Once
 }
@@ -281,8 +298,29 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 			h := c.srv.hello()
 			c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindPong, Hello: &h}, nil)
 		})
+	case agentproto.KindSession:
+		c.session.Store(true)
+		c.replyOK(m.ID)
 	case agentproto.KindExec:
+		if m.Exec != nil && m.Exec.Detach {
+			c.spawn(func() { c.startJob(m) })
+			return nil
+		}
 		c.startExec(m)
+	case agentproto.KindJobRead, agentproto.KindJobWait:
+		c.spawn(func() { c.jobRead(m) })
+	case agentproto.KindJobKill:
+		c.spawn(func() { c.jobKill(m) })
+	case agentproto.KindJobList:
+		c.spawn(func() { c.jobList(m) })
+	case agentproto.KindPutFile:
+		c.startPut(m)
+	case agentproto.KindFileChunk:
+		return c.routePut(m, payload)
+	case agentproto.KindPortOpen:
+		c.startPort(m)
+	case agentproto.KindPortData, agentproto.KindPortAck, agentproto.KindPortClose:
+		return c.routePort(m, payload)
 	case agentproto.KindStdin:
 		return c.routeStdin(m, payload)
 	case agentproto.KindSignal:

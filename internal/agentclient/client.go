@@ -1,6 +1,7 @@
 // Package agentclient is the host side of the guest agent protocol
 // (internal/agentproto): it multiplexes requests over one byte stream, checks
-// the protocol version, streams exec output and stdin, and copies files out.
+// the protocol version, streams exec output and stdin, copies files out and
+// in, and makes a session's calls: background jobs and relayed guest ports.
 package agentclient
 
 import (

@@ -33,7 +33,51 @@
 // Stdin is credit-based: the host keeps at most [StdinWindow] unacknowledged
 // [KindStdin] frames per exec; the guest answers each with [KindStdinAck]
 // once the bytes are written to the process. Guest-to-host data is not
-// windowed: the host must keep reading and buffer per request.
+// windowed: the host must keep reading and buffer per request, except a
+// copy-in ([KindPutFile]), whose chunks the guest acknowledges one by one
+// with [KindFileAck] within [PutWindow].
+//
+// # Sessions
+//
+// By default an exec is one-shot: when its process exits the guest kills
+// what is left of its process group and cgroup, and when the connection
+// ends it kills every exec still running. A VM kept across many calls
+// changes that in three ways:
+//
+//   - [KindSession], sent by the host after a handshake, marks the
+//     connection: when it ends, its running execs are left to finish (or
+//     time out) and the agent serves the port again, greeting the next
+//     connection with Hello. Send it again after each reconnect.
+//   - Exec.Keep leaves the processes the command started running after it
+//     exits. Its output ends when the process exits: the guest reads what
+//     is in the pipes for at most a short grace, then discards what
+//     processes left behind still write, so that a daemon holding the
+//     pipes neither blocks the exec nor dies of a broken pipe. The timeout
+//     still kills the command's process group and cgroup while it runs.
+//   - Exec.Detach starts a background job: the guest answers at once with
+//     [KindJob] (a job id such as "j1") and keeps the job's output in
+//     buffers of [JobBuffer] bytes per stream, dropping the oldest unread
+//     bytes when one fills (JobInfo counts them). [KindJobRead] returns
+//     what arrived since the last read, [KindJobWait] first waits for the
+//     job to exit (at most WaitMS), [KindJobKill] signals its process
+//     group, [KindJobList] lists jobs. Jobs live in the agent, so they
+//     outlive connections and a pause.
+//
+// [KindPutFile] copies a file in: the host sends [KindFileChunk] frames
+// (in order; the last carries EOF, or Abort to give up), the guest writes
+// them to a temporary file beside the destination, acknowledges each with
+// [KindFileAck] and, after EOF, renames it onto the destination and
+// answers [KindFileDone]; on any failure it removes the temporary file and
+// answers [KindError].
+//
+// [KindPortOpen] relays a TCP connection to 127.0.0.1:Port in the guest
+// over the agent channel, so it works without any network: the guest
+// dials, answers OK (or an error), and both sides then send
+// [KindPortData] frames, each acknowledged with [KindPortAck] once
+// written to its socket; a side keeps at most [PortWindow] unacknowledged,
+// so one slow stream never holds up the channel. [KindPortClose] with EOF
+// is a half-close (no more data from its sender); without it the stream
+// is over both ways. A stream ends with its connection.
 //
 // This wire surface is unstable: it changes with [Version] and both ends are
 // always built from one tree.
@@ -41,7 +85,7 @@ package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 3
+const Version = 4
 
 // Limits.
 const (
@@ -75,11 +119,27 @@ const (
 	KindExecDone Kind = "exec_done" // guest -> host: Done set; last frame of an exec
 	KindSignal   Kind = "signal"    // host -> guest: Signal set; to the exec's process group
 
+	// Sessions and background jobs (see Sessions above).
+	KindSession Kind = "session"  // host -> guest: keep this connection's execs when it ends; OK
+	KindJob     Kind = "job"      // guest -> host: JobInfo set; payload is the stdout then the stderr bytes it counts
+	KindJobRead Kind = "job_read" // host -> guest: Job, MaxBytes (per stream; 0: JobReadMax); KindJob
+	KindJobWait Kind = "job_wait" // host -> guest: Job, WaitMS, MaxBytes; KindJob once exited or after WaitMS
+	KindJobKill Kind = "job_kill" // host -> guest: Job, Signal; to the job's process group; OK
+	KindJobList Kind = "job_list" // both: the guest's reply sets Jobs
+	KindPutFile Kind = "put_file" // host -> guest: Path, MaxBytes, Put; KindFileChunk frames follow
+	KindFileAck Kind = "file_ack" // guest -> host: one put_file chunk written
+
+	// Port relay (see Sessions above): frames carry the port_open's ID.
+	KindPortOpen  Kind = "port_open"  // host -> guest: Port; OK once connected
+	KindPortData  Kind = "port_data"  // both: payload is stream bytes
+	KindPortAck   Kind = "port_ack"   // both: one port_data frame written to the socket
+	KindPortClose Kind = "port_close" // both: EOF set: half-close; else the stream is over
+
 	// Files. A copy-out sends only the file's data: holes (and runs of
 	// zeros) are left out, so a sparse file stays sparse and costs nothing
 	// to copy. Each chunk says where its bytes belong.
 	KindCopyOut   Kind = "copy_out"   // host -> guest: Path, MaxBytes (file size), MaxData (bytes sent)
-	KindFileChunk Kind = "file_chunk" // guest -> host: payload is file bytes at Offset
+	KindFileChunk Kind = "file_chunk" // guest -> host (host -> guest on put_file): payload is file bytes at Offset
 	KindFileDone  Kind = "file_done"  // guest -> host: File set; the file is complete
 
 	// The root filesystem. The guest boots with only its base image
@@ -111,7 +171,7 @@ type Msg struct {
 	Exec   *Exec     `json:"exec,omitempty"`
 	Done   *ExecDone `json:"done,omitempty"`
 	Stream string    `json:"stream,omitempty"` // "stdout" or "stderr" on KindOutput
-	EOF    bool      `json:"eof,omitempty"`    // on KindStdin: no more input
+	EOF    bool      `json:"eof,omitempty"`    // on KindStdin, a put's KindFileChunk, KindPortClose: no more input
 	Signal int       `json:"signal,omitempty"` // on KindSignal
 
 	Path     string    `json:"path,omitempty"`      // on KindCopyOut
@@ -119,6 +179,14 @@ type Msg struct {
 	MaxData  *int64    `json:"max_data,omitempty"`  // on KindCopyOut: the most data bytes to send; absent: no limit
 	Offset   int64     `json:"offset,omitempty"`    // on KindFileChunk: where the payload belongs
 	File     *FileDone `json:"file,omitempty"`
+	Abort    bool      `json:"abort,omitempty"` // on a put_file's KindFileChunk: give up, remove the temporary file
+	Put      *PutFile  `json:"put,omitempty"`
+
+	Job     string    `json:"job,omitempty"`      // a job id, on the job requests
+	JobInfo *JobInfo  `json:"job_info,omitempty"` // on KindJob
+	Jobs    []JobInfo `json:"jobs,omitempty"`     // on KindJobList from the guest
+	WaitMS  int64     `json:"wait_ms,omitempty"`  // on KindJobWait
+	Port    int       `json:"port,omitempty"`     // on KindPortOpen
 
 	Mount    *Mount          `json:"mount,omitempty"`
 	Entry    *WorkspaceEntry `json:"entry,omitempty"`
@@ -152,6 +220,12 @@ type Exec struct {
 	Cwd       string   `json:"cwd,omitempty"` // default /root
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	Stdin     bool     `json:"stdin,omitempty"` // KindStdin frames follow; else /dev/null
+	// Keep leaves what the process started running when it exits (see
+	// Sessions).
+	Keep bool `json:"keep,omitempty"`
+	// Detach starts a background job, answered by KindJob at once; it
+	// implies Keep and refuses Stdin.
+	Detach bool `json:"detach,omitempty"`
 }
 
 // ExecDone reports how a process ended.

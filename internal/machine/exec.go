@@ -116,6 +116,9 @@ type Exec struct {
 	// output as it comes.
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Keep leaves what the command started running after it exits (a
+	// session's daemons); its output ends when it exits.
+	Keep bool
 }
 
 // ExecResult is how one command ended and how long the call took.
@@ -135,7 +138,7 @@ func (v *Machine) Exec(ctx context.Context, e Exec) (*ExecResult, error) {
 	}
 	timeout := max(e.Timeout, time.Millisecond)
 	er := agentclient.ExecRequest{
-		Exec:   agentproto.Exec{Argv: e.Argv, Env: e.Env, Cwd: e.Cwd, TimeoutMS: timeout.Milliseconds()},
+		Exec:   agentproto.Exec{Argv: e.Argv, Env: e.Env, Cwd: e.Cwd, TimeoutMS: timeout.Milliseconds(), Keep: e.Keep},
 		Stdin:  e.Stdin,
 		Stdout: orDiscard(e.Stdout),
 		Stderr: orDiscard(e.Stderr),

@@ -2,10 +2,14 @@ package machine_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +43,7 @@ func installedGuest(t *testing.T, dir string) (kernel, initrd string, disks mach
 			t.Skipf("no installed guest under %s (scripts/install.sh): %v", home, err)
 		}
 	}
+	initrd = guestInitramfs(t, p, initrd, dir)
 	tmpl, err := image.ScratchTemplate(p, 1024)
 	if err != nil {
 		t.Skipf("no scratch template: %v", err)
@@ -48,6 +53,44 @@ func installedGuest(t *testing.T, dir string) (kernel, initrd string, disks mach
 		t.Fatal(err)
 	}
 	return kernels[len(kernels)-1], initrd, machine.Disks{Base: base, Scratch: scratch}
+}
+
+// guestInitramfs is the installed initramfs when it holds the agent built
+// from this tree, else one made with that agent in dir: the installed one
+// may speak another protocol.
+func guestInitramfs(t *testing.T, p paths.Paths, installed, dir string) string {
+	t.Helper()
+	agent := filepath.Join(dir, "isopod-agent")
+	build := exec.Command("go", "build", "-o", agent, "isopod/cmd/isopod-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the agent: %v\n%s", err, out)
+	}
+	bin, err := os.ReadFile(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var side struct {
+		AgentSHA256 string `json:"agent_sha256"`
+	}
+	if b, err := os.ReadFile(strings.TrimSuffix(installed, ".cpio") + ".json"); err == nil {
+		json.Unmarshal(b, &side)
+	}
+	if side.AgentSHA256 == fmt.Sprintf("%x", sha256.Sum256(bin)) {
+		return installed
+	}
+	home := filepath.Join(dir, "home")
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(p.Kernels(), filepath.Join(home, "kernels")); err != nil {
+		t.Fatal(err)
+	}
+	info, err := image.BuildInitramfs(context.Background(), paths.Paths{Home: home}, image.BuildOptions{AgentBin: agent})
+	if err != nil {
+		t.Fatalf("building an initramfs with this tree's agent: %v", err)
+	}
+	return info.Path
 }
 
 // TestQEMUExecManyTimes boots one real VM, runs three commands in it, each

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,6 +68,7 @@ type Machine struct {
 	err        error         // set before stopped is closed
 	stopped    chan struct{} // closed when the machine stops (power-off, Kill, Crash)
 	served     chan struct{} // closed when the agent goroutine has returned
+	srv        atomic.Pointer[agent.Server]
 	done       chan struct{} // closed when stopped and served
 }
 
@@ -173,6 +175,7 @@ func (m *Machine) run() {
 	}
 	m.console.Info("vmmfake guest up", "vm", m.cfg.ID, "restored", m.g.restored)
 	srv := agent.NewServer(agent.Options{Logger: m.console, System: m.sys, Hello: m.hello})
+	m.srv.Store(srv)
 	err := srv.Serve(m.ctx, &channel{m: m, dropHello: m.g.restored})
 	if err == nil {
 		m.console.Info("vmmfake guest powered off")
@@ -198,6 +201,11 @@ func (m *Machine) exit(err error) {
 		m.guest.Close()
 		go func() {
 			<-m.served
+			// The guest's background jobs end with the machine, as in a
+			// real VM.
+			if srv := m.srv.Load(); srv != nil {
+				srv.KillAll()
+			}
 			close(m.done)
 		}()
 	})
