@@ -229,6 +229,7 @@ func addModules(b *cpio.Builder, bk BootKernel, info *InitramfsInfo) error {
 // Boot is what a guest boots from.
 type Boot struct {
 	Kernel        string // kernel image
+	BzImage       string // the compressed kernel Kernel was taken from; "": Kernel is it
 	Initramfs     string
 	BuiltInKernel bool
 	KernelVersion string // "" for a built-in kernel
@@ -269,11 +270,14 @@ func ResolveBoot(paths paths.Paths, kernelOverride string) (Boot, error) {
 			info.KernelVersion, bk.Info.Version, hint, errdefs.ErrFailedPrecondition)
 	}
 	info.Path = p
-	kernel := bk.Path
+	kernel, bz := bk.Path, ""
 	if !bk.BuiltIn {
 		kernel = bootKernel(bk.Path, bk.Info.SHA256)
 	}
-	return Boot{Kernel: kernel, Initramfs: p, BuiltInKernel: bk.BuiltIn, KernelVersion: bk.Info.Version, Info: info}, nil
+	if kernel != bk.Path {
+		bz = bk.Path
+	}
+	return Boot{Kernel: kernel, BzImage: bz, Initramfs: p, BuiltInKernel: bk.BuiltIn, KernelVersion: bk.Info.Version, Info: info}, nil
 }
 
 // sameModules reports whether an initramfs's module list (in-initramfs

@@ -15,6 +15,7 @@ import (
 type Spec struct {
 	ID, Dir        string // the VM's id and directory (logs, flow log)
 	Kernel, Initrd string
+	BzImage        string // see vmm.Config
 	VCPUs, MemMiB  int
 	Disks          Disks
 	// Network is the parsed policy of the VM's network (the zero Rules:
@@ -39,6 +40,7 @@ func (s Spec) ColdConfig(net *vmm.Net) vmm.Config {
 		ID:        s.ID,
 		Dir:       s.Dir,
 		Kernel:    s.Kernel,
+		BzImage:   s.BzImage,
 		Initrd:    s.Initrd,
 		Cmdline:   Cmdline(s.Hostname),
 		VCPUs:     s.VCPUs,

@@ -66,7 +66,7 @@ func (s *Service) resolveKernel(ctx context.Context) (kernelFiles, error) {
 	if err != nil {
 		return kernelFiles{}, err
 	}
-	return kernelFiles{Kernel: b.Kernel, Initramfs: b.Initramfs}, nil
+	return kernelFiles{Kernel: b.Kernel, BzImage: b.BzImage, Initramfs: b.Initramfs}, nil
 }
 
 // prepareScratch gives a run its fresh scratch disk: a sparse copy of a

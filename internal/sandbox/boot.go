@@ -84,6 +84,7 @@ func (r *run) spec() machine.Spec {
 		ID:        r.dir.Rec.ID,
 		Dir:       r.dir.Path(),
 		Kernel:    r.plan.kernel.Kernel,
+		BzImage:   r.plan.kernel.BzImage,
 		Initrd:    r.plan.kernel.Initramfs,
 		VCPUs:     r.req.VCPUs,
 		MemMiB:    r.req.MemMiB,

@@ -28,7 +28,7 @@ func (s *Service) FloorConfig(ctx context.Context, dir string) (vmm.Config, erro
 	}
 	pl := &plan{}
 	return vmm.Config{
-		ID: "floor", Dir: dir, Kernel: k.Kernel, Initrd: k.Initramfs,
+		ID: "floor", Dir: dir, Kernel: k.Kernel, BzImage: k.BzImage, Initrd: k.Initramfs,
 		Cmdline: pl.cmdline("floor") + " -- " + agentproto.FloorArg,
 		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
 	}, nil

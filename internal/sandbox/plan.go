@@ -30,6 +30,7 @@ type baseImage struct {
 // kernelFiles is the kernel and initramfs a run boots.
 type kernelFiles struct {
 	Kernel    string
+	BzImage   string
 	Initramfs string
 }
 

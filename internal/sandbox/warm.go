@@ -105,7 +105,7 @@ func (s *Service) warmKeyFor(ctx context.Context, base baseImage, vcpus, memMiB 
 	} else {
 		k.GuestKernel = "sha256:" + boot.Info.KernelSHA256
 	}
-	return warmInputs{key: k, kernel: kernelFiles{Kernel: boot.Kernel, Initramfs: boot.Initramfs}, base: base}, nil
+	return warmInputs{key: k, kernel: kernelFiles{Kernel: boot.Kernel, BzImage: boot.BzImage, Initramfs: boot.Initramfs}, base: base}, nil
 }
 
 // restorer is the driver when it can restore snapshots.
@@ -129,6 +129,7 @@ func warmConfig(in warmInputs, id, dir string, serial io.Writer, net *vmm.Net, d
 		ID:        id,
 		Dir:       dir,
 		Kernel:    in.kernel.Kernel,
+		BzImage:   in.kernel.BzImage,
 		Initrd:    in.kernel.Initramfs,
 		Cmdline:   pl.cmdline(warmHostname),
 		VCPUs:     in.key.VCPUs,

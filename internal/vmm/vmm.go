@@ -61,9 +61,13 @@ type Net struct {
 
 // Config describes one guest.
 type Config struct {
-	ID      string // short identifier, used in process names and logs
-	Dir     string // per-VM directory for sockets and logs; must exist
-	Kernel  string
+	ID     string // short identifier, used in process names and logs
+	Dir    string // per-VM directory for sockets and logs; must exist
+	Kernel string
+	// BzImage is the compressed kernel Kernel was taken from ("": Kernel
+	// is the only one), for a VMM whose firmware cannot boot Kernel
+	// directly in this configuration.
+	BzImage string
 	Initrd  string
 	Cmdline string
 	VCPUs   int

@@ -87,7 +87,7 @@ func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (_ *m
 		}
 		return fdPath(mf.add(f)), nil
 	}
-	if l.kernelPath, err = boot(cfg.Kernel); err != nil {
+	if l.kernelPath, err = boot(d.kernelFor(cfg)); err != nil {
 		return nil, err
 	}
 	if cfg.Initrd != "" {
@@ -437,4 +437,17 @@ func vmmOverhead(accel vmm.Accel) int64 {
 		return 256 << 20
 	}
 	return 768 << 20
+}
+
+// kernelFor is the kernel image cfg boots with: its bzImage where this
+// QEMU's firmware cannot boot the uncompressed kernel directly (see
+// machinePlan.DirectKernel), else cfg.Kernel.
+func (d *Driver) kernelFor(cfg *vmm.Config) string {
+	d.machineMu.Lock()
+	plan := d.plan
+	d.machineMu.Unlock()
+	if plan != nil && !plan.DirectKernel && cfg.BzImage != "" {
+		return cfg.BzImage
+	}
+	return cfg.Kernel
 }

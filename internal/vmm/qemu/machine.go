@@ -76,6 +76,12 @@ type machinePlan struct {
 	OptionROMs bool
 	Firmware   string
 	Kind       firmwareKind
+	// DirectKernel: the firmware boots an uncompressed kernel (vmlinux,
+	// by its PVH entry) with every device isopod attaches. qboot does;
+	// SeaBIOS's PVH option ROM leaves a guest with more than about eight
+	// virtio-mmio devices (a snapshot VM's every disk slot) hanging at
+	// its interrupt setup, so under it the bzImage boots.
+	DirectKernel bool
 	// ROMOff: memory-backend-file has rom=, so a file opened read-only
 	// can be mapped as writable private RAM (QEMU 8.2 and later).
 	ROMOff bool
@@ -118,7 +124,8 @@ func planMachine(f machineFacts) (machinePlan, error) {
 	p := machinePlan{
 		DataDirs: f.Extra, SearchPath: f.SearchPath,
 		Firmware: f.Firmware, Kind: f.Kind, ROMOff: f.Backend["rom"],
-		OptionROMs: f.Kind != firmwareQboot || !f.Microvm["x-option-roms"],
+		DirectKernel: f.Kind == firmwareQboot,
+		OptionROMs:   f.Kind != firmwareQboot || !f.Microvm["x-option-roms"],
 	}
 	opts := []string{"microvm", microvmNeeds[0]}
 	if !p.OptionROMs {
@@ -134,6 +141,9 @@ func planMachine(f machineFacts) (machinePlan, error) {
 		p.Why = fmt.Sprintf("The microvm firmware is SeaBIOS (%s), which loads the kernel through an option ROM, so option ROMs stay on.", f.Firmware)
 	default:
 		p.Why = fmt.Sprintf("The microvm firmware %s is neither qboot nor SeaBIOS as far as isopod can tell, so option ROMs stay on (either firmware boots with them).", f.Firmware)
+	}
+	if !p.DirectKernel {
+		p.Why += " Under it the guest kernel boots from its bzImage, not the uncompressed vmlinux: a direct boot hangs with many virtio devices."
 	}
 	if len(f.Extra) > 0 {
 		p.Why += fmt.Sprintf(" QEMU's data directories are not where it was built to look for them, so they are passed with -L: %s.", strings.Join(f.Extra, ", "))
