@@ -90,6 +90,7 @@ func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (
 type bench struct {
 	s, cold *sandbox.Service
 	log     *slog.Logger
+	accel   string // the credential series' VM's accelerator
 }
 
 func invalid(format string, args ...any) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,6 +44,9 @@ func (b *bench) credentialSeries(ctx context.Context, n int, newService func(sto
 	}
 	res.Series["credential_get_1mib"], res.Series["proxy_get_1mib"] = stats(cred), stats(proxy)
 	res.Ratios["credential_over_proxy"] = ratio(res.Series["credential_get_1mib"].P50, res.Series["proxy_get_1mib"].P50)
+	if res.Accel == "" {
+		res.Accel = b.accel
+	}
 	res.Extra["credential_timing"] = "curl time_total in one base-debian VM, the two GETs interleaved, after one warm-up each"
 	return nil
 }
@@ -103,6 +107,7 @@ func (b *bench) credentialSamples(ctx context.Context, n int, newService func(st
 	if rep.ExitCode == nil || *rep.ExitCode != 0 {
 		return nil, nil, fmt.Errorf("the guest's GETs failed: %s", rep.Stderr)
 	}
+	b.accel = string(rep.Accel)
 	return parseCredSamples(rep.Stdout, n)
 }
 
@@ -141,7 +146,7 @@ func parseCredSamples(stdout string, n int) (cred, proxy []float64, err error) {
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, nil, fmt.Errorf("the guest's sample %q: %w", line, err)
 		}
-		cred, proxy = append(cred, c*1000), append(proxy, p*1000)
+		cred, proxy = append(cred, secondsToMS(c)), append(proxy, secondsToMS(p))
 	}
 	if len(cred) != n {
 		return nil, nil, fmt.Errorf("the guest gave %d samples, not %d: %q", len(cred), n, stdout)
@@ -169,3 +174,6 @@ func randomToken() string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// secondsToMS converts curl's seconds (microsecond resolution) to ms.
+func secondsToMS(s float64) float64 { return math.Round(s*1e6) / 1e3 }
