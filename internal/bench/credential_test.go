@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,5 +83,19 @@ func TestParseCredSamples(t *testing.T) {
 		if tt.ok && (cred[0] != 500 || proxy[0] != 250 || proxy[1] != 2000) {
 			t.Errorf("%s: %v %v", tt.name, cred, proxy)
 		}
+	}
+}
+
+// TestCredentialSeriesSkipped: without a way to make a Service over its
+// own store, the series measures nothing and says why.
+func TestCredentialSeriesSkipped(t *testing.T) {
+	b := &bench{log: slog.New(slog.DiscardHandler)}
+	res := &Result{Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
+	if err := b.credentialSeries(context.Background(), 1, nil, res); err != nil {
+		t.Fatal(err)
+	}
+	why, _ := res.Extra["credential_skipped"].(string)
+	if !strings.Contains(why, "credential store") || len(res.Series) != 0 || len(res.Ratios) != 0 {
+		t.Errorf("skipped %q, series %v, ratios %v", why, res.Series, res.Ratios)
 	}
 }
