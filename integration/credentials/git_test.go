@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,7 @@ git clone -q https://localhost/repo.git /root/w
 cd /root/w
 echo "readme=$(cat README)"
 echo "remote=$(git config remote.origin.url)"
+echo "geturl=$(git remote get-url origin)"
 head -c 4194304 /dev/urandom > blob.bin
 git add blob.bin
 git commit -q -m big
@@ -54,7 +56,8 @@ func TestInjectGit(t *testing.T) {
 		t.Skip("no git http-backend on the host")
 	}
 	root, bare := bareRepo(t)
-	up := startUpstreamWith(t, gitBackend(t, root))
+	var chunked atomic.Int64
+	up := startUpstreamWith(t, gitBackend(t, root, &chunked))
 	writeStore(t, up, 0o600, map[string]string{"git": gitAlias})
 	start := time.Now()
 	r := e2e.Isopod(t, []string{tokenEnv + "=" + secret}, "run", "--base", "base-debian", "--inject", "git", "--timeout-s", "900",
@@ -63,7 +66,7 @@ func TestInjectGit(t *testing.T) {
 		t.Fatalf("isopod run --inject git:\n%s", r)
 	}
 	out := e2e.Str(r.JSON, "stdout")
-	for _, want := range []string{"readme=hello\n", "remote=https://localhost/repo.git\n", "envhits=0\n", "procenv=0\n", "done\n"} {
+	for _, want := range []string{"readme=hello\n", "remote=https://localhost/repo.git\n", "geturl=http://10.0.2.1:3129/git/repo.git\n", "envhits=0\n", "procenv=0\n", "done\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("guest output lacks %q:\n%s\nstderr: %s", want, out, e2e.Str(r.JSON, "stderr"))
 		}
@@ -81,6 +84,9 @@ func TestInjectGit(t *testing.T) {
 	}
 	if got := hostGit(t, bare, "cat-file", "-s", "main:blob.bin"); got != "4194304" {
 		t.Errorf("blob.bin is %s bytes in the bare repository; want 4194304", got)
+	}
+	if chunked.Load() < 4<<20 {
+		t.Errorf("the host got %d bytes of chunked bodies; want the push's pack, over 4 MiB", chunked.Load())
 	}
 	checkGitEgress(t, r.JSON)
 	if strings.Contains(string(r.Stdout)+string(r.Stderr), secret) {
@@ -159,8 +165,8 @@ func hostGit(t *testing.T, dir string, args ...string) string {
 
 // gitBackend is git http-backend serving the repositories under root to
 // requests that carry the secret as basic auth for user bot; any other
-// gets 401.
-func gitBackend(t *testing.T, root string) http.Handler {
+// gets 401. It counts the bytes of chunked request bodies in chunked.
+func gitBackend(t *testing.T, root string, chunked *atomic.Int64) http.Handler {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("no git on the host")
@@ -178,6 +184,7 @@ func gitBackend(t *testing.T, root string) http.Handler {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
+			chunked.Add(int64(len(b)))
 			r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 		}
 		backend.ServeHTTP(w, r)
