@@ -31,8 +31,11 @@ Prints p50/p90 per series and their ratios.`,
 				}
 				defer cold.Close()
 				o.Cold = cold
+				// The credential series' Service reads the bench's own store.
 				o.CredService = func(store string) (*sandbox.Service, error) {
-					return sandbox.New(sandbox.Options{Settings: cs.Settings, Logger: e.log, Version: version.String(), CredentialStore: store})
+					core := cs.Settings
+					core.ReadyVMs = 0
+					return sandbox.New(sandbox.Options{Settings: core, Logger: e.log, Version: version.String(), CredentialStore: store})
 				}
 				return bench.Run(cmd.Context(), s, e.log, o)
 			})
