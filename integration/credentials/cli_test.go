@@ -20,7 +20,11 @@ echo "proxied=$(wget -q -O- $EP/up/ok/proxied)"
 wget -q -O- $EP/up/no/x >/dev/null 2>&1; echo "refused=$?"
 no_proxy= NO_PROXY= wget -q -O- http://localhost:443/ >/dev/null 2>&1; echo "pinnedproxy=$?"
 nslookup localhost 10.0.2.1 >/dev/null 2>&1; echo "pinneddns=$?"
-s="$A$B"; unset A B
+` + secretProbe
+
+// secretProbe joins the secret's halves from A and B and looks for it in
+// the guest's environment, files and process environments.
+const secretProbe = `s="$A$B"; unset A B
 echo "envhits=$(env | grep -c "$s")"
 find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f -exec grep -l "$s" {} + 2>/dev/null | sed 's/^/filehit=/'
 echo "procenv=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c "$s")"

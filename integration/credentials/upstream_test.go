@@ -48,19 +48,26 @@ type upstream struct {
 // 127.0.0.1 on the host).
 func startUpstream(t *testing.T) *upstream {
 	t.Helper()
+	return startUpstreamWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+secret {
+			http.Error(w, "unauthorised", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, "upstream:%s", r.URL.Path)
+	}))
+}
+
+// startUpstreamWith is startUpstream serving h, which checks the secret
+// itself.
+func startUpstreamWith(t *testing.T, h http.Handler) *upstream {
+	t.Helper()
 	caCert, caKey := newCA(t)
 	leaf := newLeaf(t, caCert, caKey)
 	l, err := tls.Listen("tcp", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{leaf}})
 	if err != nil {
 		t.Skipf("the upstream needs 127.0.0.1:443: %v", err)
 	}
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+secret {
-			http.Error(w, "unauthorised", http.StatusUnauthorized)
-			return
-		}
-		fmt.Fprintf(w, "upstream:%s", r.URL.Path)
-	})}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: h}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	up := &upstream{caFile: filepath.Join(t.TempDir(), "ca.pem")}

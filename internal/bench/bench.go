@@ -26,7 +26,7 @@ import (
 type Options struct {
 	N int // samples per series
 	// Series to run; empty means all that apply: cold, floor, network,
-	// fork, commit.
+	// fork, commit, warm, credential.
 	Series []string
 	// Cold is a Service with the warm pool off, for the series that boot
 	// (cold, network, fork, and the warm series' cold side); nil: the
@@ -35,6 +35,11 @@ type Options struct {
 	// Stages removes the stages the fork and commit series make; nil:
 	// they stay.
 	Stages *stages.Service
+	// CredService makes a Service, with the warm pool off, that resolves
+	// aliases from the credential store at store (sandbox.Options'
+	// CredentialStore), for the credential series; nil: that series is
+	// skipped.
+	CredService func(store string) (*sandbox.Service, error)
 }
 
 // Stats summarises one series of samples in milliseconds.
@@ -70,7 +75,7 @@ type Result struct {
 }
 
 // benchSeries are the series --series accepts.
-var benchSeries = []string{"cold", "floor", "network", "fork", "commit", "warm"}
+var benchSeries = []string{"cold", "floor", "network", "fork", "commit", "warm", "credential"}
 
 // Run measures isopod side by side with its floor in one process.
 func Run(ctx context.Context, s *sandbox.Service, log *slog.Logger, o Options) (*Result, error) {
@@ -90,6 +95,7 @@ type bench struct {
 	s, cold *sandbox.Service
 	stages  *stages.Service
 	log     *slog.Logger
+	accel   string // the credential series' VM's accelerator
 }
 
 // removeStage removes a stage a series made, when it can.
@@ -139,6 +145,11 @@ func (b *bench) run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if want.has("commit") {
 		if err := b.commit(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	if want.has("credential") {
+		if err := b.credentialSeries(ctx, o.N, o.CredService, res); err != nil {
 			return nil, err
 		}
 	}

@@ -53,7 +53,11 @@ func (s *Service) resolveCredentials(req Request) ([]credential.Credential, erro
 	if lookup == nil {
 		lookup = func(string) (string, bool) { return "", false }
 	}
-	creds, err := credential.Resolve(CredentialStore(s.opts.Paths.Home), req.Inject, req.Caller, lookup, s.log)
+	store := s.opts.CredentialStore
+	if store == "" {
+		store = CredentialStore(s.opts.Paths.Home)
+	}
+	creds, err := credential.Resolve(store, req.Inject, req.Caller, lookup, s.log)
 	if err != nil {
 		if req.Caller == credential.Model {
 			return nil, err

@@ -125,3 +125,28 @@ func TestRunInjectWarm(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRunInjectOwnStore: a Service given a store of its own resolves
+// aliases from it, not from the state root's.
+func TestRunInjectOwnStore(t *testing.T) {
+	t.Parallel()
+	own := filepath.Join(t.TempDir(), "store.json")
+	body := `{"version":1,"credentials":{"gh":{"host":"api.example.org","scheme":"bearer","source":"env:GH_TOKEN","allow":["readonly"]}}}`
+	if err := os.WriteFile(own, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
+		o.NoWarmPool, o.CredentialStore = true, own
+		o.LookupEnv = func(k string) (string, bool) { return runSecret, k == "GH_TOKEN" }
+	})
+	rep, err := runErr(t, s, sandbox.Request{Argv: []string{"env"}, Inject: []string{"gh"}})
+	if errors.Is(err, errdefs.ErrNotSupported) {
+		t.Skip("the credential package is not implemented here")
+	}
+	if err != nil {
+		t.Fatalf("the run with the Service's own store: %v", err)
+	}
+	if !strings.Contains(rep.Stdout, credential.EndpointEnv+"=http://") {
+		t.Errorf("the command's environment lacks %s:\n%s", credential.EndpointEnv, rep.Stdout)
+	}
+}

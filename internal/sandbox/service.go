@@ -31,6 +31,10 @@ type Options struct {
 	// BackgroundSnapshots builds a missing warm-pool snapshot after the
 	// run that needed it, which boots cold, instead of inside it.
 	BackgroundSnapshots bool
+	// CredentialStore, when set, is the credential store runs resolve
+	// their aliases from instead of the state root's (a benchmark's own
+	// temporary store); empty: CredentialStore(Paths.Home).
+	CredentialStore string
 	// Places, when set, is the front end's admission for the VMs it does
 	// not see otherwise: a ready VM or a background snapshot build takes a
 	// place from it before its VM starts, waiting for one to be free, and

@@ -1,0 +1,146 @@
+package credentials
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"isopod/integration/e2e"
+	"isopod/internal/knobs"
+)
+
+// httpToken is the MCP listener's bearer token in these tests.
+const httpToken = "cred-e2e-mcp-token-0123456789"
+
+// TestInjectMCPHTTP: over MCP's streamable HTTP transport, sandbox_run
+// with inject reaches the upstream through the endpoint for an alias
+// marked "mcp": true, with the secret nowhere in the result; an alias
+// not marked for MCP gets the same refusal as an unknown one, before any
+// VM starts.
+func TestInjectMCPHTTP(t *testing.T) {
+	e2e.RequireVM(t)
+	up := startUpstream(t)
+	mcpAlias := strings.Replace(upAlias, `"allow"`, `"mcp": true, "allow"`, 1)
+	writeStore(t, up, 0o600, map[string]string{"formodel": mcpAlias, "operatoronly": upAlias})
+	cs := startMCPHTTP(t, tokenEnv+"="+secret)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_run", Arguments: map[string]any{
+		"cmd": `echo "got=$(wget -q -O- $ISOPOD_CREDENTIAL_ENDPOINT/formodel/ok/mcp)"`, "inject": []string{"formodel"}, "base": "base-min", "timeout_s": 600}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(res.StructuredContent)
+	var rep struct {
+		ExitCode *int   `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Egress   struct {
+			Injected []string `json:"injected"`
+		} `json:"egress"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil || res.IsError || rep.ExitCode == nil || *rep.ExitCode != 0 {
+		t.Fatalf("sandbox_run inject formodel: error %v, result %s %s", err, raw, toolText(res))
+	}
+	if !strings.Contains(rep.Stdout, "got=upstream:/ok/mcp\n") || len(rep.Egress.Injected) != 1 || rep.Egress.Injected[0] != "formodel" {
+		t.Errorf("stdout %q, injected %v", rep.Stdout, rep.Egress.Injected)
+	}
+	if strings.Contains(string(raw)+toolText(res), secret) {
+		t.Error("the secret is in the tool's result")
+	}
+
+	var refusals []string
+	for _, alias := range []string{"operatoronly", "nosuchalias"} {
+		before := vmCount(t)
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_run", Arguments: map[string]any{"cmd": "true", "inject": []string{alias}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := toolText(res)
+		if !res.IsError || !strings.HasPrefix(text, "sandbox_run refused: ") || strings.Contains(text, alias) || strings.Contains(text, "credentials.json") {
+			t.Errorf("inject %s: result %q; want the uniform refusal", alias, text)
+		}
+		if after := vmCount(t); after != before {
+			t.Errorf("inject %s: %d VM records before, %d after: a VM started", alias, before, after)
+		}
+		refusals = append(refusals, text)
+	}
+	if refusals[0] != refusals[1] {
+		t.Errorf("an alias not for MCP is refused with %q, an unknown one with %q", refusals[0], refusals[1])
+	}
+}
+
+var mcpURLRE = regexp.MustCompile(`serving MCP over HTTP" url=(\S+)`)
+
+// startMCPHTTP starts isopod-mcp --listen on loopback over the private
+// state root and connects to it with the run token.
+func startMCPHTTP(t *testing.T, env ...string) *mcp.ClientSession {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("run "+httpToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), "--listen", "127.0.0.1:0", "--token-file", tokens)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent"), knobs.ReadyVMs+"=0"), env...)
+	logs := new(e2e.LockedBuffer)
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("isopod-mcp did not stop within 30 s of SIGTERM")
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("isopod-mcp stderr:\n%s", logs)
+		}
+	})
+	var url string
+	for deadline := time.Now().Add(60 * time.Second); url == ""; {
+		if m := mcpURLRE.FindStringSubmatch(logs.String()); m != nil {
+			url = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("isopod-mcp did not start listening:\n%s", logs)
+		} else {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-credentials-e2e", Version: "0"}, nil)
+	hc := &http.Client{Transport: bearer(httpToken)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatalf("connecting to isopod-mcp: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// bearer is a transport that adds the token to every request.
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
