@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
 )
 
 // microvmHelp is `-machine microvm,help` as QEMU 7.2 and 10.0 print it
@@ -228,5 +229,35 @@ func assertSentence(t *testing.T, s string) {
 	t.Helper()
 	if s == "" || !unicode.IsUpper(rune(s[0])) || !strings.HasSuffix(s, ".") {
 		t.Errorf("reason %q is not a whole sentence", s)
+	}
+}
+
+// TestKernelFor: under qboot the uncompressed kernel boots directly; under
+// SeaBIOS (or a firmware isopod does not know) the bzImage the config
+// names boots instead, and a config naming none keeps its kernel.
+func TestKernelFor(t *testing.T) {
+	all := helpProps(microvmHelp)
+	for _, tc := range []struct {
+		kind    firmwareKind
+		bz      string
+		want    string
+		sayBzIm bool
+	}{
+		{firmwareQboot, "/k/vmlinuz", "/k/vmlinux", false},
+		{firmwareSeaBIOS, "/k/vmlinuz", "/k/vmlinuz", true},
+		{firmwareUnknown, "/k/vmlinuz", "/k/vmlinuz", true},
+		{firmwareSeaBIOS, "", "/k/vmlinux", true},
+	} {
+		p, err := planMachine(machineFacts{Bin: "/usr/bin/q", Microvm: all, Firmware: "/f/bios-microvm.bin", Kind: tc.kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &Driver{plan: &p}
+		if got := d.kernelFor(&vmm.Config{Kernel: "/k/vmlinux", BzImage: tc.bz}); got != tc.want {
+			t.Errorf("%s, bzImage %q: boots %s; want %s", tc.kind, tc.bz, got, tc.want)
+		}
+		if strings.Contains(p.Why, "bzImage") != tc.sayBzIm {
+			t.Errorf("%s: why %q", tc.kind, p.Why)
+		}
 	}
 }
