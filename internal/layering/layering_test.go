@@ -156,6 +156,12 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
 			}},
+		{"a VM's network imports neither the core, the machine layer, a front end, config, nor a VMM driver",
+			under("internal/vmnet"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !frontEnd(imp) &&
+					imp != mod+"internal/config" && !driver(imp)
+			}},
 		{"credentials import neither the core, the machine layer, the network stack, a front end nor config",
 			under("internal/credential"),
 			func(_, imp string) bool {

@@ -1,6 +1,5 @@
 // Package machine holds one VM's life over the vmm contract: its network
-// (a userspace stack per VM, NAT or filtered egress with its proxies), the
-// VMM process the caller's vmm.Driver starts, the agent client on its
+// (internal/vmnet, started by the caller and handed in), the VMM process the caller's vmm.Driver starts, the agent client on its
 // channel, and the captures of what its commands print. The core
 // (internal/sandbox) plans a run and hands it to a Machine; the Machine
 // reads no settings and names no VMM driver. A VM kept across calls (a

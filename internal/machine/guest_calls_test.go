@@ -10,6 +10,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm/vmmfake"
+	"isopod/internal/vmnet"
 )
 
 // TestConfigureAndMount: Configure sets the guest's clock and, with a
@@ -28,7 +29,7 @@ func TestConfigureAndMount(t *testing.T) {
 	if st.Clock.Before(before.Add(-time.Second)) || st.Net != nil {
 		t.Errorf("guest state %+v; want the host's clock and no network", st)
 	}
-	n, err := machine.StartNetwork(machine.NetConfig{Scope: "s", ID: "vm-conf", Dir: t.TempDir()})
+	n, err := vmnet.Start(vmnet.Config{Scope: "s", ID: "vm-conf", Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/vmm"
+	"isopod/internal/vmnet"
 )
 
 // exitWait is how long stopping a VM waits for the VMM to exit on its own
@@ -26,7 +27,7 @@ const exitWait = 300 * time.Millisecond
 type Machine struct {
 	log *slog.Logger
 	// Net is the VM's network (nil: none), set before its VMM starts.
-	Net *Network
+	Net *vmnet.Network
 
 	mu      sync.Mutex // guards following
 	machine vmm.Machine

@@ -9,6 +9,7 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/vmm"
+	"isopod/internal/vmnet"
 )
 
 // Ready is one restored, paused VM waiting for a claim. The core makes it
@@ -19,7 +20,7 @@ type Ready struct {
 	Made    time.Time
 	Dir     ReadyDir
 	VM      *Machine
-	NIC     *NIC // nil without a NIC
+	NIC     *vmnet.NIC // nil without a NIC
 	Scratch string
 	VMM     vmm.Info
 	// Place is what the VM holds until a run claims it (nil: nothing).

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/agent"
 	"isopod/internal/agentclient"
 	"isopod/internal/vmm/vmmfake"
+	"isopod/internal/vmnet"
 )
 
 // TestMakeOwn drives the real agent protocol server (without a VM) with
@@ -25,7 +26,7 @@ func TestMakeOwn(t *testing.T) {
 		guestEnd.Close()
 		<-served
 	})
-	n, err := StartNetwork(NetConfig{Scope: "machinetest", ID: "vm-test", Dir: t.TempDir(), Start: time.Now()})
+	n, err := vmnet.Start(vmnet.Config{Scope: "machinetest", ID: "vm-test", Dir: t.TempDir(), Start: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
+	"isopod/internal/vmnet"
 )
 
 // boot starts the run's network and VMM and waits for the agent's hello:
@@ -16,7 +17,7 @@ import (
 // cold boot.
 func (r *run) boot(ctx context.Context) error {
 	if !r.req.NoNetwork {
-		var nic *machine.NIC
+		var nic *vmnet.NIC
 		if r.ready != nil {
 			nic = r.ready.NIC
 		}

@@ -4,19 +4,19 @@ import (
 	"time"
 
 	"isopod/internal/egress"
-	"isopod/internal/machine"
+	"isopod/internal/vmnet"
 )
 
 // startNetwork starts a run's network under rules, the request's parsed
 // network policy (the zero Rules: NAT), serving the parked socket nic (nil:
 // a new one), with the endpoint of the credentials it injects.
-func (s *Service) startNetwork(nic *machine.NIC, id, dir string, rules egress.Rules, start time.Time, creds ...machine.Credential) (*machine.Network, error) {
-	return machine.StartNetwork(machine.NetConfig{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
+func (s *Service) startNetwork(nic *vmnet.NIC, id, dir string, rules egress.Rules, start time.Time, creds ...vmnet.Credential) (*vmnet.Network, error) {
+	return vmnet.Start(vmnet.Config{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
 		Rules: rules, Start: start, NIC: nic, Credentials: creds, Logger: s.log})
 }
 
 // netReport is the report's network block.
-func netReport(n *machine.Network) *NetReport {
+func netReport(n *vmnet.Network) *NetReport {
 	t := n.Totals()
 	return &NetReport{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
 }

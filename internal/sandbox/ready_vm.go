@@ -12,6 +12,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
+	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
 )
 
@@ -68,7 +69,7 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	}
 	var net *vmm.Net
 	if in.key.NIC {
-		if rv.NIC, err = machine.ParkNIC(s.opts.Paths.Scope(), d.Rec.ID); err != nil {
+		if rv.NIC, err = vmnet.ParkNIC(s.opts.Paths.Scope(), d.Rec.ID); err != nil {
 			return nil, err
 		}
 		net = rv.NIC.VMMNet()

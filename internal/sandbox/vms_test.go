@@ -5,7 +5,7 @@ import (
 	"errors"
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
-	"isopod/internal/machine"
+	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
 	"os"
 	"os/exec"
@@ -152,13 +152,13 @@ func itoa(i int) string { return string(rune('0' + i)) }
 func TestGCRemovesStaleSocketDirs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	s := newTestService(t)
-	base, err := machine.SocketBase(s.opts.Paths.Scope())
+	base, err := vmnet.SocketBase(s.opts.Paths.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Another state root's run, old and unknown here, may be live: it is
 	// that root's to collect.
-	otherBase, err := machine.SocketBase("0ther5c0")
+	otherBase, err := vmnet.SocketBase("0ther5c0")
 	if err != nil {
 		t.Fatal(err)
 	}

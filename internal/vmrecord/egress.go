@@ -10,12 +10,12 @@ import (
 	"isopod/internal/egress"
 	"isopod/internal/egress/flightrec"
 	"isopod/internal/errdefs"
-	"isopod/internal/machine"
+	"isopod/internal/vmnet"
 )
 
 // EgressLogName is the flight recorder's file in a filtered run's VM
 // directory.
-const EgressLogName = machine.EgressLogName
+const EgressLogName = vmnet.EgressLogName
 
 // EgressSuggestResult is `isopod egress suggest`'s answer.
 type EgressSuggestResult struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"isopod/internal/machine"
+	"isopod/internal/vmnet"
 	"isopod/internal/workspace"
 )
 
@@ -46,7 +47,7 @@ func (rs Records) CleanLeftovers(r *Record) {
 	for _, name := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(rs.Paths.VM(r.ID), name))
 	}
-	if base, err := machine.SocketBase(rs.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {
+	if base, err := vmnet.SocketBase(rs.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {
 		os.RemoveAll(filepath.Join(base, r.ID))
 	}
 	if strings.HasPrefix(r.ID, "vm-") {
@@ -63,7 +64,7 @@ func (rs Records) CleanLeftovers(r *Record) {
 // without cleaning up (a SIGKILLed isopod). A socket path is only used
 // while the VMM connects, so removing an old one never breaks a live VM.
 func (rs Records) SweepSocketDirs() {
-	base, err := machine.SocketBase(rs.Paths.Scope())
+	base, err := vmnet.SocketBase(rs.Paths.Scope())
 	if err != nil {
 		return
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"isopod/internal/machine"
 	"isopod/internal/paths"
+	"isopod/internal/vmnet"
 )
 
 // newRecords returns the records of a fresh state root.
@@ -86,7 +86,7 @@ func TestDirListPrune(t *testing.T) {
 func TestSweepSocketDirs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	rs := newRecords(t)
-	base, err := machine.SocketBase(rs.Paths.Scope())
+	base, err := vmnet.SocketBase(rs.Paths.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package machine
+package vmnet
 
 import (
 	"fmt"
@@ -117,7 +117,7 @@ func takeNIC(scope, id string, nic *NIC) (NIC, error) {
 }
 
 // NetConfig is what StartNetwork needs.
-type NetConfig struct {
+type Config struct {
 	// Scope is the state root's scope (paths.Paths.Scope): run sockets
 	// live under SocketBase(Scope).
 	Scope string
@@ -139,7 +139,7 @@ type NetConfig struct {
 
 // StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered
 // egress with its proxies (egress.go). Rolls back on failure.
-func StartNetwork(cfg NetConfig) (*Network, error) {
+func Start(cfg Config) (*Network, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,4 +1,4 @@
-package machine
+package vmnet
 
 import (
 	"encoding/json"
@@ -49,7 +49,7 @@ func TestNetworkCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-cred", Dir: t.TempDir(), Rules: rules, Start: time.Now(), Credentials: creds})
+	n, err := Start(Config{Scope: "s1", ID: "vm-cred", Dir: t.TempDir(), Rules: rules, Start: time.Now(), Credentials: creds})
 	if err != nil {
 		t.Fatalf("StartNetwork: %v", err)
 	}
@@ -88,7 +88,7 @@ func TestNetworkCredentials(t *testing.T) {
 func TestNATRefusesCredentials(t *testing.T) {
 	privateSockets(t)
 	cr := credential.Credential{Alias: credential.Alias{Name: "gh", Host: "api.example.org"}}
-	_, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-natcred", Dir: t.TempDir(), Credentials: []credential.Credential{cr}})
+	_, err := Start(Config{Scope: "s1", ID: "vm-natcred", Dir: t.TempDir(), Credentials: []credential.Credential{cr}})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("NAT with credentials: %v; want invalid argument", err)
 	}

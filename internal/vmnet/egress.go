@@ -1,4 +1,4 @@
-package machine
+package vmnet
 
 import (
 	"context"
@@ -31,7 +31,7 @@ const (
 // writing egress.jsonl, the HTTP and SOCKS5 proxies on the gateway, and,
 // when the run injects credentials, their endpoint (credentials.go).
 // Rolls back on failure.
-func startFiltered(cfg NetConfig) (*Network, error) {
+func startFiltered(cfg Config) (*Network, error) {
 	n := &Network{mode: flightrec.ModeFiltered}
 	ok := false
 	defer func() {
@@ -85,7 +85,7 @@ func startFiltered(cfg NetConfig) (*Network, error) {
 // serveGateway serves the gateway's HTTP and SOCKS5 proxies, and the
 // credential endpoint when there is one, and sets the guest's environment
 // that points at them.
-func (n *Network) serveGateway(cfg NetConfig) error {
+func (n *Network) serveGateway(cfg Config) error {
 	gateway := n.stack.NetConfig().Gateway
 	pcfg := proxy.Config{Filter: n.filter, Recorder: n.rec, Dial: (&net.Dialer{}).DialContext, Logger: cfg.Logger}
 	if n.creds != nil {

@@ -1,4 +1,4 @@
-package machine
+package vmnet
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func exists(path string) bool {
 func TestNetworkNAT(t *testing.T) {
 	privateSockets(t)
 	dir := t.TempDir()
-	n, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-nat", Dir: dir, Start: time.Now()})
+	n, err := Start(Config{Scope: "s1", ID: "vm-nat", Dir: dir, Start: time.Now()})
 	if err != nil {
 		t.Fatalf("StartNetwork: %v", err)
 	}
@@ -77,7 +77,7 @@ func TestNetworkFiltered(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	n, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-filt", Dir: dir, Rules: rules, Start: time.Now()})
+	n, err := Start(Config{Scope: "s1", ID: "vm-filt", Dir: dir, Rules: rules, Start: time.Now()})
 	if err != nil {
 		t.Fatalf("StartNetwork: %v", err)
 	}
@@ -115,7 +115,7 @@ func TestParkedNIC(t *testing.T) {
 	if _, err := ParkNIC("s1", "vm-park"); err == nil {
 		t.Errorf("a second NIC of the same id was parked")
 	}
-	n, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-park", Dir: t.TempDir(), NIC: nic})
+	n, err := Start(Config{Scope: "s1", ID: "vm-park", Dir: t.TempDir(), NIC: nic})
 	if err != nil {
 		t.Fatalf("StartNetwork: %v", err)
 	}
@@ -147,7 +147,7 @@ func TestParkedNIC(t *testing.T) {
 // directory behind.
 func TestNetworkRollsBack(t *testing.T) {
 	tmp := privateSockets(t)
-	_, err := StartNetwork(NetConfig{Scope: "s1", ID: "vm-bad", Dir: filepath.Join(t.TempDir(), "missing")})
+	_, err := Start(Config{Scope: "s1", ID: "vm-bad", Dir: filepath.Join(t.TempDir(), "missing")})
 	if err == nil {
 		t.Fatal("StartNetwork with a missing VM directory succeeded")
 	}

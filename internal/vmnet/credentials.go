@@ -1,4 +1,4 @@
-package machine
+package vmnet
 
 import (
 	"context"
@@ -34,7 +34,7 @@ type credentials struct {
 
 // newCredentials makes the endpoint of creds, recording each request on
 // rec; nil when there are none.
-func newCredentials(creds []Credential, rec flightrec.Recorder, cfg NetConfig) (*credentials, error) {
+func newCredentials(creds []Credential, rec flightrec.Recorder, cfg Config) (*credentials, error) {
 	if len(creds) == 0 {
 		return nil, nil
 	}
