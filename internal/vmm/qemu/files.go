@@ -438,16 +438,3 @@ func vmmOverhead(accel vmm.Accel) int64 {
 	}
 	return 768 << 20
 }
-
-// kernelFor is the kernel image cfg boots with: its bzImage where this
-// QEMU's firmware cannot boot the uncompressed kernel directly (see
-// machinePlan.DirectKernel), else cfg.Kernel.
-func (d *Driver) kernelFor(cfg *vmm.Config) string {
-	d.machineMu.Lock()
-	plan := d.plan
-	d.machineMu.Unlock()
-	if plan != nil && !plan.DirectKernel && cfg.BzImage != "" {
-		return cfg.BzImage
-	}
-	return cfg.Kernel
-}

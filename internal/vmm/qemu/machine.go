@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
 )
 
 // The microvm machine's firmware differs between the QEMUs users have:
@@ -291,4 +292,17 @@ func (d *Driver) machine(ctx context.Context) (*machinePlan, error) {
 	d.log.Info("qemu machine", "options", p.Options, "firmware", p.Firmware, "data_dirs", p.DataDirs, "why", p.Why)
 	d.plan = &p
 	return d.plan, nil
+}
+
+// kernelFor is the kernel image cfg boots with: its bzImage where this
+// QEMU's firmware cannot boot the uncompressed kernel directly (see
+// machinePlan.DirectKernel), else cfg.Kernel.
+func (d *Driver) kernelFor(cfg *vmm.Config) string {
+	d.machineMu.Lock()
+	plan := d.plan
+	d.machineMu.Unlock()
+	if plan != nil && !plan.DirectKernel && cfg.BzImage != "" {
+		return cfg.BzImage
+	}
+	return cfg.Kernel
 }
