@@ -238,7 +238,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	}
 	m.log = log
 	log.Info("qemu started", "pid", m.proc.pid, "accel", l.accel, "accel_reason", choice.Reason)
-	log.Debug("qemu start", "ram", l.ramFrom, "open_files_ms", ms(t1.Sub(t0)), "to_qmp_greeting_ms", ms(time.Since(t1)))
+	log.Debug("qemu start", "ram", l.ramFrom, "open_files_ms", ms(t1.Sub(t0)), "to_qmp_greeting_ms", ms(time.Since(t1)), "jail_to_exec_ms", ms(m.proc.toExec))
 	return m, nil
 }
 
