@@ -29,6 +29,9 @@ import (
 type sealedCache struct {
 	mu      sync.Mutex // guards following
 	entries map[string]*sealedEntry
+
+	// beforeFill, when set (tests), runs before a copy is filled.
+	beforeFill func()
 }
 
 type sealedEntry struct {
@@ -119,6 +122,9 @@ func (c *sealedCache) start(path string) (_ *os.File, ready func() error, err er
 func (c *sealedCache) fill(path string, e *sealedEntry, dst, src *os.File, size int64) {
 	defer src.Close()
 	defer dst.Close()
+	if c.beforeFill != nil {
+		c.beforeFill()
+	}
 	err := copyData(dst, src, size)
 	if err == nil {
 		err = seal(dst)
