@@ -2,8 +2,11 @@ package qemu
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"isopod/internal/agentclient"
 	"isopod/internal/vmm"
@@ -13,7 +16,8 @@ import (
 // TestJailedRestoreWaitsForItsCopy: where a jailed restore takes the
 // sealed copy of the snapshot's RAM (QEMU before 8.2), the copy is filled
 // while QEMU starts and the guest runs only once it is complete: a copy
-// held back a second still resumes a guest that answers.
+// held back a second still resumes a guest that answers, and the copy is
+// sealed by then.
 func TestJailedRestoreWaitsForItsCopy(t *testing.T) {
 	d := newJailedDriver(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -48,6 +52,15 @@ func TestJailedRestoreWaitsForItsCopy(t *testing.T) {
 	t.Cleanup(func() { m.Kill(); m.Wait(); m.Agent().Close() })
 	if took := time.Since(began); took < hold {
 		t.Errorf("Restore returned after %v, before its copy could be filled (%v)", took, hold)
+	}
+	d.sealed.mu.Lock()
+	e := d.sealed.entries[filepath.Join(snap, snapMemory)]
+	d.sealed.mu.Unlock()
+	if e == nil {
+		t.Fatal("the restore made no sealed copy of the snapshot's RAM")
+	}
+	if seals, err := unix.FcntlInt(e.f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 {
+		t.Errorf("seals %#x (%v): the guest runs on a copy not sealed against writing", seals, err)
 	}
 	hctx, hcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer hcancel()
