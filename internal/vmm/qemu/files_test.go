@@ -29,12 +29,7 @@ func TestSealedCopy(t *testing.T) {
 		}
 	}
 	f.Close()
-	src, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	c, err := sealedCopy(src, size)
+	c, err := (&sealedCache{}).get(path)
 	if err != nil {
 		t.Fatal(err)
 	}

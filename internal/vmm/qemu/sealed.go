@@ -162,24 +162,6 @@ func fileID(st os.FileInfo) string {
 	return fmt.Sprintf("%d:%d:%d", ino, st.Size(), st.ModTime().UnixNano())
 }
 
-// sealedCopy copies size bytes of src's data (holes stay holes) into a
-// new memfd and seals it.
-func sealedCopy(src *os.File, size int64) (*os.File, error) {
-	f, err := newSealable(src.Name(), size)
-	if err != nil {
-		return nil, err
-	}
-	if err := copyData(f, src, size); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
-	}
-	if err := seal(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
-	}
-	return f, nil
-}
-
 // newSealable is a new memfd of size bytes, all a hole, that can be
 // sealed, for a copy of the file name.
 func newSealable(name string, size int64) (*os.File, error) {
