@@ -37,6 +37,9 @@ type launch struct {
 	// romOff (a restore) maps memPath, opened read-only, as writable
 	// private RAM: readonly=on,rom=off (QEMU 8.2 and later).
 	romOff bool
+	// ramFrom says where guest RAM came from (for the log): a new memfd,
+	// the snapshot's file, the file opened read-only, or a sealed copy.
+	ramFrom string
 	// snapshotRAM (input) is a restore's RAM file.
 	snapshotRAM string
 	incoming    string // when set, -incoming value (restore)

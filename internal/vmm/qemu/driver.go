@@ -225,10 +225,12 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	if l.snapshotRAM != "" && d.jail != nil {
 		l.romOff = plan.ROMOff
 	}
+	t0 := time.Now()
 	mf, err := d.openFiles(cfg, &l, l.snapshotRAM)
 	if err != nil {
 		return nil, err
 	}
+	t1 := time.Now()
 	l.sandbox = d.jail != nil
 	m, err := d.spawn(ctx, cfg, l, mf)
 	if err != nil {
@@ -236,6 +238,7 @@ func (d *Driver) start(ctx context.Context, cfg *vmm.Config, l launch) (*Machine
 	}
 	m.log = log
 	log.Info("qemu started", "pid", m.proc.pid, "accel", l.accel, "accel_reason", choice.Reason)
+	log.Debug("qemu start", "ram", l.ramFrom, "open_files_ms", ms(t1.Sub(t0)), "to_qmp_greeting_ms", ms(time.Since(t1)), "jail_to_exec_ms", ms(m.proc.toExec))
 	return m, nil
 }
 
@@ -419,3 +422,6 @@ func (m *Machine) Kill() error {
 	m.proc.kill()
 	return nil
 }
+
+// ms is d in milliseconds, to a hundredth.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()/10) / 100 }

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +30,18 @@ type machineFiles struct {
 	files []*os.File
 	// mem is the guest RAM memfd of a booted machine, kept for Snapshot.
 	mem *os.File
+	// ramReady, when set, waits until the restored guest RAM (a sealed
+	// copy filled while QEMU starts) is complete; see sealedCache.
+	ramReady func() error
+}
+
+// waitRAM waits until guest RAM is complete and sealed: before anything
+// runs the guest or reads its RAM.
+func (mf *machineFiles) waitRAM() error {
+	if mf.ramReady == nil {
+		return nil
+	}
+	return mf.ramReady()
 }
 
 // add appends f and returns its descriptor number in QEMU.
@@ -142,13 +152,16 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		}
 		mf.mem = f
 		l.memPath = fdPath(mf.add(f))
+		l.ramFrom = "memfd"
 	case d.jail == nil:
 		l.memPath = snapshotRAM
+		l.ramFrom = "snapshot file"
 	default:
-		f, err := d.jailedRAM(snapshotRAM, l)
+		f, ready, err := d.jailedRAM(snapshotRAM, l)
 		if err != nil {
 			return err
 		}
+		mf.ramReady = ready
 		l.memPath = fdPath(mf.add(f))
 	}
 	return nil
@@ -157,20 +170,22 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 // jailedRAM opens a snapshot's RAM for a jailed QEMU: the file itself when
 // the QEMU maps a read-only file as private RAM (l.romOff) and the file's
 // mode lets the VMM's uid read it and never write it; else the sealed copy,
-// and l.romOff is cleared.
-func (d *Driver) jailedRAM(path string, l *launch) (*os.File, error) {
+// which ready (not nil then) waits for, and l.romOff is cleared.
+func (d *Driver) jailedRAM(path string, l *launch) (_ *os.File, ready func() error, _ error) {
 	if l.romOff {
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
+			return nil, nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
 		}
 		if readOnlyFor(f, d.jail.UID()) {
-			return f, nil
+			l.ramFrom = "snapshot file, read-only"
+			return f, nil, nil
 		}
 		f.Close()
 		l.romOff = false
 	}
-	return d.sealed.get(path)
+	l.ramFrom = "sealed copy"
+	return d.sealed.start(path)
 }
 
 // bootFile opens a kernel or initramfs for QEMU, which reopens it by name
@@ -218,157 +233,6 @@ func dialNet(socket string) (*os.File, error) {
 		return nil, fmt.Errorf("qemu: NIC socket: %w", err)
 	}
 	return f, nil
-}
-
-// sealedCache keeps, per file a jailed QEMU opens by name (a snapshot's
-// RAM, the kernel, the initramfs), a sealed memfd with its contents: write,
-// grow and shrink are sealed, so QEMU may open it read-write (as QEMU 7.2
-// insists for RAM it maps privately) whatever the file's own mode, while no
-// process, a compromised VMM included, can change what later machines
-// read. Built once per process and file version.
-type sealedCache struct {
-	mu      sync.Mutex // guards following
-	entries map[string]sealedEntry
-}
-
-type sealedEntry struct {
-	id string // the file's identity when copied
-	f  *os.File
-}
-
-// get returns a descriptor of the sealed copy of path (the caller closes
-// it), making the copy when the file is new or changed.
-func (c *sealedCache) get(path string) (*os.File, error) {
-	src, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
-	}
-	defer src.Close()
-	st, err := src.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("qemu: %w", err)
-	}
-	id := fileID(st)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.entries == nil {
-		c.entries = map[string]sealedEntry{}
-	}
-	c.evictGone()
-	if e, ok := c.entries[path]; ok && e.id == id {
-		return dupFile(e.f)
-	}
-	f, err := sealedCopy(src, st.Size())
-	if err != nil {
-		return nil, err
-	}
-	if old, ok := c.entries[path]; ok {
-		old.f.Close()
-	}
-	c.entries[path] = sealedEntry{id: id, f: f}
-	return dupFile(f)
-}
-
-// evictGone drops copies of files that were removed or replaced.
-// Preconditions: c.mu held.
-func (c *sealedCache) evictGone() {
-	for path, e := range c.entries {
-		if st, err := os.Stat(path); err != nil || fileID(st) != e.id {
-			e.f.Close()
-			delete(c.entries, path)
-		}
-	}
-}
-
-func fileID(st os.FileInfo) string {
-	sys, _ := st.Sys().(*syscall.Stat_t)
-	var ino uint64
-	if sys != nil {
-		ino = sys.Ino
-	}
-	return fmt.Sprintf("%d:%d:%d", ino, st.Size(), st.ModTime().UnixNano())
-}
-
-// sealedCopy copies size bytes of src's data (holes stay holes) into a
-// new memfd and seals it.
-func sealedCopy(src *os.File, size int64) (*os.File, error) {
-	fd, err := unix.MemfdCreate("isopod-sealed", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
-	}
-	f := os.NewFile(uintptr(fd), "sealed:"+src.Name())
-	if err := copyData(f, src, size); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("qemu: sealed copy of %s: %w", src.Name(), err)
-	}
-	seals := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("qemu: sealing the copy of %s: %w", src.Name(), err)
-	}
-	return f, nil
-}
-
-// copyData copies the data extents of the first size bytes of src to dst
-// at the same offsets and sets dst's size.
-func copyData(dst, src *os.File, size int64) error {
-	if err := dst.Truncate(size); err != nil {
-		return err
-	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole remains
-		} else if err != nil {
-			return fmt.Errorf("seeking: %w", err)
-		}
-		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seeking: %w", err)
-		}
-		hole = min(hole, size)
-		if err := copyRange(dst, src, data, hole); err != nil {
-			return fmt.Errorf("copying: %w", err)
-		}
-		off = hole
-	}
-	return nil
-}
-
-// copyRange copies bytes [from, to) of src to the same offsets of dst:
-// in the kernel (sendfile, one copy from the page cache), or through a
-// buffer where the kernel cannot.
-func copyRange(dst, src *os.File, from, to int64) error {
-	if _, err := dst.Seek(from, io.SeekStart); err != nil {
-		return err
-	}
-	in := from
-	for in < to {
-		n, err := unix.Sendfile(int(dst.Fd()), int(src.Fd()), &in, int(min(to-in, 1<<30)))
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil || n == 0 {
-			if in == from && (err == unix.EINVAL || err == unix.ENOSYS) {
-				_, err = io.Copy(io.NewOffsetWriter(dst, from), io.NewSectionReader(src, from, to-from))
-				return err
-			}
-			if err == nil {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-// dupFile returns an independent descriptor of f.
-func dupFile(f *os.File) (*os.File, error) {
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("qemu: %w", err)
-	}
-	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
 // jailFiles are the host paths a jailed QEMU reads by name besides its

@@ -29,12 +29,7 @@ func TestSealedCopy(t *testing.T) {
 		}
 	}
 	f.Close()
-	src, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	c, err := sealedCopy(src, size)
+	c, err := (&sealedCache{}).get(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,11 +156,19 @@ func TestJailedRAM(t *testing.T) {
 			}
 			os.Chmod(path, tt.mode)
 			l := launch{romOff: tt.romOff, restored: true}
-			f, err := d.jailedRAM(path, &l)
+			f, ready, err := d.jailedRAM(path, &l)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
+			if (ready == nil) != tt.wantItself {
+				t.Errorf("a wait for the copy: %v; want %v", ready != nil, !tt.wantItself)
+			}
+			if ready != nil {
+				if err := ready(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			got, _ := f.Stat()
 			want, _ := os.Stat(path)
 			if itself := os.SameFile(got, want); itself != tt.wantItself || l.romOff != tt.wantItself {
@@ -212,4 +215,52 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// TestSealedCacheStart: a copy started in the background is, once ready,
+// the file's bytes, sealed; a second start of the same file shares it, and
+// a replaced file gets a new copy.
+func TestSealedCacheStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ram")
+	want := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	if err := os.WriteFile(path, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var c sealedCache
+	open := func() (*os.File, os.FileInfo) {
+		t.Helper()
+		f, ready, err := c.start(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if err := ready(); err != nil {
+			t.Fatalf("ready: %v", err)
+		}
+		st, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f, st
+	}
+	f, st := open()
+	got := make([]byte, len(want)+1)
+	if n, _ := f.ReadAt(got, 0); !bytes.Equal(got[:n], want) {
+		t.Errorf("the copy holds %d bytes that differ from the file's %d", n, len(want))
+	}
+	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 {
+		t.Errorf("seals %#x (%v): the copy is not sealed against writing", seals, err)
+	}
+	if _, again := open(); !os.SameFile(st, again) {
+		t.Error("a second start of the same file made another copy")
+	}
+	if err := os.WriteFile(path+".new", want[:4096], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	if _, other := open(); os.SameFile(st, other) || other.Size() != 4096 {
+		t.Errorf("a replaced file: same copy %v, size %d; want a new copy of 4096 bytes", os.SameFile(st, other), other.Size())
+	}
 }

@@ -31,7 +31,10 @@ type proc struct {
 	pgid      int
 	startTime uint64
 	started   time.Time
-	stderr    *tailBuffer
+	// toExec is how long a jailed start took from the helper's start to
+	// the VMM's exec (0 unjailed).
+	toExec time.Duration
+	stderr *tailBuffer
 
 	mu     sync.Mutex
 	exited bool // the process has exited; its pid may be reaped any moment
@@ -126,6 +129,7 @@ func (p *proc) launch(ps procSpec) (cleanup func(), err error) {
 			return cleanup, err
 		}
 		p.pid = jp.Pid
+		p.toExec = time.Since(p.started)
 	}
 	p.startTime, _ = procStartTime(p.pid)
 	return cleanup, nil

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/knobs"
@@ -20,7 +21,7 @@ import (
 const (
 	snapMeta   = "snapshot.json" // snapshotMeta
 	snapState  = "state"         // QEMU migration stream without guest RAM
-	snapMemory = "memory"        // guest RAM, byte for byte, sparse
+	snapMemory = "memory"        // guest RAM, byte for byte, pages of zeros left holes
 )
 
 // machineFormat versions the machine buildArgs describes. Bump it when a
@@ -163,13 +164,14 @@ func (m *Machine) copyMemory(dst string) error {
 	return copySparse(dst, m.files.mem, int64(m.cfg.MemMiB)<<20)
 }
 
-// copySparse copies size bytes of src to a new file dst, skipping holes.
+// copySparse copies size bytes of src to a new file dst, leaving src's
+// holes and its pages of zeros holes (see sparse.go).
 func copySparse(dst string, src *os.File, size int64) error {
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	if err := copyData(out, src, size); err != nil {
+	if _, err := copyNonZero(out, src, size); err != nil {
 		out.Close()
 		os.Remove(dst)
 		return fmt.Errorf("copying guest memory: %w", err)
@@ -220,12 +222,19 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if err != nil {
 		return nil, err
 	}
-	if err := m.incoming(ctx, state, !cfg.Paused); err != nil {
+	t0 := time.Now()
+	err = m.files.waitRAM()
+	t1 := time.Now()
+	if err == nil {
+		err = m.incoming(ctx, state, !cfg.Paused)
+	}
+	if err != nil {
 		m.Kill()
 		m.Wait()
 		m.agent.Close()
 		return nil, fmt.Errorf("qemu restore: %w", err)
 	}
+	m.log.Debug("qemu restore", "ram_wait_ms", ms(t1.Sub(t0)), "load_state_ms", ms(time.Since(t1)))
 	return m, nil
 }
 
