@@ -176,3 +176,36 @@ func TestInjectRunCurl(t *testing.T) {
 		t.Errorf("no pinned_credential_host refusal of localhost:443 recorded: %v", denied)
 	}
 }
+
+// TestInjectBodyCap: ISOPOD_CREDENTIAL_MAX_BODY_MIB caps what a guest may
+// send through the endpoint: a body under it reaches the host, one over it
+// gets 413 and is recorded as body_too_large.
+func TestInjectBodyCap(t *testing.T) {
+	e2e.RequireVM(t)
+	e2e.RequireDebian(t)
+	up := startUpstream(t)
+	writeStore(t, up, 0o600, map[string]string{"up": `{"host": "localhost", "scheme": "bearer", "source": "env:` + tokenEnv +
+		`", "ca_file": "%CA%", "allow": ["POST /ok/**"]}`})
+	env := []string{tokenEnv + "=" + secret, "ISOPOD_CREDENTIAL_MAX_BODY_MIB=1"}
+	script := `head -c 524288 /dev/zero > /tmp/small; head -c 2097152 /dev/zero > /tmp/big
+echo "small=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @/tmp/small $ISOPOD_CREDENTIAL_ENDPOINT/up/ok/small)"
+echo "big=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @/tmp/big $ISOPOD_CREDENTIAL_ENDPOINT/up/ok/big)"`
+	r := e2e.Isopod(t, env, "run", "--base", "base-debian", "--inject", "up", "--timeout-s", "600", "--", "sh", "-c", script)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod run --inject:\n%s", r)
+	}
+	out := e2e.Str(r.JSON, "stdout")
+	if !strings.Contains(out, "small=200\n") || !strings.Contains(out, "big=413\n") {
+		t.Errorf("guest output:\n%s\nstderr: %s", out, e2e.Str(r.JSON, "stderr"))
+	}
+	eg, _ := r.JSON["egress"].(map[string]any)
+	denied, _ := eg["denied"].([]any)
+	found := false
+	for _, e := range denied {
+		ev, _ := e.(map[string]any)
+		found = found || (ev["note"] == "body_too_large" && ev["reason"] == "credential_refused")
+	}
+	if !found {
+		t.Errorf("no body_too_large refusal recorded: %v", denied)
+	}
+}

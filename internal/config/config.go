@@ -53,7 +53,7 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	var s Settings
 	raw := map[string]string{}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.ReadyVMs,
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
 		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
 		if v, ok := lookup(k); ok {
 			raw[k] = v
@@ -109,6 +109,13 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 			return s, fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
 		}
 		s.WarmPoolBytes = n << 20
+	}
+	if v := strings.TrimSpace(raw[knobs.CredentialMaxBodyMiB]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || n > 1<<20 {
+			return s, fmt.Errorf("%s=%q: want a number of MiB from 1 to 1048576: %w", knobs.CredentialMaxBodyMiB, v, errdefs.ErrInvalidArgument)
+		}
+		s.CredentialMaxBody = n << 20
 	}
 	if s.Jail, err = parseJail(raw[knobs.Jail]); err != nil {
 		return s, err

@@ -187,3 +187,38 @@ func TestHostIO(t *testing.T) {
 		t.Errorf("%s=\" \": root %q set %v, err %v; want it kept as given", knobs.MCPHostIORoot, s.HostIO.Root, s.HostIO.RootSet, err)
 	}
 }
+
+// TestCredentialMaxBody: the credential endpoint's body cap is read in MiB;
+// unset leaves the endpoint's default, and a value that is not a whole
+// number of MiB from 1 up is refused naming the variable.
+func TestCredentialMaxBody(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		value string
+		want  int64
+		ok    bool
+	}{
+		{"<unset>", 0, true},
+		{"1", 1 << 20, true},
+		{" 512 ", 512 << 20, true},
+		{"0", 0, false},
+		{"-3", 0, false},
+		{"1.5", 0, false},
+		{"lots", 0, false},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		if tt.value != "<unset>" {
+			vars[knobs.CredentialMaxBodyMiB] = tt.value
+		}
+		s, err := Load(env(vars))
+		if !tt.ok {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), knobs.CredentialMaxBodyMiB) {
+				t.Errorf("%q: err %v; want invalid argument naming %s", tt.value, err, knobs.CredentialMaxBodyMiB)
+			}
+			continue
+		}
+		if err != nil || s.CredentialMaxBody != tt.want {
+			t.Errorf("%q: %d, %v; want %d", tt.value, s.CredentialMaxBody, err, tt.want)
+		}
+	}
+}

@@ -6,22 +6,23 @@ package knobs
 import "isopod/internal/agentproto"
 
 const (
-	Home          = "ISOPOD_HOME"               // state root; default ~/.isopod
-	Kernel        = "ISOPOD_KERNEL"             // a kernel with every driver built in
-	QEMU          = "ISOPOD_QEMU"               // qemu-system-x86_64 to use
-	VMM           = "ISOPOD_VMM"                // the VMM driver: qemu (the default and only one)
-	AgentBin      = "ISOPOD_AGENT_BIN"          // isopod-agent binary for image builds
-	Accel         = "ISOPOD_ACCEL"              // force "kvm" or "tcg"
-	AllowBaseSkew = "ISOPOD_ALLOW_BASE_SKEW"    // "1": fork stages made over another base build
-	LogLevel      = "ISOPOD_LOG"                // debug|info|warn|error (stderr)
-	Jail          = "ISOPOD_JAIL"               // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
-	WarmPool      = "ISOPOD_WARM_POOL"          // 0|off: every run boots cold and no snapshot is built
-	WarmPoolDisk  = "ISOPOD_WARM_POOL_DISK_MIB" // the snapshots' disk budget; least recently used go first
-	ReadyVMs      = "ISOPOD_READY_VMS"          // isopod-mcp: paused VMs kept ready per hot shape (default 1; 0 off)
-	MCPHostIORoot = "ISOPOD_MCP_HOST_IO_ROOT"
-	MCPCopyOut    = "ISOPOD_MCP_COPY_OUT"
-	MCPStdinFile  = "ISOPOD_MCP_STDIN_FILE"
-	MCPWorkspace  = "ISOPOD_MCP_WORKSPACE" // 0|off: sandbox_run refuses workspace
+	Home                 = "ISOPOD_HOME"                    // state root; default ~/.isopod
+	Kernel               = "ISOPOD_KERNEL"                  // a kernel with every driver built in
+	QEMU                 = "ISOPOD_QEMU"                    // qemu-system-x86_64 to use
+	VMM                  = "ISOPOD_VMM"                     // the VMM driver: qemu (the default and only one)
+	AgentBin             = "ISOPOD_AGENT_BIN"               // isopod-agent binary for image builds
+	Accel                = "ISOPOD_ACCEL"                   // force "kvm" or "tcg"
+	AllowBaseSkew        = "ISOPOD_ALLOW_BASE_SKEW"         // "1": fork stages made over another base build
+	LogLevel             = "ISOPOD_LOG"                     // debug|info|warn|error (stderr)
+	Jail                 = "ISOPOD_JAIL"                    // 1|on: confine the VMM (the default); 0|off: unconfined, with a warning
+	WarmPool             = "ISOPOD_WARM_POOL"               // 0|off: every run boots cold and no snapshot is built
+	WarmPoolDisk         = "ISOPOD_WARM_POOL_DISK_MIB"      // the snapshots' disk budget; least recently used go first
+	CredentialMaxBodyMiB = "ISOPOD_CREDENTIAL_MAX_BODY_MIB" // the largest request body through the credential endpoint (default 256)
+	ReadyVMs             = "ISOPOD_READY_VMS"               // isopod-mcp: paused VMs kept ready per hot shape (default 1; 0 off)
+	MCPHostIORoot        = "ISOPOD_MCP_HOST_IO_ROOT"
+	MCPCopyOut           = "ISOPOD_MCP_COPY_OUT"
+	MCPStdinFile         = "ISOPOD_MCP_STDIN_FILE"
+	MCPWorkspace         = "ISOPOD_MCP_WORKSPACE" // 0|off: sandbox_run refuses workspace
 )
 
 // DockerConfig is Docker's configuration directory, whose config.json and

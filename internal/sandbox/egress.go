@@ -12,7 +12,7 @@ import (
 // a new one), with the endpoint of the credentials it injects.
 func (s *Service) startNetwork(nic *vmnet.NIC, id, dir string, rules egress.Rules, start time.Time, creds ...vmnet.Credential) (*vmnet.Network, error) {
 	return vmnet.Start(vmnet.Config{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
-		Rules: rules, Start: start, NIC: nic, Credentials: creds, Logger: s.log})
+		Rules: rules, Start: start, NIC: nic, Credentials: creds, CredentialMaxBody: s.opts.CredentialMaxBody, Logger: s.log})
 }
 
 // netReport is the report's network block.

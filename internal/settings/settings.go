@@ -44,6 +44,9 @@ type Settings struct {
 	// WarmPoolBytes is the disk budget of the warm pool's snapshots; the
 	// least recently used go first (ISOPOD_WARM_POOL_DISK_MIB). 0: none.
 	WarmPoolBytes int64
+	// CredentialMaxBody caps a request body sent through the credential
+	// endpoint (ISOPOD_CREDENTIAL_MAX_BODY_MIB); 0: the endpoint's default.
+	CredentialMaxBody int64
 	// ReadyVMs is how many restored, paused VMs a long-lived front end
 	// keeps for each hot shape (ISOPOD_READY_VMS); 0: none.
 	ReadyVMs int

@@ -42,7 +42,7 @@ func newCredentials(creds []Credential, rec flightrec.Recorder, cfg Config) (*cr
 	for _, cr := range creds {
 		c.injected = append(c.injected, cr.Alias.Name)
 	}
-	gw, err := credential.NewGateway(credential.GatewayConfig{Credentials: creds, Logger: cfg.Logger,
+	gw, err := credential.NewGateway(credential.GatewayConfig{Credentials: creds, Logger: cfg.Logger, MaxBody: cfg.CredentialMaxBody,
 		Record: func(ev credential.Event) { rec.Record(ev.Flight()) }})
 	if err != nil {
 		return nil, err

@@ -134,7 +134,10 @@ type Config struct {
 	// (credential.Resolve); filtered egress only. Their endpoint is
 	// served on the gateway and their hosts are pinned (credentials.go).
 	Credentials []Credential
-	Logger      *slog.Logger // nil: discard
+	// CredentialMaxBody caps a request body through the endpoint; 0:
+	// credential.DefaultMaxBody.
+	CredentialMaxBody int64
+	Logger            *slog.Logger // nil: discard
 }
 
 // StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered
