@@ -297,4 +297,3 @@ func newSessionLsCmd(e *env) *cobra.Command {
 		},
 	}
 }
-

@@ -9,9 +9,9 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"

@@ -116,7 +116,9 @@ func TestSupervisor(t *testing.T) {
 	if rep.ExitCode == nil || *rep.ExitCode != 2 || rep.Stdout != "in" {
 		t.Errorf("exec: %+v; want exit 2 and the stdin echoed", rep)
 	}
-	var job struct{ JobID string `json:"job_id"` }
+	var job struct {
+		JobID string `json:"job_id"`
+	}
 	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"echo later"}, Shell: true, Detach: true}, &job)
 	var jr struct{ Stdout string }
 	s.must(t, session.Call{Op: session.OpJob, Job: job.JobID, WaitS: 10}, &jr)
