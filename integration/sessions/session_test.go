@@ -96,6 +96,22 @@ func exitCode(t *testing.T, r *e2e.Result) int64 { return e2e.Num(t, r.JSON, "ex
 func TestSessionLifecycle(t *testing.T) {
 	e2e.RequireVM(t)
 	id, rec := start(t, "--name", "web")
+	// Refused before any VM starts: a live session's name, a bad size, a
+	// session that does not exist.
+	for _, c := range []struct {
+		class string
+		args  []string
+	}{
+		{"already_exists", []string{"session", "start", "--no-network", "--name", "web"}},
+		{"invalid_argument", []string{"session", "start", "--vcpus", "3"}},
+		{"invalid_argument", []string{"session", "start", "--commit-as", "x"}},
+		{"not_found", []string{"session", "exec", "nope", "--", "true"}},
+	} {
+		r := e2e.Isopod(t, cold, c.args...)
+		if r.Code != 1 || e2e.Str(r.JSON, "class") != c.class {
+			t.Errorf("isopod %v: %s; want %s", c.args, r, c.class)
+		}
+	}
 
 	r := isopod(t, "session", "exec", "web", "--shell", "--", "echo hi > /tmp/index.html; busybox httpd -p 8000 -h /tmp")
 	if exitCode(t, r) != 0 {

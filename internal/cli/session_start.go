@@ -52,12 +52,24 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rec, err := e.sessions().Create(name, spec, idleS, maxS)
+			// What the supervisor would refuse is refused here, before
+			// any record or process.
+			svc, err := e.service()
+			if err != nil {
+				return err
+			}
+			if err := svc.CheckVM(cmd.Context(), o.req); err != nil {
+				return raiseHint(err)
+			}
+			st := e.sessions()
+			rec, err := st.Create(name, spec, idleS, maxS)
 			if err != nil {
 				return err
 			}
 			kernel, _ := cmd.Flags().GetString("kernel")
-			if err := launch(cmd.Context(), e.sessions(), rec, kernel); err != nil {
+			if err := launch(cmd.Context(), st, rec, kernel); err != nil {
+				// The record says why (stopped, or lost with a supervisor
+				// that was killed); vm gc removes it.
 				return err
 			}
 			rec, err = e.sessions().Load(rec.ID)

@@ -49,15 +49,39 @@ type HeldInfo struct {
 // heldArgv stands for a held VM's command in its record.
 var heldArgv = []string{"(session)"}
 
+// checkHeld refuses what belongs to a run's one command.
+func checkHeld(req Request) error {
+	if len(req.Argv) > 0 || req.Stdin != nil || len(req.CopyOut) > 0 || req.CommitAs != "" {
+		return invalid("a held VM takes no command, stdin, copy-out or commit: give them to its execs")
+	}
+	if req.Workspace != nil && req.Workspace.Out != "" {
+		return invalid("a held VM brings no workspace patch back: drop --workspace-out")
+	}
+	return nil
+}
+
+// CheckVM refuses, without starting anything, what StartVM would refuse
+// before its VM starts: the request's fields, its base or stage, its
+// workspace directory, its credentials.
+func (s *Service) CheckVM(ctx context.Context, req Request) error {
+	if err := checkHeld(req); err != nil {
+		return err
+	}
+	req.Argv = heldArgv
+	req, _, _, err := s.admit(ctx, req)
+	if err != nil {
+		return err
+	}
+	req.Workspace.release()
+	return nil
+}
+
 // StartVM boots a VM for req as Run would and keeps it. req.Argv, Stdin,
 // CopyOut and CommitAs belong to a run's one command and are refused;
 // req.TimeoutS bounds the boot. The caller must Close the result.
 func (s *Service) StartVM(ctx context.Context, req Request) (_ *Held, retErr error) {
-	if len(req.Argv) > 0 || req.Stdin != nil || len(req.CopyOut) > 0 || req.CommitAs != "" {
-		return nil, invalid("a held VM takes no command, stdin, copy-out or commit: give them to its execs")
-	}
-	if req.Workspace != nil && req.Workspace.Out != "" {
-		return nil, invalid("a held VM brings no workspace patch back: drop --workspace-out")
+	if err := checkHeld(req); err != nil {
+		return nil, err
 	}
 	req.Argv = heldArgv
 	t0 := time.Now()

@@ -99,6 +99,15 @@ func TestStartVMRefusesRunFields(t *testing.T) {
 		if _, err := s.StartVM(context.Background(), req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("StartVM(%+v): %v; want invalid argument", req, err)
 		}
+		if err := s.CheckVM(context.Background(), req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("CheckVM(%+v): %v; want invalid argument", req, err)
+		}
+	}
+	if err := s.CheckVM(context.Background(), sandbox.Request{Base: "no-such-base"}); err == nil {
+		t.Error("CheckVM of a base that is not here: no error")
+	}
+	if err := s.CheckVM(context.Background(), sandbox.Request{NoNetwork: true}); err != nil {
+		t.Errorf("CheckVM of a good request: %v", err)
 	}
 	if n := len(d.Machines()); n != 0 {
 		t.Errorf("%d machines started; want none", n)
