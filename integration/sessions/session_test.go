@@ -39,6 +39,8 @@ type record struct {
 	VMID            string `json:"vm_id"`
 	SupervisorPID   int    `json:"supervisor_pid"`
 	SupervisorStart uint64 `json:"supervisor_start_time"`
+	Path            string `json:"path"`
+	GuestIP         string `json:"guest_ip"`
 }
 
 func readRecord(t *testing.T, id string) record {
@@ -51,11 +53,22 @@ func readRecord(t *testing.T, id string) record {
 	return r
 }
 
-// start starts a session with args; the test's end stops it.
+// start starts a cold session with args (the default network unless they
+// say otherwise); the test's end stops it.
 func start(t *testing.T, args ...string) (id string, rec record) {
 	t.Helper()
+	return startEnv(t, cold, args...)
+}
+
+// startEnv is start with env added to isopod's.
+func startEnv(t *testing.T, env []string, args ...string) (id string, rec record) {
+	t.Helper()
 	t0 := time.Now()
-	r := isopod(t, append([]string{"session", "start", "--no-network"}, args...)...)
+	args = append([]string{"session", "start"}, args...)
+	r := e2e.Isopod(t, env, args...)
+	if r.Code != 0 || r.JSON["ok"] != true {
+		t.Fatalf("isopod %v failed:\n%s", args, r)
+	}
 	id = e2e.Str(r.JSON, "session_id")
 	if e2e.Str(r.JSON, "state") != "running" || !strings.HasPrefix(id, "ss-") {
 		t.Fatalf("session start: %s", r)
@@ -95,7 +108,7 @@ func exitCode(t *testing.T, r *e2e.Result) int64 { return e2e.Num(t, r.JSON, "ex
 // that reports and leaves nothing running.
 func TestSessionLifecycle(t *testing.T) {
 	e2e.RequireVM(t)
-	id, rec := start(t, "--name", "web")
+	id, rec := start(t, "--no-network", "--name", "web")
 	// Refused before any VM starts: a live session's name, a bad size, a
 	// session that does not exist.
 	for _, c := range []struct {
@@ -258,5 +271,25 @@ func TestSessionIdleTimeout(t *testing.T) {
 	}
 	if pids := e2e.QEMUPIDs(t, rec.VMID); len(pids) != 0 {
 		t.Errorf("QEMU %v still runs after the idle timeout", pids)
+	}
+}
+
+// With the warm pool on, a session of the default shape resumes from its
+// snapshot (built on first use), with the default network, and serves
+// execs as a booted one does.
+func TestSessionWarm(t *testing.T) {
+	e2e.RequireVM(t)
+	id, rec := startEnv(t, nil)
+	got := readRecord(t, id)
+	if got.Path != "warm" || got.GuestIP == "" {
+		t.Errorf("session record: %+v; want resumed from the warm pool, with an address", got)
+	}
+	r := isopod(t, "session", "exec", id, "--shell", "--", "echo hi > /tmp/f && cat /tmp/f")
+	if e2e.Str(r.JSON, "stdout") != "hi\n" {
+		t.Errorf("exec in a resumed session: %s", r)
+	}
+	isopod(t, "session", "stop", id)
+	if !waitGone(t, rec.SupervisorPID, 10*time.Second) {
+		t.Error("the supervisor outlived its stop")
 	}
 }

@@ -77,7 +77,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 				return err
 			}
 			e.result = map[string]any{"ok": true, "session_id": rec.ID, "name": rec.Name, "state": rec.State,
-				"vm_id": rec.VMID, "idle_timeout_s": rec.IdleTimeoutS, "max_lifetime_s": rec.MaxLifetimeS}
+				"vm_id": rec.VMID, "path": rec.Path, "guest_ip": rec.GuestIP, "idle_timeout_s": rec.IdleTimeoutS, "max_lifetime_s": rec.MaxLifetimeS}
 			return nil
 		},
 	}

@@ -67,12 +67,16 @@ type Spec struct {
 
 // Record is one session's session.json.
 type Record struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Reason       string    `json:"reason,omitempty"`
-	Spec         Spec      `json:"request"`
-	VMID         string    `json:"vm_id,omitempty"`
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	Spec   Spec   `json:"request"`
+	VMID   string `json:"vm_id,omitempty"`
+	// Path is how the VM started: "cold" (booted) or "warm" (resumed
+	// from the warm pool); GuestIP its address when it has a network.
+	Path         string    `json:"path,omitempty"`
+	GuestIP      string    `json:"guest_ip,omitempty"`
 	Created      time.Time `json:"created"`
 	LastUsed     time.Time `json:"last_used"`
 	Stopped      time.Time `json:"stopped,omitzero"`

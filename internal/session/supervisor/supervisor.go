@@ -144,7 +144,8 @@ func (s *sup) start(ctx context.Context) (net.Listener, error) {
 	}
 	s.mu.Lock()
 	s.rec.State = session.StateRunning
-	s.rec.VMID = h.Info().VMID
+	info := h.Info()
+	s.rec.VMID, s.rec.Path, s.rec.GuestIP = info.VMID, info.Path, info.GuestIP
 	s.rec.LastUsed = time.Now().UTC()
 	err = s.o.Store.Write(s.rec)
 	s.mu.Unlock()
