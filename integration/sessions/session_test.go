@@ -293,3 +293,31 @@ func TestSessionWarm(t *testing.T) {
 		t.Error("the supervisor outlived its stop")
 	}
 }
+
+// A workspace is copied in at start and is the execs' directory; a
+// supervisor told to stop by SIGTERM ends its VM and says why.
+func TestSessionWorkspaceAndSIGTERM(t *testing.T) {
+	e2e.RequireVM(t)
+	ws := t.TempDir()
+	if err := os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id, rec := start(t, "--no-network", "--workspace", ws, "--workspace-all")
+	r := isopod(t, "session", "exec", id, "--", "cat", "hello.txt")
+	if e2e.Str(r.JSON, "stdout") != "from the host\n" {
+		t.Errorf("the workspace in the session: %s", r)
+	}
+	if err := unix.Kill(rec.SupervisorPID, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !waitGone(t, rec.SupervisorPID, 30*time.Second) {
+		t.Fatal("the supervisor outlived SIGTERM")
+	}
+	got := readRecord(t, id)
+	if got.State != "stopped" || !strings.Contains(got.Reason, "signal") {
+		t.Errorf("after SIGTERM: %+v; want stopped, signalled", got)
+	}
+	if pids := e2e.QEMUPIDs(t, rec.VMID); len(pids) != 0 {
+		t.Errorf("QEMU %v still runs after SIGTERM", pids)
+	}
+}
