@@ -88,6 +88,15 @@ type Record struct {
 	SupervisorStart uint64 `json:"supervisor_start_time,omitempty"`
 	Socket          string `json:"socket"`
 	Execs           int    `json:"execs"`
+	// Exposed are the guest ports relayed on host ports, for the
+	// session's life.
+	Exposed []Exposed `json:"exposed,omitempty"`
+}
+
+// Exposed is one guest port relayed on a host address.
+type Exposed struct {
+	GuestPort int    `json:"guest_port"`
+	Address   string `json:"address"`
 }
 
 // Live reports whether r is starting or running by its record.

@@ -202,6 +202,9 @@ func (s *sup) expose(c session.Call) (any, error) {
 		return nil, fmt.Errorf("listening on host port %d: %w: %w", c.HostPort, err, errdefs.ErrFailedPrecondition)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
+	s.mu.Lock()
+	s.rec.Exposed = append(s.rec.Exposed, session.Exposed{GuestPort: c.GuestPort, Address: ln.Addr().String()})
+	s.mu.Unlock()
 	s.exposes.Add(1)
 	go func() {
 		defer s.exposes.Done()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +37,12 @@ type started struct {
 // waits for it to answer ready.
 func start(t *testing.T, idleS int) *started {
 	t.Helper()
+	return startLimits(t, idleS, 0)
+}
+
+// startLimits is start with a maximum lifetime too.
+func startLimits(t *testing.T, idleS, maxS int) *started {
+	t.Helper()
 	p, kernel := sandboxtest.Root(t, image.FlavorBaseMin)
 	d, err := vmmfake.New(vmmfake.Config{})
 	if err != nil {
@@ -46,7 +53,7 @@ func start(t *testing.T, idleS int) *started {
 		t.Fatal(err)
 	}
 	st := session.Store{Paths: p}
-	rec, err := st.Create("web", session.Spec{NoNetwork: true, Cwd: "/"}, idleS, 0)
+	rec, err := st.Create("web", session.Spec{NoNetwork: true, Cwd: "/", Env: []string{"A=1"}}, idleS, maxS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +123,10 @@ func TestSupervisor(t *testing.T) {
 	if rep.ExitCode == nil || *rep.ExitCode != 2 || rep.Stdout != "in" {
 		t.Errorf("exec: %+v; want exit 2 and the stdin echoed", rep)
 	}
+	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"echo $A$B"}, Shell: true, Env: []string{"B=2"}}, &rep)
+	if rep.Stdout != "12\n" {
+		t.Errorf("exec env: %q; want the session's A=1 and the exec's B=2", rep.Stdout)
+	}
 	var job struct {
 		JobID string `json:"job_id"`
 	}
@@ -167,11 +178,11 @@ func TestSupervisor(t *testing.T) {
 	}
 	var fin supervisor.Final
 	s.must(t, session.Call{Op: session.OpStop}, &fin)
-	if fin.State != session.StateStopped || fin.Execs != 2 || fin.LifetimeS <= 0 {
-		t.Errorf("final: %+v; want stopped after 2 execs", fin)
+	if fin.State != session.StateStopped || fin.Execs != 3 || fin.LifetimeS <= 0 {
+		t.Errorf("final: %+v; want stopped after 3 execs", fin)
 	}
-	if r, err := s.store.Load(s.rec.ID); err != nil || r.State != session.StateStopped {
-		t.Errorf("record after stop: %+v, %v", r, err)
+	if r, err := s.store.Load(s.rec.ID); err != nil || r.State != session.StateStopped || len(r.Exposed) != 1 {
+		t.Errorf("record after stop: %+v, %v; want stopped, one port exposed", r, err)
 	}
 	if _, err := os.Stat(s.store.Socket(s.rec.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket after stop: %v; want it removed", err)
@@ -181,14 +192,36 @@ func TestSupervisor(t *testing.T) {
 // A session nobody calls stops at its idle timeout.
 func TestSupervisorIdleTimeout(t *testing.T) {
 	s := start(t, 1)
+	s.endsBy(t, "idle")
+}
+
+// endsBy waits for the supervisor to end by itself and checks the reason
+// its record gives.
+func (s *started) endsBy(t *testing.T, reason string) {
+	t.Helper()
 	select {
 	case err := <-s.done:
 		s.done <- err
 	case <-time.After(20 * time.Second):
-		t.Fatal("the session outlived its idle timeout")
+		t.Fatalf("the session did not end (want: %s)", reason)
 	}
 	r, err := s.store.Load(s.rec.ID)
-	if err != nil || r.State != session.StateStopped || r.Reason == "" {
-		t.Errorf("record: %+v, %v; want stopped, idle", r, err)
+	if err != nil || r.State != session.StateStopped || !strings.Contains(r.Reason, reason) {
+		t.Errorf("record: %+v, %v; want stopped, %s", r, err, reason)
 	}
+}
+
+// A session stops at its maximum lifetime, calls or not.
+func TestSupervisorMaxLifetime(t *testing.T) {
+	s := startLimits(t, 0, 1)
+	s.endsBy(t, "maximum lifetime")
+}
+
+// A session whose VMM exits ends with it.
+func TestSupervisorVMExits(t *testing.T) {
+	s := start(t, 0)
+	for _, m := range s.drv.Machines() {
+		m.Kill()
+	}
+	s.endsBy(t, "VM exited")
 }
