@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
 	"isopod/internal/vmrecord"
@@ -131,6 +133,15 @@ func CheckName(name string) error {
 // starting. An empty name gets one from the id; a name a live session
 // holds is refused.
 func (s Store) Create(name string, spec Spec, idleS, maxS int) (*Record, error) {
+	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+		return nil, fmt.Errorf("creating the sessions directory: %w", err)
+	}
+	// Two starts that name the same session take turns.
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if name != "" {
 		if err := CheckName(name); err != nil {
 			return nil, err
@@ -150,9 +161,6 @@ func (s Store) Create(name string, spec Spec, idleS, maxS int) (*Record, error) 
 	if name == "" {
 		name = "s-" + id[3:9]
 	}
-	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
-		return nil, fmt.Errorf("creating the sessions directory: %w", err)
-	}
 	if err := os.Mkdir(s.SessionDir(id), 0o700); err != nil {
 		return nil, fmt.Errorf("creating the session's directory: %w", err)
 	}
@@ -161,6 +169,19 @@ func (s Store) Create(name string, spec Spec, idleS, maxS int) (*Record, error) 
 		IdleTimeoutS: cmpOr(idleS, DefaultIdleTimeoutS), MaxLifetimeS: cmpOr(maxS, DefaultMaxLifetimeS),
 		Socket: s.Socket(id)}
 	return r, s.Write(r)
+}
+
+// lock takes the sessions directory's lock until unlock.
+func (s Store) lock() (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(s.Dir(), ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking the sessions directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking the sessions directory: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 func cmpOr(v, def int) int {

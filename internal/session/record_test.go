@@ -110,3 +110,26 @@ func TestLostAndPrune(t *testing.T) {
 		t.Errorf("the live session's directory: %v", err)
 	}
 }
+
+// Starts that race for one name: exactly one gets it.
+func TestCreateNameRace(t *testing.T) {
+	st := newStore(t)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			_, err := st.Create("same", session.Spec{}, 0, 0)
+			errs <- err
+		}()
+	}
+	won := 0
+	for range 8 {
+		if err := <-errs; err == nil {
+			won++
+		} else if !errors.Is(err, errdefs.ErrAlreadyExists) {
+			t.Errorf("a losing start: %v; want already exists", err)
+		}
+	}
+	if won != 1 {
+		t.Errorf("%d starts got the name; want 1", won)
+	}
+}
