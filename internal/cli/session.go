@@ -199,7 +199,12 @@ func (e *env) copyOut(ctx context.Context, ref, guest, host string) error {
 	if err := writeAt(dir, filepath.Base(host), got.Data, mode); err != nil {
 		return fmt.Errorf("writing %s: %w", host, err)
 	}
-	e.result = map[string]any{"ok": true, "guest": guest, "host": host, "bytes": len(got.Data)}
+	e.result = struct {
+		OK    bool   `json:"ok"`
+		Guest string `json:"guest"`
+		Host  string `json:"host"`
+		Bytes int    `json:"bytes"`
+	}{true, guest, host, len(got.Data)}
 	return nil
 }
 
@@ -292,7 +297,10 @@ func newSessionLsCmd(e *env) *cobra.Command {
 			if recs == nil {
 				recs = []*session.Record{}
 			}
-			e.result = map[string]any{"ok": true, "sessions": recs}
+			e.result = struct {
+				OK       bool              `json:"ok"`
+				Sessions []*session.Record `json:"sessions"`
+			}{true, recs}
 			return nil
 		},
 	}

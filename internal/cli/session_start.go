@@ -48,6 +48,11 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if idleS < 0 || maxS < 0 {
 				return fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
 			}
+			if name != "" {
+				if err := session.CheckName(name); err != nil {
+					return err
+				}
+			}
 			spec, err := specOf(o.req)
 			if err != nil {
 				return err
@@ -76,8 +81,8 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e.result = map[string]any{"ok": true, "session_id": rec.ID, "name": rec.Name, "state": rec.State,
-				"vm_id": rec.VMID, "path": rec.Path, "guest_ip": rec.GuestIP, "idle_timeout_s": rec.IdleTimeoutS, "max_lifetime_s": rec.MaxLifetimeS}
+			e.result = startResult{OK: true, SessionID: rec.ID, Name: rec.Name, State: rec.State, VMID: rec.VMID,
+				Path: rec.Path, GuestIP: rec.GuestIP, IdleTimeoutS: rec.IdleTimeoutS, MaxLifetimeS: rec.MaxLifetimeS}
 			return nil
 		},
 	}
@@ -92,6 +97,19 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "stop the session after this many seconds without a call")
 	c.Flags().IntVar(&maxS, "max-lifetime-s", session.DefaultMaxLifetimeS, "stop the session this many seconds after it started")
 	return c
+}
+
+// startResult is what `session start` prints.
+type startResult struct {
+	OK           bool   `json:"ok"`
+	SessionID    string `json:"session_id"`
+	Name         string `json:"name"`
+	State        string `json:"state"`
+	VMID         string `json:"vm_id"`
+	Path         string `json:"path"`
+	GuestIP      string `json:"guest_ip,omitempty"`
+	IdleTimeoutS int    `json:"idle_timeout_s"`
+	MaxLifetimeS int    `json:"max_lifetime_s"`
 }
 
 // specOf is what of req a session keeps, its workspace directory made
@@ -204,7 +222,7 @@ func newSupervisorCmd(e *env) *cobra.Command {
 			if err := supervisor.Run(ctx, o); err != nil {
 				return err
 			}
-			e.result = map[string]any{"ok": true, "session_id": id}
+			e.result = session.Reply{OK: true, SessionID: id}
 			return nil
 		},
 	}

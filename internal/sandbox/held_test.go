@@ -6,9 +6,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm/vmmfake"
@@ -119,4 +122,41 @@ func code2(c *int) int {
 		return -1
 	}
 	return *c
+}
+
+// A guest that dies during an exec gives a report that says so, not an
+// error.
+func TestHeldGuestDies(t *testing.T) {
+	t.Parallel()
+	const marker = "die-here"
+	panicked := errors.New("Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000009")
+	s, _ := newColdServiceWith(t, vmmfake.Config{OnRequest: func(m *vmmfake.Machine, msg *agentproto.Msg) {
+		if msg.Kind == agentproto.KindExec && slices.ContainsFunc(msg.Exec.Argv, func(a string) bool { return strings.Contains(a, marker) }) {
+			go m.Crash(panicked)
+		}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := s.StartVM(ctx, sandbox.Request{NoNetwork: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	rep, err := h.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sleep 30 # " + marker}, Shell: true, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("Exec: %v; want a report", err)
+	}
+	if !rep.GuestDied || rep.ExitCode != nil || !strings.HasPrefix(rep.GuestDiedReason, "kernel panic") {
+		t.Errorf("report %+v; want the guest's death and its reason", rep)
+	}
+	select {
+	case <-h.Done():
+	case <-time.After(10 * time.Second):
+		t.Error("Done not closed after the guest died")
+	}
+}
+
+func newColdServiceWith(t *testing.T, cfg vmmfake.Config) (*sandbox.Service, *vmmfake.Driver) {
+	t.Helper()
+	return newFakeWith(t, cfg, func(o *sandbox.Options) { o.NoWarmPool = true })
 }

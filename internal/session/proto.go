@@ -60,6 +60,20 @@ type Call struct {
 	HostPort  int `json:"host_port,omitempty"`
 }
 
+// Reply is the result of the calls that answer a few fields (ok first,
+// as every isopod JSON object).
+type Reply struct {
+	OK        bool   `json:"ok"`
+	SessionID string `json:"session_id"`
+	JobID     string `json:"job_id,omitempty"`
+	Jobs      any    `json:"jobs,omitempty"`
+	Path      string `json:"path,omitempty"`
+	Bytes     *int64 `json:"bytes,omitempty"`
+	GuestPort int    `json:"guest_port,omitempty"`
+	HostPort  int    `json:"host_port,omitempty"`
+	Address   string `json:"address,omitempty"`
+}
+
 // Answer is a supervisor's reply: Result on success, else Error and its
 // class (errdefs.Class).
 type Answer struct {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/session"
@@ -27,7 +28,10 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 		return s.job(ctx, c)
 	case session.OpJobs:
 		jobs, err := s.held.JobList(ctx)
-		return map[string]any{"ok": true, "session_id": s.o.ID, "jobs": jobs}, err
+		if jobs == nil {
+			jobs = []agentproto.JobInfo{}
+		}
+		return session.Reply{OK: true, SessionID: s.o.ID, Jobs: jobs}, err
 	case session.OpPut:
 		return s.put(ctx, c)
 	case session.OpGet:
@@ -94,7 +98,7 @@ func (s *sup) exec(ctx context.Context, c session.Call) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return map[string]any{"ok": true, "session_id": s.o.ID, "job_id": info.ID}, nil
+		return session.Reply{OK: true, SessionID: s.o.ID, JobID: info.ID}, nil
 	}
 	rep, err := s.held.Exec(ctx, e)
 	if err != nil {
@@ -145,7 +149,7 @@ func (s *sup) put(ctx context.Context, c session.Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"ok": true, "session_id": s.o.ID, "path": c.Path, "bytes": n}, nil
+	return session.Reply{OK: true, SessionID: s.o.ID, Path: c.Path, Bytes: &n}, nil
 }
 
 // buffer collects a file written at offsets, at most max bytes.
@@ -212,6 +216,5 @@ func (s *sup) expose(c session.Call) (any, error) {
 			s.log.Warn("exposing a guest port", "port", c.GuestPort, "err", err)
 		}
 	}()
-	return map[string]any{"ok": true, "session_id": s.o.ID, "guest_port": c.GuestPort, "host_port": port,
-		"address": ln.Addr().String()}, nil
+	return session.Reply{OK: true, SessionID: s.o.ID, GuestPort: c.GuestPort, HostPort: port, Address: ln.Addr().String()}, nil
 }
