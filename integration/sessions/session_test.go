@@ -188,6 +188,10 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	isopod(t, "session", "cp", in, id+":/tmp/in")
+	r = isopod(t, "session", "exec", id, "--stdin-file", in, "--", "wc", "-c")
+	if strings.TrimSpace(e2e.Str(r.JSON, "stdout")) != "10" {
+		t.Errorf("exec with --stdin-file: %s", r)
+	}
 	r = isopod(t, "session", "exec", id, "--shell", "--", "cat /tmp/in; stat -c %a /tmp/in; echo made > /tmp/out")
 	if e2e.Str(r.JSON, "stdout") != "copied in\n640\n" {
 		t.Errorf("the copied-in file: %s", r)
@@ -199,8 +203,8 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	r = isopod(t, "session", "stop", id)
-	if e2e.Str(r.JSON, "state") != "stopped" || e2e.Num(t, r.JSON, "execs") != 7 {
-		t.Errorf("stop: %s; want stopped after 7 execs", r)
+	if e2e.Str(r.JSON, "state") != "stopped" || e2e.Num(t, r.JSON, "execs") != 8 {
+		t.Errorf("stop: %s; want stopped after 8 execs", r)
 	}
 	if _, ok := r.JSON["lifetime_s"].(float64); !ok {
 		t.Errorf("stop: no lifetime_s: %s", r)

@@ -146,7 +146,10 @@ func (s *sup) start(ctx context.Context) (net.Listener, error) {
 	s.rec.State = session.StateRunning
 	info := h.Info()
 	s.rec.VMID, s.rec.Path, s.rec.GuestIP = info.VMID, info.Path, info.GuestIP
-	s.rec.LastUsed = time.Now().UTC()
+	// The idle time counts from when the VM serves, not from before its
+	// boot.
+	s.lastUsed = time.Now()
+	s.rec.LastUsed = s.lastUsed.UTC()
 	err = s.o.Store.Write(s.rec)
 	s.mu.Unlock()
 	if err != nil {
