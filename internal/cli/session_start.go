@@ -82,7 +82,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 				return err
 			}
 			e.result = startResult{OK: true, SessionID: rec.ID, Name: rec.Name, State: rec.State, VMID: rec.VMID,
-				Path: rec.Path, GuestIP: rec.GuestIP, IdleTimeoutS: rec.IdleTimeoutS, MaxLifetimeS: rec.MaxLifetimeS}
+				Path: rec.Path, GuestIP: rec.GuestIP, IdleTimeoutS: rec.IdleTimeoutS, MaxLifetimeS: rec.MaxLifetimeS, Warnings: rec.Warnings}
 			return nil
 		},
 	}
@@ -101,15 +101,16 @@ func newSessionStartCmd(e *env) *cobra.Command {
 
 // startResult is what `session start` prints.
 type startResult struct {
-	OK           bool   `json:"ok"`
-	SessionID    string `json:"session_id"`
-	Name         string `json:"name"`
-	State        string `json:"state"`
-	VMID         string `json:"vm_id"`
-	Path         string `json:"path"`
-	GuestIP      string `json:"guest_ip,omitempty"`
-	IdleTimeoutS int    `json:"idle_timeout_s"`
-	MaxLifetimeS int    `json:"max_lifetime_s"`
+	OK           bool     `json:"ok"`
+	SessionID    string   `json:"session_id"`
+	Name         string   `json:"name"`
+	State        string   `json:"state"`
+	VMID         string   `json:"vm_id"`
+	Path         string   `json:"path"`
+	GuestIP      string   `json:"guest_ip,omitempty"`
+	IdleTimeoutS int      `json:"idle_timeout_s"`
+	MaxLifetimeS int      `json:"max_lifetime_s"`
+	Warnings     []string `json:"warnings,omitempty"`
 }
 
 // specOf is what of req a session keeps, its workspace directory made
@@ -178,10 +179,16 @@ func launch(ctx context.Context, st session.Store, rec *session.Record, kernel s
 	go cmd.Wait()
 	bound := time.Duration(max(rec.Spec.BootTimeoutS, 1))*time.Second + readyMargin
 	pr.SetReadDeadline(time.Now().Add(bound))
+	// An interrupted start ends its supervisor (and so its VM).
+	stop := context.AfterFunc(ctx, func() { pr.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
 	line, rerr := bufio.NewReader(pr).ReadBytes('\n')
 	var a session.Answer
 	if rerr != nil || json.Unmarshal(line, &a) != nil {
 		cmd.Process.Kill()
+		if ctx.Err() != nil {
+			return fmt.Errorf("starting the session: %w", ctx.Err())
+		}
 		if errors.Is(rerr, os.ErrDeadlineExceeded) {
 			return fmt.Errorf("the session's VM was not ready within %s; see %s: %w", bound, logPath, errdefs.ErrUnavailable)
 		}

@@ -77,8 +77,11 @@ type Record struct {
 	VMID   string `json:"vm_id,omitempty"`
 	// Path is how the VM started: "cold" (booted) or "warm" (resumed
 	// from the warm pool); GuestIP its address when it has a network.
-	Path         string    `json:"path,omitempty"`
-	GuestIP      string    `json:"guest_ip,omitempty"`
+	Path    string `json:"path,omitempty"`
+	GuestIP string `json:"guest_ip,omitempty"`
+	// Warnings are what a run's report would warn of this VM (a jail
+	// that is off, a default base that is not built).
+	Warnings     []string  `json:"warnings,omitempty"`
 	Created      time.Time `json:"created"`
 	LastUsed     time.Time `json:"last_used"`
 	Stopped      time.Time `json:"stopped,omitzero"`

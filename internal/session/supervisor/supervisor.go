@@ -145,7 +145,7 @@ func (s *sup) start(ctx context.Context) (net.Listener, error) {
 	s.mu.Lock()
 	s.rec.State = session.StateRunning
 	info := h.Info()
-	s.rec.VMID, s.rec.Path, s.rec.GuestIP = info.VMID, info.Path, info.GuestIP
+	s.rec.VMID, s.rec.Path, s.rec.GuestIP, s.rec.Warnings = info.VMID, info.Path, info.GuestIP, info.Warnings
 	// The idle time counts from when the VM serves, not from before its
 	// boot.
 	s.lastUsed = time.Now()

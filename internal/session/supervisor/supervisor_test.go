@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,7 +49,7 @@ func startLimits(t *testing.T, idleS, maxS int) *started {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, Kernel: kernel, NoWarmPool: true}, Driver: d, Version: "test"})
+	svc, err := sandbox.New(sandbox.Options{Settings: settings.Settings{Paths: p, Kernel: kernel, NoWarmPool: true, Jail: settings.JailOff}, Driver: d, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +118,10 @@ func TestSupervisor(t *testing.T) {
 	s := start(t, 0)
 	if fi, err := os.Stat(s.store.Socket(s.rec.ID)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket: %v, %v; want mode 0600", fi, err)
+	}
+	// What a run's report would warn of, the session's record says.
+	if r, err := s.store.Load(s.rec.ID); err != nil || !slices.Contains(r.Warnings, sandbox.UnconfinedWarning) || r.Path != "cold" {
+		t.Errorf("record: %+v, %v; want a cold VM, the jail's warning", r, err)
 	}
 	var rep sandbox.ExecReport
 	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"cat; exit 2"}, Shell: true, Stdin: []byte("in")}, &rep)
