@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -212,9 +213,46 @@ func (s *sup) expose(c session.Call) (any, error) {
 	s.exposes.Add(1)
 	go func() {
 		defer s.exposes.Done()
-		if err := s.held.Expose(s.exposeCtx, c.GuestPort, ln); err != nil {
+		if err := s.held.Expose(s.exposeCtx, c.GuestPort, &busyListener{Listener: ln, s: s}); err != nil {
 			s.log.Warn("exposing a guest port", "port", c.GuestPort, "err", err)
 		}
 	}()
 	return session.Reply{OK: true, SessionID: s.o.ID, GuestPort: c.GuestPort, HostPort: port, Address: ln.Addr().String()}, nil
+}
+
+// busyListener counts each connection it accepts as a call in progress
+// until it is closed, so that a session used only through an exposed port
+// is not idle.
+type busyListener struct {
+	net.Listener
+	s *sup
+}
+
+func (l *busyListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.s.busy()
+	return &busyConn{Conn: c, s: l.s}, nil
+}
+
+type busyConn struct {
+	net.Conn
+	s    *sup
+	once sync.Once
+}
+
+func (c *busyConn) Close() error {
+	c.once.Do(c.s.idle)
+	return c.Conn.Close()
+}
+
+// CloseWrite passes a half-close on, as the relay expects of a TCP
+// connection.
+func (c *busyConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }

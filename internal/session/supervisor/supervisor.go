@@ -246,21 +246,30 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) {
 	}
 }
 
-// handle answers one call; the session counts as used while it runs.
-func (s *sup) handle(conn net.Conn) {
-	defer conn.Close()
+// busy counts a call (or a relayed connection) in progress: the session
+// is not idle while one is.
+func (s *sup) busy() {
 	s.mu.Lock()
 	s.active++
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.active--
-		s.lastUsed = time.Now()
-		s.rec.LastUsed = s.lastUsed.UTC()
-		s.rec.Execs = s.held.Execs()
-		s.o.Store.Write(s.rec)
-		s.mu.Unlock()
-	}()
+}
+
+// idle ends what busy counted and notes the session's last use.
+func (s *sup) idle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	s.lastUsed = time.Now()
+	s.rec.LastUsed = s.lastUsed.UTC()
+	s.rec.Execs = s.held.Execs()
+	s.o.Store.Write(s.rec)
+}
+
+// handle answers one call; the session counts as used while it runs.
+func (s *sup) handle(conn net.Conn) {
+	defer conn.Close()
+	s.busy()
+	defer s.idle()
 	c, err := session.ReadCall(conn)
 	if err != nil {
 		session.WriteAnswer(conn, nil, err)

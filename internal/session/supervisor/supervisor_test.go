@@ -230,3 +230,37 @@ func TestSupervisorVMExits(t *testing.T) {
 	}
 	s.endsBy(t, "VM exited")
 }
+
+// A connection relayed through an exposed port keeps the session from
+// going idle while it is open.
+func TestSupervisorExposedConnIsNotIdle(t *testing.T) {
+	s := start(t, 1)
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gl.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := gl.Accept(); err == nil {
+			held <- c
+		}
+	}()
+	var ex struct{ Address string }
+	s.must(t, session.Call{Op: session.OpExpose, GuestPort: gl.Addr().(*net.TCPAddr).Port}, &ex)
+	c, err := net.Dial("tcp", ex.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := <-held
+	// Three idle timeouts pass with the connection open.
+	select {
+	case err := <-s.done:
+		s.done <- err
+		t.Fatal("the session went idle while a relayed connection was open")
+	case <-time.After(3 * time.Second):
+	}
+	c.Close()
+	guest.Close()
+	s.endsBy(t, "idle")
+}
