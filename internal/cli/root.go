@@ -126,6 +126,8 @@ func newRoot(e *env) *cobra.Command {
 		newEgressCmd(e),
 		newWarmpoolCmd(e),
 		newDoctorCmd(e),
+		newSessionCmd(e),
+		newSupervisorCmd(e),
 	)
 	return root
 }

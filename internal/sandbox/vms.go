@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/session"
 	"isopod/internal/vmrecord"
 )
 
@@ -22,6 +23,9 @@ type VMGCResult struct {
 	// BuildLeftovers are what interrupted kernel fetches and image builds
 	// left in kernels/ and images/.
 	BuildLeftovers []string `json:"build_leftovers_removed,omitempty"`
+	// SessionsRemoved are the directories of sessions that are over:
+	// stopped, or lost with their supervisor (its VMM went with it).
+	SessionsRemoved []string `json:"sessions_removed,omitempty"`
 }
 
 // VMGC kills orphaned VMM processes and prunes all but the newest keepLast
@@ -81,4 +85,5 @@ func (s *Service) gcExtra(res *VMGCResult) {
 		res.SnapshotsRemoved = append(res.SnapshotsRemoved, name)
 	}
 	res.BuildLeftovers = image.SweepTemp(s.opts.Paths, image.TempMaxAge, s.log)
+	res.SessionsRemoved = session.Store{Paths: s.opts.Paths}.Prune()
 }

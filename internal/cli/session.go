@@ -1,0 +1,307 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"isopod/internal/errdefs"
+	"isopod/internal/hostio"
+	"isopod/internal/session"
+	"isopod/internal/session/supervisor"
+	"isopod/internal/vmrecord"
+)
+
+// `isopod session`: a VM that outlives the call that started it, owned by
+// a supervisor process (internal/session). Hidden until pause, resume and
+// fork exist.
+
+func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.Paths} }
+
+// callMargin bounds a call beyond the guest-side time it asks for.
+const callMargin = 60 * time.Second
+
+func newSessionCmd(e *env) *cobra.Command {
+	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, stop",
+		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
+		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionStopCmd(e), newSessionLsCmd(e))
+	c.Hidden = true
+	return c
+}
+
+// callSession sends c to the live session ref names, within d (0: no
+// bound), and keeps its answer as the command's result.
+func (e *env) callSession(ctx context.Context, ref string, c session.Call, d time.Duration) (json.RawMessage, error) {
+	rec, err := e.sessions().Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	if !rec.Live() {
+		return nil, fmt.Errorf("session %s is %s (%s): start a new one with isopod session start: %w",
+			rec.ID, rec.State, rec.Reason, errdefs.ErrFailedPrecondition)
+	}
+	if d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	res, err := session.Dial(ctx, rec.Socket, c)
+	if err != nil {
+		return nil, err
+	}
+	e.result = res
+	return res, nil
+}
+
+func newSessionExecCmd(e *env) *cobra.Command {
+	var c session.Call
+	var stdinFile string
+	cmd := &cobra.Command{
+		Use:   "exec ID|NAME [flags] -- ARGV...",
+		Short: "Run a command in a session (what it leaves running stays); --detach starts a background job",
+		Args:  positional(cobra.MinimumNArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c.Op, c.Argv = session.OpExec, args[1:]
+			if c.Shell && len(c.Argv) != 1 {
+				return fmt.Errorf("--shell takes one command line: quote it: %w", errdefs.ErrInvalidArgument)
+			}
+			if stdinFile != "" {
+				f, err := hostio.Operator{}.OpenStdinFile(stdinFile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if c.Stdin, err = readCapped(f, "--stdin-file"); err != nil {
+					return err
+				}
+			}
+			_, err := e.callSession(cmd.Context(), args[0], c, time.Duration(max(c.TimeoutS, 120))*time.Second+callMargin)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&c.TimeoutS, "timeout-s", 120, "seconds before the guest kills the command: 1 to 3600 (a detached job: none unless set)")
+	f.StringArrayVar(&c.Env, "env", nil, "KEY=VALUE for the command; repeatable")
+	f.StringVar(&c.Cwd, "cwd", "", "working directory in the guest (default: the session's)")
+	f.StringVar(&stdinFile, "stdin-file", "", "feed the command's stdin from this host file (at most 64 MiB)")
+	f.BoolVar(&c.Detach, "detach", false, "start a background job and print its job_id (see isopod session job)")
+	f.BoolVar(&c.Shell, "shell", false, "ARGV is one shell command line for /bin/sh -c")
+	return cmd
+}
+
+// readCapped reads r whole, refusing more than session.MaxFileBytes.
+func readCapped(r io.Reader, what string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, session.MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", what, err)
+	}
+	if len(b) > session.MaxFileBytes {
+		return nil, fmt.Errorf("%s is over %d MiB: copy it in pieces: %w", what, session.MaxFileBytes>>20, errdefs.ErrInvalidArgument)
+	}
+	return b, nil
+}
+
+func newSessionJobCmd(e *env) *cobra.Command {
+	var c session.Call
+	cmd := &cobra.Command{
+		Use:   "job ID|NAME JOB",
+		Short: "Read a background job's new output and state; --wait-s waits for its end, --kill ends it",
+		Args:  positional(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c.Op, c.Job = session.OpJob, args[1]
+			_, err := e.callSession(cmd.Context(), args[0], c, time.Duration(c.WaitS)*time.Second+callMargin)
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&c.WaitS, "wait-s", 0, "wait up to this many seconds for the job to end")
+	cmd.Flags().BoolVar(&c.Kill, "kill", false, "kill the job's process group (SIGKILL)")
+	return cmd
+}
+
+func newSessionJobsCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use: "jobs ID|NAME", Short: "List a session's background jobs", Args: positional(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, err := e.callSession(cmd.Context(), args[0], session.Call{Op: session.OpJobs}, callMargin)
+			return err
+		},
+	}
+}
+
+// guestSide matches ID|NAME:/path.
+var guestSide = regexp.MustCompile(`^([a-z0-9][a-z0-9._-]*):(/.*)$`)
+
+func newSessionCpCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file into or out of a session: one side is ID|NAME:/guest/path (at most 64 MiB)",
+		Args:  positional(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := guestSide.FindStringSubmatch(args[0]), guestSide.FindStringSubmatch(args[1])
+			switch {
+			case src == nil && dst != nil:
+				return e.copyIn(cmd.Context(), args[0], dst[1], dst[2])
+			case src != nil && dst == nil:
+				return e.copyOut(cmd.Context(), src[1], src[2], args[1])
+			}
+			return fmt.Errorf("cp %s %s: exactly one side must be ID|NAME:/guest/path: %w", args[0], args[1], errdefs.ErrInvalidArgument)
+		},
+	}
+}
+
+func (e *env) copyIn(ctx context.Context, host, ref, guest string) error {
+	f, err := hostio.Operator{}.OpenStdinFile(host)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	data, err := readCapped(f, host)
+	if err != nil {
+		return err
+	}
+	_, err = e.callSession(ctx, ref, session.Call{Op: session.OpPut, Path: guest, Mode: uint32(fi.Mode().Perm()), Data: data}, callMargin)
+	return err
+}
+
+// copyOut writes a guest file to host under run's copy-out rules: the
+// destination's directory is opened and checked first, the file is
+// written beside it and renamed into place.
+func (e *env) copyOut(ctx context.Context, ref, guest, host string) error {
+	dir, err := hostio.Operator{}.OpenCopyOut("cp", host)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	res, err := e.callSession(ctx, ref, session.Call{Op: session.OpGet, Path: guest}, callMargin)
+	if err != nil {
+		return err
+	}
+	var got supervisor.GetResult
+	if err := json.Unmarshal(res, &got); err != nil {
+		return fmt.Errorf("reading the supervisor's answer: %w", err)
+	}
+	mode := fs.FileMode(got.Mode).Perm()
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := writeAt(dir, filepath.Base(host), got.Data, mode); err != nil {
+		return fmt.Errorf("writing %s: %w", host, err)
+	}
+	e.result = struct {
+		OK    bool   `json:"ok"`
+		Guest string `json:"guest"`
+		Host  string `json:"host"`
+		Bytes int    `json:"bytes"`
+	}{true, guest, host, len(got.Data)}
+	return nil
+}
+
+// writeAt writes data to name in dir through a temporary file renamed
+// into place, so that the destination is whole or untouched.
+func writeAt(dir interface{ Fd() uintptr }, name string, data []byte, mode fs.FileMode) error {
+	dfd := int(dir.Fd())
+	tmp := ".isopod-cp-" + name
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
+	if err != nil {
+		return err
+	}
+	for b := data; len(b) > 0; {
+		n, err := unix.Write(fd, b)
+		if err != nil {
+			unix.Close(fd)
+			unix.Unlinkat(dfd, tmp, 0)
+			return err
+		}
+		b = b[n:]
+	}
+	if err := unix.Close(fd); err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return err
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return err
+	}
+	return nil
+}
+
+func newSessionExposeCmd(e *env) *cobra.Command {
+	var hostPort int
+	cmd := &cobra.Command{
+		Use:   "expose ID|NAME PORT",
+		Short: "Relay a host port on 127.0.0.1 to a guest TCP port, for the session's life (no network needed)",
+		Args:  positional(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var port int
+			if _, err := fmt.Sscanf(args[1], "%d", &port); err != nil || fmt.Sprint(port) != args[1] {
+				return fmt.Errorf("port %q: want a number 1..65535: %w", args[1], errdefs.ErrInvalidArgument)
+			}
+			_, err := e.callSession(cmd.Context(), args[0], session.Call{Op: session.OpExpose, GuestPort: port, HostPort: hostPort}, callMargin)
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&hostPort, "host-port", 0, "the host port (default: any free one)")
+	return cmd
+}
+
+func newSessionStopCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use: "stop ID|NAME", Short: "Stop a session's VM and report its lifetime", Args: positional(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rec, err := e.sessions().Resolve(args[0])
+			if err != nil {
+				return err
+			}
+			if _, err := e.callSession(cmd.Context(), rec.ID, session.Call{Op: session.OpStop}, callMargin); err != nil {
+				return err
+			}
+			// The VM is gone when the answer comes; the supervisor
+			// exits right after it.
+			waitExit(rec.SupervisorPID, rec.SupervisorStart, 10*time.Second)
+			return nil
+		},
+	}
+}
+
+// waitExit waits, at most d, for process pid (started at start) to exit.
+func waitExit(pid int, start uint64, d time.Duration) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if !vmrecord.Alive(pid, start) {
+		return
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	unix.Poll(fds, int(d.Milliseconds()))
+}
+
+func newSessionLsCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use: "ls", Short: "List sessions (a running one whose supervisor is gone reads lost)", Args: positional(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			recs := e.sessions().List()
+			if recs == nil {
+				recs = []*session.Record{}
+			}
+			e.result = struct {
+				OK       bool              `json:"ok"`
+				Sessions []*session.Record `json:"sessions"`
+			}{true, recs}
+			return nil
+		},
+	}
+}
