@@ -102,20 +102,8 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	default:
 		return s, fmt.Errorf("%s=%q: use 0 or off (every run boots cold), or 1 or on, or unset it: %w", knobs.WarmPool, v, errdefs.ErrInvalidArgument)
 	}
-	s.WarmPoolBytes = DefaultWarmPoolDiskMiB << 20
-	if v := strings.TrimSpace(raw[knobs.WarmPoolDisk]); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return s, fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
-		}
-		s.WarmPoolBytes = n << 20
-	}
-	if v := strings.TrimSpace(raw[knobs.CredentialMaxBodyMiB]); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 || n > 1<<20 {
-			return s, fmt.Errorf("%s=%q: want a number of MiB from 1 to 1048576: %w", knobs.CredentialMaxBodyMiB, v, errdefs.ErrInvalidArgument)
-		}
-		s.CredentialMaxBody = n << 20
+	if err := parseSizes(raw, &s); err != nil {
+		return s, err
 	}
 	if s.Jail, err = parseJail(raw[knobs.Jail]); err != nil {
 		return s, err
@@ -260,4 +248,25 @@ func readSwitch(lookup func(string) (string, bool), name string, warns *[]string
 	}
 	*warns = append(*warns, fmt.Sprintf("%s=%q is not on or off; treating it as off", name, v))
 	return false
+}
+
+// parseSizes reads the byte budgets given in MiB: the warm pool's disk
+// budget and the credential endpoint's body cap.
+func parseSizes(raw map[string]string, s *Settings) error {
+	s.WarmPoolBytes = DefaultWarmPoolDiskMiB << 20
+	if v := strings.TrimSpace(raw[knobs.WarmPoolDisk]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
+		}
+		s.WarmPoolBytes = n << 20
+	}
+	if v := strings.TrimSpace(raw[knobs.CredentialMaxBodyMiB]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || n > 1<<20 {
+			return fmt.Errorf("%s=%q: want a number of MiB from 1 to 1048576: %w", knobs.CredentialMaxBodyMiB, v, errdefs.ErrInvalidArgument)
+		}
+		s.CredentialMaxBody = n << 20
+	}
+	return nil
 }

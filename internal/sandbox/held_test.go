@@ -14,6 +14,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/session/supervisor"
 	"isopod/internal/vmm/vmmfake"
 )
 
@@ -40,43 +41,44 @@ func TestStartVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
+	v := supervisor.NewVM(h)
 	if info := h.Info(); info.VMID == "" || info.Path != "cold" || info.BootMS == nil {
 		t.Errorf("info %+v; want a cold-booted VM with an id", info)
 	}
-	rep, err := h.Exec(ctx, sandbox.ExecRequest{Argv: []string{"echo out; exit 3"}, Shell: true, Cwd: "/"})
+	rep, err := v.Exec(ctx, supervisor.ExecRequest{Argv: []string{"echo out; exit 3"}, Shell: true, Cwd: "/"})
 	if err != nil || code2(rep.ExitCode) != 3 || rep.Stdout != "out\n" || rep.TimedOut {
 		t.Fatalf("exec: %+v, %v; want exit 3 and out", rep, err)
 	}
-	rep, err = h.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sleep", "5"}, Cwd: "/", TimeoutS: 1})
+	rep, err = v.Exec(ctx, supervisor.ExecRequest{Argv: []string{"sleep", "5"}, Cwd: "/", TimeoutS: 1})
 	if err != nil || !rep.TimedOut {
 		t.Fatalf("exec past its timeout: %+v, %v; want timed out", rep, err)
 	}
-	rep, err = h.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, Cwd: "/"})
+	rep, err = v.Exec(ctx, supervisor.ExecRequest{Argv: []string{"true"}, Cwd: "/"})
 	if err != nil || code2(rep.ExitCode) != 0 {
 		t.Fatalf("exec after a timeout: %+v, %v; want exit 0", rep, err)
 	}
-	job, err := h.StartJob(ctx, sandbox.ExecRequest{Argv: []string{"echo job"}, Shell: true, Cwd: "/"})
+	job, err := v.StartJob(ctx, supervisor.ExecRequest{Argv: []string{"echo job"}, Shell: true, Cwd: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := h.JobWait(ctx, job.ID, 10*time.Second)
+	out, err := v.JobWait(ctx, job.ID, 10*time.Second)
 	if err != nil || string(out.Stdout) != "job\n" || out.ExitCode == nil {
 		t.Errorf("job: %+v, %v; want job and an exit", out, err)
 	}
 	// The fake's guest is the host: the copies land in a test directory.
 	p := filepath.Join(t.TempDir(), "f")
-	if _, err := h.PutFile(ctx, p, 0o600, 1<<20, bytes.NewReader([]byte("data"))); err != nil {
+	if _, err := v.PutFile(ctx, p, 0o600, 1<<20, bytes.NewReader([]byte("data"))); err != nil {
 		t.Fatal(err)
 	}
 	var w writerAt
-	if _, err := h.GetFile(ctx, p, 1<<20, &w); err != nil || string(w.b) != "data" {
+	if _, err := v.GetFile(ctx, p, 1<<20, &w); err != nil || string(w.b) != "data" {
 		t.Errorf("get: %q, %v; want data", w.b, err)
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Error(err)
 	}
-	if h.Execs() != 4 {
-		t.Errorf("%d execs; want 4", h.Execs())
+	if v.Execs() != 4 {
+		t.Errorf("%d execs; want 4", v.Execs())
 	}
 	h.Close()
 	s.Wait()
@@ -142,7 +144,8 @@ func TestHeldGuestDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	rep, err := h.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sleep 30 # " + marker}, Shell: true, Cwd: "/"})
+	v := supervisor.NewVM(h)
+	rep, err := v.Exec(ctx, supervisor.ExecRequest{Argv: []string{"sleep 30 # " + marker}, Shell: true, Cwd: "/"})
 	if err != nil {
 		t.Fatalf("Exec: %v; want a report", err)
 	}

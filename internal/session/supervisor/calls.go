@@ -28,7 +28,7 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 	case session.OpJob:
 		return s.job(ctx, c)
 	case session.OpJobs:
-		jobs, err := s.held.JobList(ctx)
+		jobs, err := s.vm.JobList(ctx)
 		if jobs == nil {
 			jobs = []agentproto.JobInfo{}
 		}
@@ -72,13 +72,13 @@ func (s *sup) snapshot() session.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := *s.rec
-	r.Execs = s.held.Execs()
+	r.Execs = s.vm.Execs()
 	return r
 }
 
 // request is c's command as the core takes it, with the session's own
 // environment and directory as defaults.
-func (s *sup) request(c session.Call) sandbox.ExecRequest {
+func (s *sup) request(c session.Call) ExecRequest {
 	spec := s.rec.Spec
 	cwd := c.Cwd
 	if cwd == "" {
@@ -88,25 +88,25 @@ func (s *sup) request(c session.Call) sandbox.ExecRequest {
 	if c.Stdin != nil {
 		stdin = bytes.NewReader(c.Stdin)
 	}
-	return sandbox.ExecRequest{Argv: c.Argv, Shell: c.Shell, Env: append(append([]string(nil), spec.Env...), c.Env...),
+	return ExecRequest{Argv: c.Argv, Shell: c.Shell, Env: append(append([]string(nil), spec.Env...), c.Env...),
 		Cwd: cwd, Stdin: stdin, TimeoutS: c.TimeoutS, Keep: true}
 }
 
 func (s *sup) exec(ctx context.Context, c session.Call) (any, error) {
 	e := s.request(c)
 	if c.Detach {
-		info, err := s.held.StartJob(ctx, e)
+		info, err := s.vm.StartJob(ctx, e)
 		if err != nil {
 			return nil, err
 		}
 		return session.Reply{OK: true, SessionID: s.o.ID, JobID: info.ID}, nil
 	}
-	rep, err := s.held.Exec(ctx, e)
+	rep, err := s.vm.Exec(ctx, e)
 	if err != nil {
 		return nil, err
 	}
 	return struct {
-		*sandbox.ExecReport
+		*ExecReport
 		SessionID string `json:"session_id"`
 	}{rep, s.o.ID}, nil
 }
@@ -128,14 +128,14 @@ func (s *sup) job(ctx context.Context, c session.Call) (any, error) {
 		return nil, fmt.Errorf("wait_s %d: must be 0 to %d: %w", c.WaitS, sandbox.MaxTimeoutS, errdefs.ErrInvalidArgument)
 	}
 	if c.Kill {
-		if err := s.held.JobKill(ctx, c.Job, int(syscall.SIGKILL)); err != nil {
+		if err := s.vm.JobKill(ctx, c.Job, int(syscall.SIGKILL)); err != nil {
 			return nil, err
 		}
 		if c.WaitS == 0 {
 			c.WaitS = 5
 		}
 	}
-	out, err := s.held.JobWait(ctx, c.Job, time.Duration(c.WaitS)*time.Second)
+	out, err := s.vm.JobWait(ctx, c.Job, time.Duration(c.WaitS)*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +146,7 @@ func (s *sup) put(ctx context.Context, c session.Call) (any, error) {
 	if c.Path == "" || c.Path[0] != '/' {
 		return nil, fmt.Errorf("put %q: the guest path must be absolute: %w", c.Path, errdefs.ErrInvalidArgument)
 	}
-	n, err := s.held.PutFile(ctx, c.Path, fs.FileMode(c.Mode).Perm(), session.MaxFileBytes, bytes.NewReader(c.Data))
+	n, err := s.vm.PutFile(ctx, c.Path, fs.FileMode(c.Mode).Perm(), session.MaxFileBytes, bytes.NewReader(c.Data))
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func (s *sup) get(ctx context.Context, c session.Call) (any, error) {
 		return nil, fmt.Errorf("get %q: the guest path must be absolute: %w", c.Path, errdefs.ErrInvalidArgument)
 	}
 	w := &buffer{max: session.MaxFileBytes}
-	done, err := s.held.GetFile(ctx, c.Path, session.MaxFileBytes, w)
+	done, err := s.vm.GetFile(ctx, c.Path, session.MaxFileBytes, w)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +213,7 @@ func (s *sup) expose(c session.Call) (any, error) {
 	s.exposes.Add(1)
 	go func() {
 		defer s.exposes.Done()
-		if err := s.held.Expose(s.exposeCtx, c.GuestPort, &busyListener{Listener: ln, s: s}); err != nil {
+		if err := s.vm.Expose(s.exposeCtx, c.GuestPort, &busyListener{Listener: ln, s: s}); err != nil {
 			s.log.Warn("exposing a guest port", "port", c.GuestPort, "err", err)
 		}
 	}()

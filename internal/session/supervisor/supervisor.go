@@ -44,10 +44,10 @@ type Options struct {
 
 // sup is one running supervisor.
 type sup struct {
-	o    Options
-	log  *slog.Logger
-	held *sandbox.Held
-	t0   time.Time
+	o   Options
+	log *slog.Logger
+	vm  *VM
+	t0  time.Time
 
 	mu       sync.Mutex // guards following
 	rec      *session.Record
@@ -97,7 +97,7 @@ func Run(ctx context.Context, o Options) error {
 	why := s.wait(ctx)
 	ln.Close()
 	s.exposeCancel()
-	s.held.Close()
+	s.vm.Close()
 	s.exposes.Wait()
 	o.Service.Wait()
 	os.Remove(o.Store.Socket(o.ID))
@@ -129,7 +129,7 @@ func (s *sup) start(ctx context.Context) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.held = h
+	s.vm = NewVM(h)
 	sock := s.o.Store.Socket(s.o.ID)
 	os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
@@ -176,7 +176,7 @@ func (s *sup) wait(ctx context.Context) string {
 			return s.stopWhy
 		case <-ctx.Done():
 			return "the supervisor was signalled"
-		case <-s.held.Done():
+		case <-s.vm.Done():
 			return "the VM exited"
 		case now := <-t.C:
 			if now.Sub(s.t0) >= maxLife {
@@ -207,8 +207,8 @@ func (s *sup) finish(state, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rec.State, s.rec.Reason, s.rec.Stopped = state, why, time.Now().UTC()
-	if s.held != nil {
-		s.rec.Execs = s.held.Execs()
+	if s.vm != nil {
+		s.rec.Execs = s.vm.Execs()
 	}
 	if err := s.o.Store.Write(s.rec); err != nil {
 		s.log.Error("writing the session's final state", "err", err)
@@ -261,7 +261,7 @@ func (s *sup) idle() {
 	s.active--
 	s.lastUsed = time.Now()
 	s.rec.LastUsed = s.lastUsed.UTC()
-	s.rec.Execs = s.held.Execs()
+	s.rec.Execs = s.vm.Execs()
 	s.o.Store.Write(s.rec)
 }
 

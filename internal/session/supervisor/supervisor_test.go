@@ -123,7 +123,7 @@ func TestSupervisor(t *testing.T) {
 	if r, err := s.store.Load(s.rec.ID); err != nil || !slices.Contains(r.Warnings, sandbox.UnconfinedWarning) || r.Path != "cold" {
 		t.Errorf("record: %+v, %v; want a cold VM, the jail's warning", r, err)
 	}
-	var rep sandbox.ExecReport
+	var rep supervisor.ExecReport
 	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"cat; exit 2"}, Shell: true, Stdin: []byte("in")}, &rep)
 	if rep.ExitCode == nil || *rep.ExitCode != 2 || rep.Stdout != "in" {
 		t.Errorf("exec: %+v; want exit 2 and the stdin echoed", rep)
