@@ -156,6 +156,15 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
 			}},
+		{"a session's record imports neither the core, the machine layer, a front end, config, nor a VMM",
+			func(pkg string) bool { return pkg == mod+"internal/session" },
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !frontEnd(imp) &&
+					imp != mod+"internal/config" && !under("internal/vmm")(imp)
+			}},
+		{"a session's supervisor imports no front end, nor config, nor a VMM driver: it gets its VM from the core",
+			under("internal/session/supervisor"),
+			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp) }},
 		{"a VM's network imports neither the core, the machine layer, a front end, config, nor a VMM driver",
 			under("internal/vmnet"),
 			func(_, imp string) bool {
