@@ -52,7 +52,7 @@ func TestRunQEMU10(t *testing.T) {
 	detail, _ := qemu["detail"].(map[string]any)
 	why, _ := qemu["why"].(string)
 	if qemu["ok"] != true || detail["firmware_kind"] != "SeaBIOS" || strings.Contains(why, "x-option-roms=off") ||
-		!strings.Contains(why, "QEMU 10.") || !strings.Contains(why, "option ROMs stay on") {
+		!strings.Contains(why, "QEMU 10.") || !strings.Contains(why, "option ROMs stay on") || !strings.Contains(why, "bzImage") {
 		t.Errorf("doctor's qemu check on QEMU 10: %v", qemu)
 	}
 }
