@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -58,7 +57,7 @@ func newUpstream(c Credential, cfg GatewayConfig) (*upstream, error) {
 	}
 	if ca := c.Alias.caPEM; ca != nil || c.Alias.CAFile != "" {
 		if ca == nil {
-			if ca, err = os.ReadFile(c.Alias.CAFile); err != nil {
+			if ca, err = readCAFile(c.Alias.CAFile); err != nil {
 				return nil, fmt.Errorf("ca_file: %w: %w", err, errdefs.ErrFailedPrecondition)
 			}
 		}

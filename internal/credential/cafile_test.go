@@ -1,0 +1,63 @@
+package credential
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"isopod/internal/errdefs"
+)
+
+// TestLoadCAFileNotPlain checks that a ca_file that is not a plain file of
+// sane size is refused at once: Load neither blocks on a FIFO nor reads
+// /dev/zero or a huge file into memory.
+func TestLoadCAFileNotPlain(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "ca.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.pem")
+	if err := os.WriteFile(huge, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, ca, want string }{
+		{"dev zero", "/dev/zero", "not a regular file"},
+		{"fifo", fifo, "not a regular file"},
+		{"huge", huge, "over the limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := writeFile(t, t.TempDir(), StoreFile, storeWith(`{"host": "api.example", "scheme": "bearer", "source": "env:T", "allow": ["readonly"], "ca_file": "`+tc.ca+`"}`), 0o600)
+			done := make(chan error, 1)
+			go func() { _, err := Load(p); done <- err }()
+			select {
+			case err := <-done:
+				if !errors.Is(err, errdefs.ErrFailedPrecondition) || !contains(err, tc.ca, tc.want) {
+					t.Errorf("Load: %v; want failed_precondition naming %s and saying %q", err, tc.ca, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Load of a store whose ca_file is %s did not return in 10s", tc.ca)
+			}
+		})
+	}
+}
+
+// contains reports whether err's text holds every one of subs.
+func contains(err error, subs ...string) bool {
+	if err == nil {
+		return false
+	}
+	for _, s := range subs {
+		if !strings.Contains(err.Error(), s) {
+			return false
+		}
+	}
+	return true
+}
