@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -139,14 +140,20 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, up *upstream, 
 		return
 	}
 	defer resp.Body.Close()
-	g.relay(w, resp, ev)
+	g.relay(w, resp, up, ev)
 }
 
-// relay sends resp's status, headers (less the hop-by-hop ones) and body,
-// flushing as it goes. A body the host cuts is cut here too.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, ev *Event) {
+// relay sends resp's status, headers (less the hop-by-hop ones, and any
+// that holds the secret: a host may echo the request's credential) and
+// body, flushing as it goes. A body the host cuts is cut here too.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up *upstream, ev *Event) {
 	h := w.Header()
+	a := up.cred.Alias
 	for k, vs := range resp.Header {
+		if slices.ContainsFunc(vs, func(v string) bool { return up.cred.secret.shownIn(v, a.Scheme, a.User) }) {
+			g.log.Warn("credential endpoint: a response header that echoes the secret dropped", "alias", ev.Alias, "header", k)
+			continue
+		}
 		h[k] = append([]string(nil), vs...)
 	}
 	for _, c := range resp.Header.Values("Connection") {
