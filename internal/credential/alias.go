@@ -121,7 +121,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 func checkSource(src string) error {
 	if name, ok := strings.CutPrefix(src, "env:"); ok {
 		if !envName.MatchString(name) {
-			return fmt.Errorf("%q: env: names a variable (letters, digits, '_'): fix the name", src)
+			return fmt.Errorf("env: names a variable (letters, digits, '_'): fix the name (the value is not shown, in case it is the secret)")
 		}
 		return nil
 	}
@@ -131,7 +131,7 @@ func checkSource(src string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("%q: use env:NAME or file:/absolute/path", src)
+	return fmt.Errorf("use env:NAME or file:/absolute/path (the value is not shown, in case it is the secret: keep the secret itself in the variable or the file)")
 }
 
 // readCA reads a ca_file: an absolute path to PEM certificates.

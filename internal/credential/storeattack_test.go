@@ -61,3 +61,16 @@ func contains(err error, subs ...string) bool {
 	}
 	return true
 }
+
+// TestLoadSourceNotQuoted checks that a source that is neither env:NAME
+// nor file:/path, such as the secret itself written in its place, is
+// refused without quoting it.
+func TestLoadSourceNotQuoted(t *testing.T) {
+	for _, src := range []string{"ghp_LiteralTokenWrittenInPlace", "env:Bearer ghp_LiteralToken", "env:ghp-Literal-Token"} {
+		p := writeFile(t, t.TempDir(), StoreFile, storeWith(`{"host": "api.example", "scheme": "bearer", "source": "`+src+`", "allow": ["readonly"]}`), 0o600)
+		_, err := Load(p)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || strings.Contains(err.Error(), "LiteralToken") || strings.Contains(err.Error(), "Literal-Token") {
+			t.Errorf("Load with source %q: %v; want failed_precondition without the value", src, err)
+		}
+	}
+}
