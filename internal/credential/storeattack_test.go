@@ -74,3 +74,25 @@ func TestLoadSourceNotQuoted(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveFileSourceNotPlain checks that a file: source that is a FIFO
+// or a device is refused at once, never read.
+func TestResolveFileSourceNotPlain(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "secret.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []string{fifo, "/dev/zero"} {
+		p := writeFile(t, t.TempDir(), StoreFile, storeWith(`{"host": "api.example", "scheme": "bearer", "source": "file:`+src+`", "allow": ["readonly"]}`), 0o600)
+		done := make(chan error, 1)
+		go func() { _, err := Resolve(p, []string{"gh"}, Operator, nil, nil); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, errdefs.ErrFailedPrecondition) || !contains(err, "not a regular file") {
+				t.Errorf("Resolve with source file:%s: %v; want failed_precondition saying not a regular file", src, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Resolve with source file:%s did not return in 10s", src)
+		}
+	}
+}
