@@ -4,11 +4,13 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -119,7 +121,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 func checkSource(src string) error {
 	if name, ok := strings.CutPrefix(src, "env:"); ok {
 		if !envName.MatchString(name) {
-			return fmt.Errorf("%q: env: names a variable (letters, digits, '_'): fix the name", src)
+			return fmt.Errorf("env: names a variable (letters, digits, '_'): fix the name (the value is not shown, in case it is the secret)")
 		}
 		return nil
 	}
@@ -129,7 +131,7 @@ func checkSource(src string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("%q: use env:NAME or file:/absolute/path", src)
+	return fmt.Errorf("use env:NAME or file:/absolute/path (the value is not shown, in case it is the secret: keep the secret itself in the variable or the file)")
 }
 
 // readCA reads a ca_file: an absolute path to PEM certificates.
@@ -137,12 +139,43 @@ func readCA(path string) ([]byte, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%q is not an absolute path: give the full path", path)
 	}
-	b, err := os.ReadFile(path)
+	b, err := readCAFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%v: give a readable PEM file of CA certificates", err)
+		return nil, err
 	}
 	if _, err := certPool(b); err != nil {
 		return nil, fmt.Errorf("%s: %v: give a PEM file of CA certificates", path, err)
+	}
+	return b, nil
+}
+
+// MaxCAFile caps a ca_file: a whole system bundle is a few hundred KiB.
+const MaxCAFile = 4 << 20
+
+// readCAFile reads a ca_file that is a regular file (a link to one
+// included) of at most MaxCAFile bytes: a FIFO, a device or a huge file is
+// refused before any read, so that Load neither blocks nor fills memory.
+func readCAFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%v: give a readable PEM file of CA certificates", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%v: give a readable PEM file of CA certificates", err)
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file: give a PEM file of CA certificates", path)
+	case fi.Size() > MaxCAFile:
+		return nil, fmt.Errorf("%s has %d bytes, over the limit of %d: give a PEM file of CA certificates", path, fi.Size(), MaxCAFile)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxCAFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %v", path, err)
+	}
+	if len(b) > MaxCAFile {
+		return nil, fmt.Errorf("%s grew over the limit of %d bytes while it was read", path, MaxCAFile)
 	}
 	return b, nil
 }

@@ -68,7 +68,11 @@ type GatewayConfig struct {
 	// HeadTimeout bounds the wait for the host's response head once the
 	// request is sent; 0: DefaultHeadTimeout.
 	HeadTimeout time.Duration
-	Logger      *slog.Logger
+	// BodyIdleTimeout bounds the wait for each part of a request body:
+	// a body that stops arriving for that long is refused (408,
+	// NoteBodyStalled); 0: DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
+	Logger          *slog.Logger
 }
 
 // Flight is e as the flight recorder keeps it: proto credential, the

@@ -19,10 +19,11 @@ import (
 // /<alias>/<path>, each checked against the alias's allow rules and then
 // made anew to https://<host>/<path> with the secret added.
 type Gateway struct {
-	cfg     GatewayConfig
-	log     *slog.Logger
-	maxBody int64
-	ups     map[string]*upstream // by alias name
+	cfg      GatewayConfig
+	log      *slog.Logger
+	maxBody  int64
+	bodyIdle time.Duration
+	ups      map[string]*upstream // by alias name
 }
 
 // NewGateway makes the endpoint of cfg's credentials, which must come
@@ -35,6 +36,9 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	}
 	if g.maxBody <= 0 {
 		g.maxBody = DefaultMaxBody
+	}
+	if g.bodyIdle = cfg.BodyIdleTimeout; g.bodyIdle <= 0 {
+		g.bodyIdle = DefaultBodyIdleTimeout
 	}
 	for _, c := range cfg.Credentials {
 		if err := c.check(); err != nil {
@@ -75,6 +79,7 @@ const (
 	NoteBadPath         = "bad_path"
 	NoteNotPermitted    = "not_permitted"
 	NoteBodyTooLarge    = "body_too_large"
+	NoteBodyStalled     = "body_stalled"
 	NoteUpstreamFailed  = "upstream_failed"
 	NoteUpstreamTimeout = "upstream_timeout"
 )
@@ -88,6 +93,7 @@ var refusals = map[string]struct {
 	NoteBadPath:         {http.StatusBadRequest, "path refused: only plain URL paths are served (no encoded '/', '\\', '.' or control bytes, no '.', '..' or empty segments, no ';', '\\' or '#')"},
 	NoteNotPermitted:    {http.StatusForbidden, "method and path not permitted by the alias's allow rules"},
 	NoteBodyTooLarge:    {http.StatusRequestEntityTooLarge, "request body over the endpoint's limit"},
+	NoteBodyStalled:     {http.StatusRequestTimeout, "request body stopped arriving"},
 	NoteUpstreamFailed:  {http.StatusBadGateway, "the alias's host could not be reached"},
 	NoteUpstreamTimeout: {http.StatusGatewayTimeout, "the alias's host did not answer in time"},
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 )
 
 // Secret holds a secret value. Every way Go prints or encodes a value
@@ -60,6 +61,19 @@ func (s Secret) sign(h http.Header, scheme Scheme, user, name string) {
 	case SchemeHeader:
 		h[name] = []string{string(s.v.b)}
 	}
+}
+
+// shownIn reports whether v holds the secret, as it is or as scheme
+// signs it for user (base64, padded or not).
+func (s Secret) shownIn(v string, scheme Scheme, user string) bool {
+	if s.empty() {
+		return false
+	}
+	if strings.Contains(v, string(s.v.b)) {
+		return true
+	}
+	b64 := strings.TrimRight(base64.StdEncoding.EncodeToString([]byte(user+":"+string(s.v.b))), "=")
+	return scheme == SchemeBasic && strings.Contains(v, b64)
 }
 
 // empty reports whether s holds no value (a Credential not made by

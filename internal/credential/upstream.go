@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -22,8 +23,11 @@ const (
 	// DefaultHeadTimeout bounds the wait for a response's head once the
 	// request is sent; bodies stream without a cap on time.
 	DefaultHeadTimeout = 60 * time.Second
-	dialTimeout        = 30 * time.Second
-	handshakeTimeout   = 30 * time.Second
+	// DefaultBodyIdleTimeout bounds the wait for each part of a request
+	// body; a body that keeps arriving has no cap on time.
+	DefaultBodyIdleTimeout = 60 * time.Second
+	dialTimeout            = 30 * time.Second
+	handshakeTimeout       = 30 * time.Second
 )
 
 // forwarded are the request headers passed on; every other one (Host,
@@ -58,7 +62,7 @@ func newUpstream(c Credential, cfg GatewayConfig) (*upstream, error) {
 	}
 	if ca := c.Alias.caPEM; ca != nil || c.Alias.CAFile != "" {
 		if ca == nil {
-			if ca, err = os.ReadFile(c.Alias.CAFile); err != nil {
+			if ca, err = readCAFile(c.Alias.CAFile); err != nil {
 				return nil, fmt.Errorf("ca_file: %w: %w", err, errdefs.ErrFailedPrecondition)
 			}
 		}
@@ -115,18 +119,19 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, up *upstream, 
 		out.Header.Set("User-Agent", userAgent)
 	}
 	up.cred.secret.sign(out.Header, up.cred.Alias.Scheme, up.cred.Alias.User, up.cred.Alias.Header)
-	body := &cappedBody{r: r.Body, left: g.maxBody}
+	body := &cappedBody{r: r.Body, left: g.maxBody, rc: http.NewResponseController(w), idle: g.bodyIdle, cancel: cancel}
+	defer body.done()
 	if r.ContentLength != 0 {
 		out.Body, out.ContentLength = body, r.ContentLength
 	}
 	resp, err := up.rt.RoundTrip(out)
 	ev.BytesUp = body.n.Load()
-	if body.over.Load() {
+	if note := body.refusal(); note != "" {
 		if resp != nil {
 			resp.Body.Close()
 		}
 		cancel()
-		g.refuse(w, ev, NoteBodyTooLarge)
+		g.refuse(w, ev, note)
 		return
 	}
 	if err != nil {
@@ -140,14 +145,20 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, up *upstream, 
 		return
 	}
 	defer resp.Body.Close()
-	g.relay(w, resp, ev)
+	g.relay(w, resp, up, ev)
 }
 
-// relay sends resp's status, headers (less the hop-by-hop ones) and body,
-// flushing as it goes. A body the host cuts is cut here too.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, ev *Event) {
+// relay sends resp's status, headers (less the hop-by-hop ones, and any
+// that holds the secret: a host may echo the request's credential) and
+// body, flushing as it goes. A body the host cuts is cut here too.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, up *upstream, ev *Event) {
 	h := w.Header()
+	a := up.cred.Alias
 	for k, vs := range resp.Header {
+		if slices.ContainsFunc(vs, func(v string) bool { return up.cred.secret.shownIn(v, a.Scheme, a.User) }) {
+			g.log.Warn("credential endpoint: a response header that echoes the secret dropped", "alias", ev.Alias, "header", k)
+			continue
+		}
 		h[k] = append([]string(nil), vs...)
 	}
 	for _, c := range resp.Header.Values("Connection") {
@@ -186,20 +197,43 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, ev *Event) {
 // errBodyTooLarge ends a request body over the limit.
 var errBodyTooLarge = errors.New("request body over the credential endpoint's limit")
 
-// cappedBody reads a request body up to a limit, counting; past it, it
-// fails, which aborts the upstream request.
+// cappedBody reads a request body up to a limit, counting, each read
+// bounded by idle; past the limit, or when a read times out, it fails,
+// which aborts the upstream request.
 type cappedBody struct {
-	r    io.ReadCloser
-	left int64
-	n    atomic.Int64
-	over atomic.Bool
+	r       io.ReadCloser
+	left    int64
+	rc      *http.ResponseController
+	idle    time.Duration
+	cancel  context.CancelFunc // the upstream request's
+	n       atomic.Int64
+	over    atomic.Bool
+	stalled atomic.Bool
+}
+
+// refusal is the note refusing the request for its body, or "".
+func (b *cappedBody) refusal() string {
+	switch {
+	case b.over.Load():
+		return NoteBodyTooLarge
+	case b.stalled.Load():
+		return NoteBodyStalled
+	}
+	return ""
 }
 
 func (b *cappedBody) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.left+1 {
 		p = p[:b.left+1]
 	}
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.r.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.stalled.Store(true)
+		b.cancel() // a transport may wait for the host's answer first
+	} else if err != nil {
+		b.done() // the body is read: the answer may take its time
+	}
 	if int64(n) > b.left {
 		b.over.Store(true)
 		return 0, errBodyTooLarge
@@ -207,6 +241,14 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 	b.left -= int64(n)
 	b.n.Add(int64(n))
 	return n, err
+}
+
+// done lifts the bound on reads, unless the body stalled: the server
+// then finds the rest of it gone at once instead of waiting for it.
+func (b *cappedBody) done() {
+	if !b.stalled.Load() {
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
 }
 
 func (b *cappedBody) Close() error { return b.r.Close() }

@@ -91,3 +91,26 @@ func TestPinnedCredentialConfig(t *testing.T) {
 		t.Errorf("a pinned host that is no name: %v; want invalid argument", err)
 	}
 }
+
+// TestPinnedCredentialIDN checks that an internationalised credential host
+// stays pinned however the guest spells it: Unicode in any case, its
+// punycode form in any case, a trailing dot, even under a wildcard rule.
+func TestPinnedCredentialIDN(t *testing.T) {
+	pins, err := ParsePins([]string{"Bücher.shop.example"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewFilter(FilterConfig{Rules: parsedRules(t, Switches{AllowHosts: []string{"*.shop.example"}}),
+		Lookup: fixedLookup(map[string][]string{"xn--bcher-kva.shop.example": {"203.0.113.60"}}), Pinned: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"bücher.shop.example", "BÜCHER.SHOP.EXAMPLE.", "xn--bcher-kva.shop.example", "XN--BCHER-KVA.Shop.example."} {
+		if _, v, err := f.Judge(context.Background(), host, 443); err != nil || v.Allow || v.Reason != ReasonPinnedCredential {
+			t.Errorf("proxy request for %s: %+v %v; want refused %s", host, v, err, ReasonPinnedCredential)
+		}
+		if v, _ := ask(f, host, "A"); v.Allow || v.Reason != ReasonPinnedCredential {
+			t.Errorf("DNS %s: %+v; want refused %s", host, v, ReasonPinnedCredential)
+		}
+	}
+}
