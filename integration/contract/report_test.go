@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -129,7 +128,7 @@ func TestMCPReports(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(root, "ws"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	warm := startMCP(t, root, knobs.Jail+"=off")
+	warm := e2e.StartMCP(t, "isopod-contract", root, nil, knobs.Jail+"=off")
 	outer := t
 	var cold *mcp.ClientSession // a server without the warm pool, for noWarm runs
 	for _, sc := range scenarios("mcp") {
@@ -137,7 +136,7 @@ func TestMCPReports(t *testing.T) {
 			cs := warm
 			if sc.noWarm {
 				if cold == nil {
-					cold = startMCP(outer, root, knobs.Jail+"=off", knobs.WarmPool+"=off")
+					cold = e2e.StartMCP(outer, "isopod-contract", root, nil, knobs.Jail+"=off", knobs.WarmPool+"=off")
 				}
 				cs = cold
 			}
@@ -194,27 +193,4 @@ func runUntil(t *testing.T, sc scenario, run func() map[string]any) map[string]a
 		t.Fatalf("%s: path %v; want %s", sc.name, rep["path"], sc.path)
 	}
 	return rep
-}
-
-// startMCP starts the built isopod-mcp in dir with env added and connects
-// the SDK's client to it.
-func startMCP(t *testing.T, dir string, env ...string) *mcp.ClientSession {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"))
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent")), env...)
-	logs := new(e2e.LockedBuffer)
-	cmd.Stderr = logs
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("isopod-mcp stderr:\n%s", logs)
-		}
-	})
-	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-contract", Version: "0"}, nil)
-	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatalf("starting isopod-mcp: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
 }

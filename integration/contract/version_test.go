@@ -27,7 +27,7 @@ func TestBinariesReportTheVersion(t *testing.T) {
 			t.Errorf("%s --version printed %q on stdout; want %q", bin, got, bin+" version "+want+"\n")
 		}
 	}
-	cs := startMCP(t, t.TempDir())
+	cs := e2e.StartMCP(t, "isopod-contract", "", nil)
 	if got := cs.InitializeResult().ServerInfo.Version; got != want {
 		t.Errorf("isopod-mcp serverInfo.version %q; want %q", got, want)
 	}

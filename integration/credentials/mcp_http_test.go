@@ -50,12 +50,12 @@ func TestInjectMCPHTTP(t *testing.T) {
 		} `json:"egress"`
 	}
 	if err := json.Unmarshal(raw, &rep); err != nil || res.IsError || rep.ExitCode == nil || *rep.ExitCode != 0 {
-		t.Fatalf("sandbox_run inject formodel: error %v, result %s %s", err, raw, toolText(res))
+		t.Fatalf("sandbox_run inject formodel: error %v, result %s %s", err, raw, e2e.ToolText(res))
 	}
 	if !strings.Contains(rep.Stdout, "got=upstream:/ok/mcp\n") || len(rep.Egress.Injected) != 1 || rep.Egress.Injected[0] != "formodel" {
 		t.Errorf("stdout %q, injected %v", rep.Stdout, rep.Egress.Injected)
 	}
-	if strings.Contains(string(raw)+toolText(res), secret) {
+	if strings.Contains(string(raw)+e2e.ToolText(res), secret) {
 		t.Error("the secret is in the tool's result")
 	}
 
@@ -66,7 +66,7 @@ func TestInjectMCPHTTP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		text := toolText(res)
+		text := e2e.ToolText(res)
 		if !res.IsError || !strings.HasPrefix(text, "sandbox_run refused: ") || strings.Contains(text, alias) || strings.Contains(text, "credentials.json") {
 			t.Errorf("inject %s: result %q; want the uniform refusal", alias, text)
 		}

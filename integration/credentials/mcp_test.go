@@ -2,9 +2,6 @@ package credentials
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +9,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/integration/e2e"
-	"isopod/internal/knobs"
 )
 
 // TestInjectMCPUniformRefusal: over MCP, a store others can read, an
@@ -21,7 +17,7 @@ import (
 // nor the alias, before any VM starts.
 func TestInjectMCPUniformRefusal(t *testing.T) {
 	e2e.RequireVM(t)
-	cs := startMCP(t, tokenEnv+"="+secret)
+	cs := e2e.StartMCP(t, "isopod-credentials-e2e", "", nil, tokenEnv+"="+secret)
 	mcpAlias := strings.Replace(upAlias, `"allow"`, `"mcp": true, "allow"`, 1)
 	unset := strings.Replace(mcpAlias, tokenEnv, "CRED_E2E_UNSET", 1)
 	var first string
@@ -46,7 +42,7 @@ func TestInjectMCPUniformRefusal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			text := toolText(res)
+			text := e2e.ToolText(res)
 			if !res.IsError || !strings.HasPrefix(text, "sandbox_run refused: ") {
 				t.Fatalf("result %q; want a refusal", text)
 			}
@@ -65,37 +61,4 @@ func TestInjectMCPUniformRefusal(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startMCP starts isopod-mcp on stdio over the private state root.
-func startMCP(t *testing.T, env ...string) *mcp.ClientSession {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"))
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent")), env...)
-	logs := new(e2e.LockedBuffer)
-	cmd.Stderr = logs
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("isopod-mcp stderr:\n%s", logs)
-		}
-	})
-	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-credentials-e2e", Version: "0"}, nil)
-	cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatalf("starting isopod-mcp: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
-}
-
-// toolText is a tool result's text.
-func toolText(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
 }

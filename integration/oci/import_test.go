@@ -230,8 +230,8 @@ func TestImportWithoutAShell(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !call.IsError || !strings.Contains(toolText(call), "no /bin/sh") {
-		t.Errorf("sandbox_run over a base without /bin/sh: %s; want a refusal saying so", toolText(call))
+	if !call.IsError || !strings.Contains(e2e.ToolText(call), "no /bin/sh") {
+		t.Errorf("sandbox_run over a base without /bin/sh: %s; want a refusal saying so", e2e.ToolText(call))
 	}
 }
 

@@ -140,7 +140,7 @@ func TestMCPStagePullWithinTimeout(t *testing.T) {
 				t.Errorf("timeout_s %d: %v", timeout, err)
 				return
 			}
-			took, text := time.Since(start), toolText(call)
+			took, text := time.Since(start), e2e.ToolText(call)
 			if !call.IsError || !strings.Contains(text, "(unavailable)") || !strings.Contains(text, "did not finish within timeout_s") {
 				t.Errorf("timeout_s %d: %s; want an unavailable error naming timeout_s", timeout, text)
 			}
