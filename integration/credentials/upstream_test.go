@@ -3,18 +3,10 @@ package credentials
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"io/fs"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +16,7 @@ import (
 
 	"isopod/integration/e2e"
 	"isopod/internal/credential"
+	"isopod/internal/testnet"
 )
 
 // The secret's two halves: commands in the guest join them, so that the
@@ -61,8 +54,8 @@ func startUpstream(t *testing.T) *upstream {
 // itself.
 func startUpstreamWith(t *testing.T, h http.Handler) *upstream {
 	t.Helper()
-	caCert, caKey := newCA(t)
-	leaf := newLeaf(t, caCert, caKey)
+	ca := testnet.NewCA(t)
+	leaf := ca.Leaf(t, "localhost", "127.0.0.1")
 	l, err := tls.Listen("tcp", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{leaf}})
 	if err != nil {
 		t.Skipf("the upstream needs 127.0.0.1:443: %v", err)
@@ -71,48 +64,11 @@ func startUpstreamWith(t *testing.T, h http.Handler) *upstream {
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	up := &upstream{caFile: filepath.Join(t.TempDir(), "ca.pem")}
-	pemCA := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caCert.Raw})
+	pemCA := ca.PEM
 	if err := os.WriteFile(up.caFile, pemCA, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return up
-}
-
-func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "isopod e2e credential CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
-}
-
-func newLeaf(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // storePath is the private state root's credential store.

@@ -4,19 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"fmt"
 	"io"
+	"isopod/internal/testnet"
 	"log"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,52 +21,16 @@ import (
 )
 
 // testCA is a certificate authority of a test's own.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
+type testCA = testnet.CA
 
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "isopod test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// leaf is a server certificate for names, signed by ca.
-func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
+func newTestCA(t *testing.T) *testCA { return testnet.NewCA(t) }
 
 // upstreamTLS starts an HTTPS server for localhost with a certificate of
 // ca, serving h.
 func upstreamTLS(t *testing.T, ca *testCA, h http.Handler) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, "localhost")}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Leaf(t, "localhost")}}
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes tests make
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
@@ -181,7 +139,7 @@ func newTestGateway(t *testing.T, up *httptest.Server, ca *testCA, decls map[str
 	dir := t.TempDir()
 	caFile := ""
 	if ca != nil {
-		caFile = writeFile(t, dir, "ca.pem", string(ca.pem), 0o644)
+		caFile = writeFile(t, dir, "ca.pem", string(ca.PEM), 0o644)
 	}
 	var entries, names []string
 	for name, d := range decls {
