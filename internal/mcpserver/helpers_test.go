@@ -46,7 +46,7 @@ func (c *scriptedCore) Run(ctx context.Context, req sandbox.Request) (*sandbox.R
 	c.mu.Unlock()
 	if run == nil {
 		code := 0
-		return &sandbox.Report{OK: true, VMID: "vm-test", ExitCode: &code, Stdout: "hi\n", Path: "cold"}, nil
+		return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "hi\n"}, Path: "cold"}, nil
 	}
 	return run(ctx, req)
 }

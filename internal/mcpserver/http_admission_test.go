@@ -101,7 +101,7 @@ func TestHTTPBusyIs503(t *testing.T) {
 		case <-ctx.Done():
 		}
 		code := 0
-		return &sandbox.Report{ExitCode: &code}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}}, nil
 	}}
 	adm := mustAdmission(t, 1, 0)
 	h := startHTTP(t, Config{Core: core, Admission: adm}, nil)

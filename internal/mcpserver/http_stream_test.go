@@ -141,7 +141,7 @@ func newBlockingCore() *blockingCore {
 		case <-c.release:
 			c.ended <- nil
 			code := 0
-			return &sandbox.Report{OK: true, VMID: "vm-test", ExitCode: &code, Stdout: "released\n", Path: "cold"}, nil
+			return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "released\n"}, Path: "cold"}, nil
 		case <-ctx.Done():
 			c.ended <- ctx.Err()
 			return nil, ctx.Err()

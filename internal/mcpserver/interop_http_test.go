@@ -38,7 +38,7 @@ func newStreamCore() *streamCore {
 		case <-time.After(d):
 			c.record(nil)
 			code := 0
-			return &sandbox.Report{OK: true, VMID: "vm-test", ExitCode: &code, Stdout: "slept\n", Path: "cold"}, nil
+			return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "slept\n"}, Path: "cold"}, nil
 		case <-ctx.Done():
 			c.record(ctx.Err())
 			return nil, ctx.Err()

@@ -24,18 +24,7 @@ type RunResult struct {
 	VMName string   `json:"vm_name"`
 	Argv   []string `json:"argv"`
 
-	ExitCode        *int   `json:"exit_code"`
-	Signal          *int   `json:"signal"`
-	TimedOut        bool   `json:"timed_out"`
-	GuestDied       bool   `json:"guest_died"`
-	GuestDiedReason string `json:"guest_died_reason,omitempty"`
-
-	Stdout          string `json:"stdout"`
-	Stderr          string `json:"stderr"`
-	StdoutTruncated bool   `json:"stdout_truncated"`
-	StderrTruncated bool   `json:"stderr_truncated"`
-	StdoutBytes     int64  `json:"stdout_bytes"`
-	StderrBytes     int64  `json:"stderr_bytes"`
+	sandbox.Outcome
 
 	DurationMS      int64  `json:"duration_ms"`
 	BootMS          *int64 `json:"boot_ms,omitempty"`
@@ -87,11 +76,7 @@ type RunResult struct {
 func runResult(r *sandbox.Report) *RunResult {
 	out := &RunResult{
 		VMID: r.VMID, VMName: r.Name, Argv: r.Argv,
-		ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut,
-		GuestDied: r.GuestDied, GuestDiedReason: r.GuestDiedReason,
-		Stdout: r.Stdout, Stderr: r.Stderr,
-		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
-		StdoutBytes: r.StdoutBytes, StderrBytes: r.StderrBytes,
+		Outcome:    r.Outcome,
 		DurationMS: r.ExecMS, BootMS: r.BootMS, ResumeMS: r.ResumeMS, TeardownMS: r.TeardownMS,
 		CopyOutMS: r.CopyOutMS, CommitMS: r.CommitMS, CommitHashMS: r.CommitHashMS, CommitCopyMS: r.CommitCopyMS,
 		SnapshotBuilt: r.SnapshotBuilt, SnapshotBuildMS: r.SnapshotBuildMS, TotalMS: r.TotalMS, Path: r.Path,

@@ -64,7 +64,7 @@ func TestRunResultNames(t *testing.T) {
 	code, boot := 0, int64(7)
 	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
 		return &sandbox.Report{OK: true, VMID: "vm-1", Name: "quiet-otter", Argv: []string{"/bin/sh", "-c", "true"},
-			ExitCode: &code, ExecMS: 42, BootMS: &boot, TotalMS: 99, Path: "cold",
+			Outcome: sandbox.Outcome{ExitCode: &code}, ExecMS: 42, BootMS: &boot, TotalMS: 99, Path: "cold",
 			Warnings: []string{"nothing committed: --commit-as commits only when the command exits 0"}}, nil
 	}}
 	s := connect(t, Config{Core: core, NoStartupGC: true})

@@ -196,7 +196,7 @@ func TestRunStdin(t *testing.T) {
 func TestRunReportAndGuestFailure(t *testing.T) {
 	code := 3
 	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
-		return &sandbox.Report{OK: true, VMID: "vm-1", ExitCode: &code, Stderr: "boom\n", Path: "cold", RootfsFlavor: "base-debian"}, nil
+		return &sandbox.Report{OK: true, VMID: "vm-1", Outcome: sandbox.Outcome{ExitCode: &code, Stderr: "boom\n"}, Path: "cold", RootfsFlavor: "base-debian"}, nil
 	}}
 	s := connect(t, Config{Core: core, NoStartupGC: true})
 	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "exit 3"}, nil)
@@ -225,7 +225,7 @@ func TestProgressKeepalive(t *testing.T) {
 			return nil, ctx.Err()
 		}
 		code := 0
-		return &sandbox.Report{ExitCode: &code}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}}, nil
 	}}
 	s := connect(t, Config{Core: core, ProgressInterval: 50 * time.Millisecond, NoStartupGC: true})
 

@@ -86,7 +86,7 @@ func TestStagesOnDemand(t *testing.T) {
 			return nil, fmt.Errorf("ran %q, want the pulled %s", req.Stage, id)
 		}
 		code := 0
-		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
 	var wg sync.WaitGroup
@@ -130,7 +130,7 @@ func TestStageHereResolvedOnce(t *testing.T) {
 			return nil, fmt.Errorf("ran %q, want the stage the label named when the call came, %s", req.Stage, first)
 		}
 		code := 0
-		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	core.stageInfoHook = func() {
 		// The label moves once the server has resolved it.
@@ -147,7 +147,7 @@ func TestPushCommits(t *testing.T) {
 	core := newTransferCore("reg.test/isopod/stages")
 	core.run = func(context.Context, sandbox.Request) (*sandbox.Report, error) {
 		code := 0
-		return &sandbox.Report{ExitCode: &code, StageID: "st-00112233445566bb", StageName: "x"}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, StageID: "st-00112233445566bb", StageName: "x"}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, PushCommits: true, NoStartupGC: true})
 	r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "commit_as": "team/deps"}, nil))
@@ -178,7 +178,7 @@ func TestStagePullWaitsAtMostTimeout(t *testing.T) {
 	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
 		ran.Store(int32(req.TimeoutS))
 		code := 0
-		return &sandbox.Report{ExitCode: &code, ForkedFrom: req.Stage}, nil
+		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -134,14 +134,9 @@ type NetReport struct {
 	LogPath   string `json:"log_path"`
 }
 
-// Report is the one JSON object a run produces. Optional fields are omitted
-// when their condition does not hold.
-type Report struct {
-	OK   bool     `json:"ok"`
-	VMID string   `json:"vm_id"`
-	Name string   `json:"name"`
-	Argv []string `json:"argv"`
-
+// Outcome is how a command ended and what it printed, as a run's report
+// and a session's exec report both give it.
+type Outcome struct {
 	ExitCode *int `json:"exit_code"`
 	Signal   *int `json:"signal"`
 	TimedOut bool `json:"timed_out"`
@@ -157,6 +152,17 @@ type Report struct {
 	StderrTruncated bool   `json:"stderr_truncated"`
 	StdoutBytes     int64  `json:"stdout_bytes"`
 	StderrBytes     int64  `json:"stderr_bytes"`
+}
+
+// Report is the one JSON object a run produces. Optional fields are omitted
+// when their condition does not hold.
+type Report struct {
+	OK   bool     `json:"ok"`
+	VMID string   `json:"vm_id"`
+	Name string   `json:"name"`
+	Argv []string `json:"argv"`
+
+	Outcome
 
 	ExecMS          int64  `json:"exec_ms"`
 	BootMS          *int64 `json:"boot_ms,omitempty"`

@@ -47,22 +47,12 @@ type ExecRequest struct {
 
 // ExecReport is how one exec ended: a run report's exec fields.
 type ExecReport struct {
-	OK              bool     `json:"ok"`
-	Argv            []string `json:"argv"`
-	ExitCode        *int     `json:"exit_code"`
-	Signal          *int     `json:"signal"`
-	TimedOut        bool     `json:"timed_out"`
-	GuestDied       bool     `json:"guest_died"`
-	GuestDiedReason string   `json:"guest_died_reason,omitempty"`
-	Stdout          string   `json:"stdout"`
-	Stderr          string   `json:"stderr"`
-	StdoutTruncated bool     `json:"stdout_truncated"`
-	StderrTruncated bool     `json:"stderr_truncated"`
-	StdoutBytes     int64    `json:"stdout_bytes"`
-	StderrBytes     int64    `json:"stderr_bytes"`
-	ExecMS          int64    `json:"exec_ms"`
-	StdoutLogPath   string   `json:"stdout_log_path"`
-	StderrLogPath   string   `json:"stderr_log_path"`
+	OK   bool     `json:"ok"`
+	Argv []string `json:"argv"`
+	sandbox.Outcome
+	ExecMS        int64  `json:"exec_ms"`
+	StdoutLogPath string `json:"stdout_log_path"`
+	StderrLogPath string `json:"stderr_log_path"`
 }
 
 func invalid(format string, a ...any) error {
