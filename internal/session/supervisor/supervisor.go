@@ -215,6 +215,9 @@ func (s *sup) finish(state, why string) {
 	}
 }
 
+// callReadTimeout bounds the wait for a call once its connection is made.
+var callReadTimeout = 10 * time.Second
+
 // serve answers calls until ln is closed.
 func (s *sup) serve(ln net.Listener) {
 	for {
@@ -268,13 +271,17 @@ func (s *sup) idle() {
 // handle answers one call; the session counts as used while it runs.
 func (s *sup) handle(conn net.Conn) {
 	defer conn.Close()
-	s.busy()
-	defer s.idle()
+	// A peer that connects and says nothing neither holds the
+	// connection nor keeps the session from going idle.
+	conn.SetReadDeadline(time.Now().Add(callReadTimeout))
 	c, err := session.ReadCall(conn)
 	if err != nil {
 		session.WriteAnswer(conn, nil, err)
 		return
 	}
+	conn.SetReadDeadline(time.Time{})
+	s.busy()
+	defer s.idle()
 	// A call ends when the VM does; the caller going away ends it too.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

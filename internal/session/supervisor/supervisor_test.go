@@ -264,3 +264,20 @@ func TestSupervisorExposedConnIsNotIdle(t *testing.T) {
 	guest.Close()
 	s.endsBy(t, "idle")
 }
+
+// A connection that never sends its call is dropped, and does not keep
+// the session from going idle.
+func TestSupervisorSilentConnection(t *testing.T) {
+	t.Cleanup(supervisor.SetCallReadTimeout(500 * time.Millisecond))
+	s := start(t, 1)
+	conn, err := net.Dial("unix", s.store.Socket(s.rec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(conn); err != nil {
+		t.Errorf("the silent connection was not ended by the supervisor: %v", err)
+	}
+	s.endsBy(t, "idle")
+}
