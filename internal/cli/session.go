@@ -17,7 +17,6 @@ import (
 	"isopod/internal/hostio"
 	"isopod/internal/session"
 	"isopod/internal/session/supervisor"
-	"isopod/internal/vmrecord"
 )
 
 // `isopod session`: a VM that outlives the call that started it, owned by
@@ -40,20 +39,7 @@ func newSessionCmd(e *env) *cobra.Command {
 // callSession sends c to the live session ref names, within d (0: no
 // bound), and keeps its answer as the command's result.
 func (e *env) callSession(ctx context.Context, ref string, c session.Call, d time.Duration) (json.RawMessage, error) {
-	rec, err := e.sessions().Resolve(ref)
-	if err != nil {
-		return nil, err
-	}
-	if !rec.Live() {
-		return nil, fmt.Errorf("session %s is %s (%s): start a new one with isopod session start: %w",
-			rec.ID, rec.State, rec.Reason, errdefs.ErrFailedPrecondition)
-	}
-	if d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d)
-		defer cancel()
-	}
-	res, err := session.Dial(ctx, rec.Socket, c)
+	res, err := e.sessions().Call(ctx, ref, c, d)
 	if err != nil {
 		return nil, err
 	}
@@ -269,24 +255,10 @@ func newSessionStopCmd(e *env) *cobra.Command {
 			}
 			// The VM is gone when the answer comes; the supervisor
 			// exits right after it.
-			waitExit(rec.SupervisorPID, rec.SupervisorStart, 10*time.Second)
+			session.WaitExit(rec, 10*time.Second)
 			return nil
 		},
 	}
-}
-
-// waitExit waits, at most d, for process pid (started at start) to exit.
-func waitExit(pid int, start uint64, d time.Duration) {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return
-	}
-	defer unix.Close(fd)
-	if !vmrecord.Alive(pid, start) {
-		return
-	}
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	unix.Poll(fds, int(d.Milliseconds()))
 }
 
 func newSessionLsCmd(e *env) *cobra.Command {
