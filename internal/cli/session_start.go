@@ -72,8 +72,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e.result = startResult{OK: true, SessionID: rec.ID, Name: rec.Name, State: rec.State, VMID: rec.VMID,
-				Path: rec.Path, GuestIP: rec.GuestIP, IdleTimeoutS: rec.IdleTimeoutS, MaxLifetimeS: rec.MaxLifetimeS, Warnings: rec.Warnings}
+			e.result = rec.Summary()
 			return nil
 		},
 	}
@@ -88,20 +87,6 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "stop the session after this many seconds without a call")
 	c.Flags().IntVar(&maxS, "max-lifetime-s", session.DefaultMaxLifetimeS, "stop the session this many seconds after it started")
 	return c
-}
-
-// startResult is what `session start` prints.
-type startResult struct {
-	OK           bool     `json:"ok"`
-	SessionID    string   `json:"session_id"`
-	Name         string   `json:"name"`
-	State        string   `json:"state"`
-	VMID         string   `json:"vm_id"`
-	Path         string   `json:"path"`
-	GuestIP      string   `json:"guest_ip,omitempty"`
-	IdleTimeoutS int      `json:"idle_timeout_s"`
-	MaxLifetimeS int      `json:"max_lifetime_s"`
-	Warnings     []string `json:"warnings,omitempty"`
 }
 
 // newSupervisorCmd is the hidden command `session start` runs detached.

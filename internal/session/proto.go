@@ -24,6 +24,9 @@ const (
 	OpGet    = "get"    // copy a guest file's bytes out
 	OpExpose = "expose" // relay a host port to a guest port
 	OpStop   = "stop"   // end the session
+	OpPause  = "pause"  // write the VM's memory and state to disk and end its VMM
+	OpFork   = "fork"   // snapshot the running VM for a new session (it keeps running)
+	OpCommit = "commit" // store the session's filesystem as a stage (it keeps running)
 )
 
 // MaxFileBytes caps one put or get through the socket.
@@ -58,6 +61,10 @@ type Call struct {
 	// expose
 	GuestPort int `json:"guest_port,omitempty"`
 	HostPort  int `json:"host_port,omitempty"`
+
+	// commit: the stage's label; fork: the new session's id
+	Label string `json:"label,omitempty"`
+	Child string `json:"child,omitempty"`
 }
 
 // Reply is the result of the calls that answer a few fields (ok first,
