@@ -49,6 +49,11 @@ type System interface {
 	SyncDisks() error
 	// MountRoot assembles the run's root from the disks m names (once).
 	MountRoot(m agentproto.Mount) error
+	// FreezeScratch freezes the root's writable layer (see KindFreeze);
+	// ThawScratch ends that freeze. A root without a scratch disk cannot
+	// be frozen.
+	FreezeScratch() error
+	ThawScratch() error
 	// WorkspaceLayers returns the directories the workspace's changes are
 	// read from: its writable layer's upper directory and the original
 	// tree ("" without a workspace).
@@ -69,6 +74,7 @@ type Server struct {
 
 	cgroupSeq atomic.Uint64 // names the execs' cgroups, unique across connections
 	jobs      jobTable      // background jobs outlive their connection
+	freeze    freezer       // the scratch filesystem's one bounded freeze
 }
 
 // NewServer returns a Server with opts.
@@ -131,6 +137,7 @@ func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
+	s.freeze.release(c)
 	if c.session.Load() {
 		// A session's execs run on; the next connection is served now.
 		s.log.Debug("session connection ended; its execs run on", "err", err)
@@ -339,6 +346,10 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.spawn(func() { c.halt(m) })
 	case agentproto.KindMount:
 		c.spawn(func() { c.mountRoot(m) })
+	case agentproto.KindFreeze:
+		c.spawn(func() { c.freezeScratch(m) })
+	case agentproto.KindThaw:
+		c.spawn(func() { c.thawScratch(m) })
 	case agentproto.KindWorkspaceChanges:
 		c.spawn(func() { c.workspaceChanges(m) })
 	default:

@@ -123,6 +123,11 @@ type fakeSystem struct {
 	wsUpper  string
 	wsLower  string
 	fail     error
+	// freezes and thaws count the scratch freezes; each thaw is also
+	// sent on thawed when it is set.
+	frozen         bool
+	freezes, thaws int
+	thawed         chan struct{}
 }
 
 func (f *fakeSystem) SetHostname(name string) error {
@@ -338,4 +343,36 @@ func (f *fakeSystem) WorkspaceLayers() (upper, lower string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.wsUpper, f.wsLower
+}
+
+func (f *fakeSystem) FreezeScratch() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.frozen {
+		return errors.New("already frozen")
+	}
+	f.frozen = true
+	f.freezes++
+	return f.fail
+}
+
+func (f *fakeSystem) ThawScratch() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.frozen {
+		return errors.New("not frozen")
+	}
+	f.frozen = false
+	f.thaws++
+	if f.thawed != nil {
+		f.thawed <- struct{}{}
+	}
+	return nil
+}
+
+// freezeCounts returns the freezes and thaws so far.
+func (f *fakeSystem) freezeCounts() (freezes, thaws int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.freezes, f.thaws
 }

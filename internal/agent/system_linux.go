@@ -12,11 +12,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/errdefs"
 )
 
 // fifreeze is FIFREEZE, _IOWR('X', 119, int) in the generic ioctl encoding
 // (x86 and arm64); golang.org/x/sys does not define it.
 const fifreeze = 0xC0045877
+
+// fithaw is FITHAW, _IOWR('X', 120, int).
+const fithaw = 0xC0045878
 
 // linuxSystem performs machine operations on the running Linux guest.
 type linuxSystem struct {
@@ -144,5 +148,56 @@ func (s *linuxSystem) SyncDisks() error {
 		}
 	}
 	s.log.Info("disks synced", "ms", time.Since(t0).Milliseconds())
+	return nil
+}
+
+// FreezeScratch freezes the scratch filesystem: the kernel writes its
+// dirty data out and checkpoints its journal, so that its disk image is
+// clean, and blocks writes to it until ThawScratch.
+func (s *linuxSystem) FreezeScratch() error {
+	fd, err := s.scratchFD()
+	if err != nil {
+		return err
+	}
+	return freezeFD(fd)
+}
+
+// ThawScratch ends FreezeScratch's freeze.
+func (s *linuxSystem) ThawScratch() error {
+	fd, err := s.scratchFD()
+	if err != nil {
+		return err
+	}
+	return thawFD(fd)
+}
+
+func (s *linuxSystem) scratchFD() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mounted == nil || s.mounted.scratchFD < 0 {
+		return -1, fmt.Errorf("the root has no scratch disk to freeze: %w", errdefs.ErrFailedPrecondition)
+	}
+	return s.mounted.scratchFD, nil
+}
+
+// freezeFD freezes the filesystem of the open file fd (FIFREEZE).
+func freezeFD(fd int) error {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fifreeze, 0)
+	switch errno {
+	case 0:
+		return nil
+	case unix.EBUSY:
+		return fmt.Errorf("freezing the scratch filesystem: it is already frozen: %w", errdefs.ErrFailedPrecondition)
+	case unix.EOPNOTSUPP, unix.ENOTTY:
+		return fmt.Errorf("freezing the scratch filesystem: %w: %w", errno, errdefs.ErrNotSupported)
+	}
+	return fmt.Errorf("freezing the scratch filesystem: %w", errno)
+}
+
+// thawFD thaws the filesystem of the open file fd (FITHAW).
+func thawFD(fd int) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fithaw, 0); errno != 0 {
+		return fmt.Errorf("thawing the scratch filesystem: %w", errno)
+	}
 	return nil
 }

@@ -82,3 +82,16 @@ func (c *Client) JobList(ctx context.Context) ([]agentproto.JobInfo, error) {
 	}
 	return f.msg.Jobs, nil
 }
+
+// Freeze freezes the guest's scratch filesystem, so that its disk image
+// can be copied while the VM runs; the guest thaws it on its own after
+// bound (0: agentproto.DefaultFreezeMS) or when this connection ends.
+func (c *Client) Freeze(ctx context.Context, bound time.Duration) error {
+	return c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindFreeze, FreezeMS: bound.Milliseconds()}, nil)
+}
+
+// Thaw ends Freeze's freeze. It fails when the freeze had already ended
+// on its own: a copy made meanwhile may be torn.
+func (c *Client) Thaw(ctx context.Context) error {
+	return c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindThaw}, nil)
+}

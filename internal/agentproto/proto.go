@@ -79,13 +79,23 @@
 // is a half-close (no more data from its sender); without it the stream
 // is over both ways. A stream ends with its connection.
 //
+// [KindFreeze] freezes the root's writable layer (the scratch filesystem:
+// its dirty data and journal are written out and further writes block) so
+// that the host can copy the scratch disk's image while the VM runs, and
+// [KindThaw] lets writes go on. A freeze is bounded: the guest thaws on
+// its own after FreezeMS (at most [MaxFreezeMS]) or when the connection
+// that froze it ends, whichever comes first, so that a host that fails
+// never leaves the guest's writes blocked. A thaw that finds the freeze
+// already ended that way is refused (the copy may be torn); one freeze is
+// held at a time.
+//
 // This wire surface is unstable: it changes with [Version] and both ends are
 // always built from one tree.
 package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 4
+const Version = 5
 
 // Limits.
 const (
@@ -100,6 +110,10 @@ const (
 	StdinWindow = 8
 	// MaxHostname caps SetHostname (the kernel's limit).
 	MaxHostname = 64
+	// DefaultFreezeMS bounds a freeze whose FreezeMS is 0; MaxFreezeMS
+	// caps FreezeMS.
+	DefaultFreezeMS = 30_000
+	MaxFreezeMS     = 120_000
 )
 
 // Kind names a message.
@@ -156,6 +170,8 @@ const (
 	KindSetHostname  Kind = "set_hostname"  // host -> guest: Hostname set
 	KindAddEntropy   Kind = "add_entropy"   // host -> guest: payload is random bytes; reseed
 	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
+	KindFreeze       Kind = "freeze"        // host -> guest: FreezeMS; freeze the scratch filesystem; OK
+	KindThaw         Kind = "thaw"          // host -> guest: end the freeze this connection holds; OK
 
 	// Generic replies.
 	KindOK    Kind = "ok"    // guest -> host: request done
@@ -193,7 +209,8 @@ type Msg struct {
 	Net      *NetConfig      `json:"net,omitempty"`
 	Clock    *Clock          `json:"clock,omitempty"`
 	Hostname string          `json:"hostname,omitempty"`
-	Sync     bool            `json:"sync,omitempty"` // on KindHalt
+	Sync     bool            `json:"sync,omitempty"`      // on KindHalt
+	FreezeMS int64           `json:"freeze_ms,omitempty"` // on KindFreeze: thaw on its own after this long (0: DefaultFreezeMS)
 
 	Error string `json:"error,omitempty"`
 	// Class is the class of a KindError's failure, named as the host's

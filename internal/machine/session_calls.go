@@ -84,3 +84,23 @@ func (v *Machine) PutFile(ctx context.Context, path string, mode fs.FileMode, ma
 	}
 	return c.PutFile(ctx, path, mode, maxBytes, r)
 }
+
+// Freeze freezes the guest's scratch filesystem for a copy of its disk
+// image, at most bound long (see agentproto's KindFreeze); Thaw ends it.
+func (v *Machine) Freeze(ctx context.Context, bound time.Duration) error {
+	c, err := v.agent()
+	if err != nil {
+		return err
+	}
+	return c.Freeze(ctx, bound)
+}
+
+// Thaw ends Freeze's freeze; it fails when the freeze ended on its own
+// first.
+func (v *Machine) Thaw(ctx context.Context) error {
+	c, err := v.agent()
+	if err != nil {
+		return err
+	}
+	return c.Thaw(ctx)
+}

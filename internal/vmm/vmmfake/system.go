@@ -29,6 +29,11 @@ type State struct {
 	Syncs int `json:"syncs"`
 	// Mount is the root the host asked for (nil: not yet).
 	Mount *agentproto.Mount `json:"mount,omitempty"`
+	// Freezes and Thaws count the scratch filesystem's freezes and thaws;
+	// Frozen says one holds now.
+	Freezes int  `json:"freezes"`
+	Thaws   int  `json:"thaws"`
+	Frozen  bool `json:"frozen"`
 }
 
 var errAlreadyMounted = errors.New("mount: the root is already assembled")
@@ -118,6 +123,33 @@ func (s *System) MountRoot(m agentproto.Mount) error {
 		return errAlreadyMounted
 	}
 	s.st.Mount = &m
+	return nil
+}
+
+var errFrozen = errors.New("freeze: the scratch filesystem is already frozen")
+
+// FreezeScratch records a freeze; the fake guest's files are the host's,
+// so nothing blocks.
+func (s *System) FreezeScratch() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st.Frozen {
+		return errFrozen
+	}
+	s.st.Frozen = true
+	s.st.Freezes++
+	return nil
+}
+
+// ThawScratch records a thaw.
+func (s *System) ThawScratch() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.st.Frozen {
+		return errors.New("thaw: the scratch filesystem is not frozen")
+	}
+	s.st.Frozen = false
+	s.st.Thaws++
 	return nil
 }
 
