@@ -177,6 +177,11 @@ func HashLayer(ctx context.Context, path, parent, flavor string) (id, digest str
 // copySparse copies src to a new file dst, writing only blocks that are not
 // all zeros, and fsyncs it. It returns the bytes dst allocates on disk.
 func copySparse(ctx context.Context, src, dst string) (allocated int64, err error) {
+	return copySparseSync(ctx, src, dst, true)
+}
+
+// copySparseSync is copySparse, fsyncing dst only when sync is set.
+func copySparseSync(ctx context.Context, src, dst string, sync bool) (allocated int64, err error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return 0, fmt.Errorf("opening scratch layer: %w", err)
@@ -205,8 +210,10 @@ func copySparse(ctx context.Context, src, dst string) (allocated int64, err erro
 	if err := out.Truncate(st.Size()); err != nil {
 		return 0, fmt.Errorf("sizing layer copy: %w", err)
 	}
-	if err := out.Sync(); err != nil {
-		return 0, fmt.Errorf("syncing layer copy: %w", err)
+	if sync {
+		if err := out.Sync(); err != nil {
+			return 0, fmt.Errorf("syncing layer copy: %w", err)
+		}
 	}
 	return allocatedBytes(out)
 }
