@@ -104,6 +104,33 @@ func (f *freezer) release(c *conn) {
 	}
 }
 
+// startFreezeCall handles a freeze or thaw in order: a thaw waits for the
+// connection's freeze requests before it, so that a host that gave up
+// waiting for a freeze's answer and thaws at once does not leave that
+// freeze to take hold after its thaw.
+func (c *conn) startFreezeCall(m *agentproto.Msg) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev := c.freezing
+	if m.Kind == agentproto.KindThaw {
+		c.spawnLocked(func() {
+			if prev != nil {
+				<-prev
+			}
+			c.thawScratch(m)
+		})
+		return
+	}
+	done := make(chan struct{})
+	c.freezing = done
+	if !c.spawnLocked(func() {
+		defer close(done)
+		c.freezeScratch(m)
+	}) {
+		close(done)
+	}
+}
+
 func (c *conn) freezeScratch(m *agentproto.Msg) {
 	bound, err := freezeBound(m)
 	if err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -104,5 +105,31 @@ func TestFreezeWithoutSystem(t *testing.T) {
 	c := startAgent(t, Options{})
 	if err := c.call(&agentproto.Msg{Kind: agentproto.KindFreeze}, nil); err == nil {
 		t.Error("a freeze without a system succeeded")
+	}
+}
+
+// A thaw sent before the freeze's answer (a host that gave up waiting)
+// waits for that freeze and ends it: the freeze never takes hold after it.
+func TestFreezeThawPipelined(t *testing.T) {
+	sys := &fakeSystem{thawed: make(chan struct{}, 100)}
+	c := startAgent(t, Options{System: sys})
+	for i := range 50 {
+		c.rawID++
+		freezeID := c.rawID
+		c.rawID++
+		thawID := c.rawID
+		var b bytes.Buffer
+		agentproto.WriteFrame(&b, &agentproto.Msg{ID: freezeID, Kind: agentproto.KindFreeze}, nil)
+		agentproto.WriteFrame(&b, &agentproto.Msg{ID: thawID, Kind: agentproto.KindThaw}, nil)
+		c.wire.writeRaw(b.Bytes()) // both frames in one write
+		if m := c.wire.await(t, freezeID, nil).m; m.Kind != agentproto.KindOK {
+			t.Fatalf("round %d: freeze: %s %s", i, m.Kind, m.Error)
+		}
+		if m := c.wire.await(t, thawID, nil).m; m.Kind != agentproto.KindOK {
+			t.Fatalf("round %d: thaw: %s %s; want it to wait for its freeze and end it", i, m.Kind, m.Error)
+		}
+	}
+	if f, th := sys.freezeCounts(); f != 50 || th != 50 {
+		t.Errorf("%d freezes, %d thaws; want 50 and 50", f, th)
 	}
 }

@@ -215,6 +215,7 @@ type conn struct {
 	puts     map[uint64]chan putChunk // copy-ins receiving chunks
 	ports    map[uint64]*portRelay    // relayed streams
 	closing  bool                     // set when Serve stops; no handler starts after it
+	freezing chan struct{}            // closed when the last freeze request is handled
 	halted   chan struct{}
 	haltOnce sync.Once
 }
@@ -346,10 +347,8 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.spawn(func() { c.halt(m) })
 	case agentproto.KindMount:
 		c.spawn(func() { c.mountRoot(m) })
-	case agentproto.KindFreeze:
-		c.spawn(func() { c.freezeScratch(m) })
-	case agentproto.KindThaw:
-		c.spawn(func() { c.thawScratch(m) })
+	case agentproto.KindFreeze, agentproto.KindThaw:
+		c.startFreezeCall(m)
 	case agentproto.KindWorkspaceChanges:
 		c.spawn(func() { c.workspaceChanges(m) })
 	default:

@@ -29,9 +29,9 @@ func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.
 const callMargin = 60 * time.Second
 
 func newSessionCmd(e *env) *cobra.Command {
-	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, stop",
+	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, commit, stop",
 		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
-		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionStopCmd(e), newSessionLsCmd(e))
+		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionCommitCmd(e), newSessionStopCmd(e), newSessionLsCmd(e))
 	c.Hidden = true
 	return c
 }

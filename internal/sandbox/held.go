@@ -21,8 +21,9 @@ import (
 // Held is a VM started by StartVM. Its methods are safe for concurrent
 // use; execs and the other agent calls share its one connection.
 type Held struct {
-	r    *run
-	once sync.Once
+	r        *run
+	once     sync.Once
+	commitMu sync.Mutex // one commit at a time
 }
 
 // HeldInfo says what a held VM is.

@@ -280,12 +280,16 @@ func checkIO(req Request) error {
 
 // validLabel checks a --commit-as label by the store's one rule for new
 // labels, before the run, so a bad label never costs a VM.
-func validLabel(l string) error {
+func validLabel(l string) error { return CheckLabel("commit_as", l) }
+
+// CheckLabel checks the new stage label l, given as field, by the store's
+// one rule for new labels.
+func CheckLabel(field, l string) error {
 	var le *store.LabelError
 	if err := store.ValidateLabel(l); errors.As(err, &le) {
-		return argError("commit_as", strconv.Quote(l), "%s", le.Reason)
+		return argError(field, strconv.Quote(l), "%s", le.Reason)
 	} else if err != nil {
-		return fmt.Errorf("--commit-as: %w", err)
+		return fmt.Errorf("%s: %w", CLIFlag(field), err)
 	}
 	return nil
 }

@@ -39,6 +39,8 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 		return s.get(ctx, c)
 	case session.OpExpose:
 		return s.expose(c)
+	case session.OpCommit:
+		return s.commit(ctx, c)
 	case session.OpStop:
 		s.requestStop("stopped by a stop call")
 		<-s.ended
