@@ -33,7 +33,7 @@ type HeldCommit struct {
 	StageName    string `json:"stage_name"`
 	CommitMS     int64  `json:"commit_ms"`      // the whole commit, checks to publication
 	CommitHashMS int64  `json:"commit_hash_ms"` // hashing the copy (store.Commit)
-	CommitCopyMS int64  `json:"commit_copy_ms"` // copying it into the stage (0: the stage existed)
+	CommitCopyMS int64  `json:"commit_copy_ms"` // moving it into the stage and syncing it (0: the stage existed)
 	// FrozenMS is how long the guest's writes to its filesystem were held:
 	// the freeze, the copy of the disk image and the thaw.
 	FrozenMS int64 `json:"commit_frozen_ms"`
@@ -74,8 +74,7 @@ func (h *Held) Commit(ctx context.Context, label string) (HeldCommit, error) {
 		return hc, err
 	}
 	defer sn.Close()
-	creq.Scratch = sn.Path
-	m, tm, err := st.Commit(ctx, creq)
+	m, tm, err := st.CommitSnapshot(ctx, sn, creq)
 	if err != nil {
 		return hc, fmt.Errorf("committing the stage: %w", err)
 	}

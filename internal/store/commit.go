@@ -191,6 +191,12 @@ func decide(all []Meta, id, label string) (existing *Meta, err error) {
 // fsynced and published by rename under the store lock: an interrupted
 // commit leaves only a temporary directory that List ignores and GC removes.
 func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTiming, error) {
+	return s.commit(ctx, req, false)
+}
+
+// commit is Commit; adopt moves req.Scratch, a file in the store, into the
+// stage instead of copying it.
+func (s *Store) commit(ctx context.Context, req CommitRequest, adopt bool) (Meta, CommitTiming, error) {
 	start := time.Now()
 	var tm CommitTiming
 	if _, err := s.checkCommit(req); err != nil {
@@ -223,7 +229,7 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (Meta, CommitTimi
 	defer dir.close(s.log)
 
 	t1 := time.Now()
-	allocated, err := copyLayer(ctx, req.Scratch, dir.path)
+	allocated, err := placeLayer(ctx, req.Scratch, dir.path, adopt)
 	if err != nil {
 		return done(Meta{}, err)
 	}
@@ -300,11 +306,16 @@ func (d *commitDir) close(log *slog.Logger) {
 	_ = d.lock.Close()
 }
 
-// copyLayer copies the scratch layer sparsely into dir as its read-only
-// layer file and returns the bytes it allocates.
-func copyLayer(ctx context.Context, scratch, dir string) (allocated int64, err error) {
+// placeLayer copies the scratch layer sparsely into dir as its read-only
+// layer file (adopt: moves it there and fsyncs it) and returns the bytes
+// it allocates.
+func placeLayer(ctx context.Context, scratch, dir string, adopt bool) (allocated int64, err error) {
 	layer := filepath.Join(dir, layerFile)
-	allocated, err = copySparse(ctx, scratch, layer)
+	if adopt {
+		allocated, err = adoptFile(scratch, layer)
+	} else {
+		allocated, err = copySparse(ctx, scratch, layer)
+	}
 	if err != nil {
 		return 0, err
 	}

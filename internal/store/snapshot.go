@@ -51,8 +51,33 @@ func (s *Store) SnapshotLayer(ctx context.Context, src string) (*Snapshot, error
 	return sn, nil
 }
 
-// Close removes the snapshot.
+// Close removes the snapshot (nothing, once committed).
 func (sn *Snapshot) Close() { sn.dir.close(sn.s.log) }
+
+// CommitSnapshot commits sn as Commit commits req.Scratch, moving the
+// snapshot's file into the new stage instead of copying it; sn is spent
+// either way (Close it).
+func (s *Store) CommitSnapshot(ctx context.Context, sn *Snapshot, req CommitRequest) (Meta, CommitTiming, error) {
+	req.Scratch = sn.Path
+	return s.commit(ctx, req, true)
+}
+
+// adoptFile moves src to dst (both in the store), fsyncs it and returns
+// the bytes it allocates.
+func adoptFile(src, dst string) (int64, error) {
+	if err := os.Rename(src, dst); err != nil {
+		return 0, fmt.Errorf("moving the snapshot into the stage: %w", err)
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("syncing the layer: %w", err)
+	}
+	return allocatedBytes(f)
+}
 
 // reflink makes dst a clone of src sharing its blocks. It reports false,
 // leaving no dst, when the filesystem cannot clone.

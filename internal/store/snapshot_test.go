@@ -25,10 +25,23 @@ func TestSnapshotLayer(t *testing.T) {
 	if use := diskUse(t, sn.Path); use > 1<<20 {
 		t.Errorf("the snapshot allocates %d bytes; the disk's data is 14 KB", use)
 	}
-	m := mustCommit(t, s, req(sn.Path, "snap", ""))
+	m, _, err := s.CommitSnapshot(context.Background(), sn, req(sn.Path, "snap", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
 	id, _, err := hashLayer(context.Background(), src, "", testFlavor)
 	if err != nil || m.ID != id {
 		t.Errorf("the snapshot's stage is %s; the disk's content id is %s (%v)", m.ID, id, err)
+	}
+	// The snapshot moved into the stage: its bytes, read-only.
+	if got, err := os.ReadFile(s.LayerPath(m.ID)); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("the stage's layer differs from the disk (%v)", err)
+	}
+	if fi, err := os.Stat(s.LayerPath(m.ID)); err != nil || fi.Mode().Perm() != 0o444 {
+		t.Errorf("the stage's layer: %v, %v; want read-only", fi, err)
+	}
+	if _, err := os.Stat(sn.Path); err == nil {
+		t.Error("the snapshot is still there after its commit")
 	}
 	// GC keeps a snapshot that is in use.
 	sn2, err := s.SnapshotLayer(context.Background(), src)
