@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -88,5 +89,27 @@ func TestSessionCommit(t *testing.T) {
 	b := e2e.Str(isopod(t, "session", "commit", id, "--as", "sess/three").JSON, "stage_id")
 	if a == b || b == "" {
 		t.Errorf("two commits with nothing written between: %s then %s; want two stages", a, b)
+	}
+}
+
+// A session with a workspace commits its filesystem without the
+// workspace: the stage holds the workspace's mount point (the base lacks
+// it), empty, and not what the session wrote in the workspace.
+func TestSessionCommitWorkspace(t *testing.T) {
+	e2e.RequireVM(t)
+	ws := t.TempDir()
+	if err := os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := start(t, "--no-network", "--workspace", ws, "--workspace-all")
+	isopod(t, "session", "exec", id, "--shell", "--", "echo ws > new.txt && mkdir -p /data && echo root > /data/root")
+	isopod(t, "session", "commit", id, "--as", "sess/ws")
+	r := e2e.Run(t, "--no-network", "--stage", "sess/ws", "--", "sh", "-c", "cat /data/root; test -d /workspace && echo dir; ls -A /workspace; echo end")
+	if got := e2e.Str(r.JSON, "stdout"); got != "root\ndir\nend\n" {
+		t.Errorf("a run from the stage sees %q; want /data/root and an empty /workspace", got)
+	}
+	r = isopod(t, "session", "exec", id, "--", "cat", "hello.txt", "new.txt")
+	if e2e.Str(r.JSON, "stdout") != "from the host\nws\n" {
+		t.Errorf("the workspace after the commit: %s", r)
 	}
 }
