@@ -23,6 +23,10 @@ func TestSessionRefusals(t *testing.T) {
 		{[]string{"session", "start", "--vcpus", "0"}, "--vcpus 0", "invalid_argument"},
 		{[]string{"session", "start", "--idle-timeout-s", "-1"}, "positive seconds", "invalid_argument"},
 		{[]string{"session", "expose", "x", "http"}, "want a number", "invalid_argument"},
+		// A bad label is refused before the session is looked for.
+		{[]string{"session", "commit", "nope", "--as", "base"}, `--as "base"`, "invalid_argument"},
+		{[]string{"session", "commit", "nope"}, "--as", "invalid_argument"},
+		{[]string{"session", "commit", "nope", "--as", "ok/label"}, "no session", "not_found"},
 	} {
 		code, m, _ := runCLI(t, tt.args...)
 		if code != 1 || m == nil || m["ok"] != false {
