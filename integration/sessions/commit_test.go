@@ -90,6 +90,19 @@ func TestSessionCommit(t *testing.T) {
 	if a == b || b == "" {
 		t.Errorf("two commits with nothing written between: %s then %s; want two stages", a, b)
 	}
+
+	// A session started from a stage commits over it.
+	child, _ := start(t, "--no-network", "--stage", "sess/one")
+	isopod(t, "session", "exec", child, "--shell", "--", "echo child > /data/child")
+	c := e2e.Str(isopod(t, "session", "commit", child, "--as", "sess/child").JSON, "stage_id")
+	info := isopod(t, "stage", "info", "sess/child")
+	if m, _ := info.JSON["stage"].(map[string]any); e2e.Str(m, "parent") != stage {
+		t.Errorf("stage %s: %s; want the parent %s", c, info, stage)
+	}
+	r = e2e.Run(t, "--no-network", "--stage", "sess/child", "--", "cat", "/data/one", "/data/child")
+	if got := e2e.Str(r.JSON, "stdout"); got != "one\nchild\n" {
+		t.Errorf("a run from the child stage sees %q", got)
+	}
 }
 
 // A session with a workspace commits its filesystem without the
