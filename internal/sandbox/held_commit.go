@@ -34,9 +34,11 @@ type HeldCommit struct {
 	CommitMS     int64  `json:"commit_ms"`      // the whole commit, checks to publication
 	CommitHashMS int64  `json:"commit_hash_ms"` // hashing the copy (store.Commit)
 	CommitCopyMS int64  `json:"commit_copy_ms"` // moving it into the stage and syncing it (0: the stage existed)
-	// FrozenMS is how long the guest's writes to its filesystem were held:
-	// the freeze, the copy of the disk image and the thaw.
+	// FrozenMS is from the freeze call to the thaw's answer: at most how
+	// long the guest's writes to its filesystem were held. FreezeMS is its
+	// freeze call (the guest's sync and freeze).
 	FrozenMS int64 `json:"commit_frozen_ms"`
+	FreezeMS int64 `json:"commit_freeze_ms"`
 	// SnapshotMS is the copy of the disk image while frozen; Reflinked
 	// says it shared the disk's blocks instead of copying its data.
 	SnapshotMS int64 `json:"commit_snapshot_ms"`
@@ -102,6 +104,7 @@ func (h *Held) snapshot(ctx context.Context, st *store.Store) (*store.Snapshot, 
 		return nil, hc, fmt.Errorf("freezing the guest's filesystem: %w", err)
 	}
 	t1 := time.Now()
+	hc.FreezeMS = t1.Sub(t0).Milliseconds()
 	sn, err := st.SnapshotLayer(ctx, h.r.scratch)
 	hc.SnapshotMS = time.Since(t1).Milliseconds()
 	terr := thaw()

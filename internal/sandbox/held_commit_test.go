@@ -135,3 +135,30 @@ func TestHeldCommitThawsOnFailure(t *testing.T) {
 		t.Errorf("a commit after the failures: %+v, %v", hc, err)
 	}
 }
+
+// One commit of a VM runs at a time: a second one during the first is
+// refused, without a freeze of its own.
+func TestHeldCommitOneAtATime(t *testing.T) {
+	t.Parallel()
+	var h atomic.Pointer[sandbox.Held]
+	var once atomic.Bool
+	second := make(chan error, 1)
+	s, d := newColdServiceWith(t, vmmfake.Config{OnRequest: func(_ *vmmfake.Machine, msg *agentproto.Msg) {
+		if held := h.Load(); msg.Kind == agentproto.KindFreeze && held != nil && once.CompareAndSwap(false, true) {
+			_, err := held.Commit(context.Background(), "second")
+			second <- err
+		}
+	}})
+	h.Store(startHeld(t, s))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := h.Load().Commit(ctx, "first"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a commit during a commit: %v; want failed_precondition", err)
+	}
+	if st := d.Machines()[0].State(); st.Freezes != 1 || st.Thaws != 1 {
+		t.Errorf("freezes %d, thaws %d; want one each", st.Freezes, st.Thaws)
+	}
+}

@@ -281,3 +281,25 @@ func TestSupervisorSilentConnection(t *testing.T) {
 	}
 	s.endsBy(t, "idle")
 }
+
+// A commit call answers the stage the session's filesystem was stored as;
+// a bad label is refused as invalid; the session goes on.
+func TestSupervisorCommit(t *testing.T) {
+	s := start(t, 0)
+	if _, err := s.call(t, session.Call{Op: session.OpCommit, Label: "base"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("commit as base: %v; want invalid_argument", err)
+	}
+	var rep supervisor.CommitReport
+	s.must(t, session.Call{Op: session.OpCommit, Label: "web/deps"}, &rep)
+	if !rep.OK || rep.SessionID != s.rec.ID || !strings.HasPrefix(rep.StageID, "st-") || rep.StageName == "" {
+		t.Errorf("commit: %+v; want the session's new stage", rep)
+	}
+	if st := s.drv.Machines()[0].State(); st.Freezes != 1 || st.Thaws != 1 {
+		t.Errorf("freezes %d, thaws %d; want one each", st.Freezes, st.Thaws)
+	}
+	var ex supervisor.ExecReport
+	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"true"}}, &ex)
+	if ex.ExitCode == nil || *ex.ExitCode != 0 {
+		t.Errorf("exec after the commit: %+v", ex)
+	}
+}
