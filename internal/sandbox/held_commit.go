@@ -97,7 +97,11 @@ func (h *Held) snapshot(ctx context.Context, st *store.Store) (*store.Snapshot, 
 		defer cancel()
 		return vm.Thaw(tctx)
 	}
-	if err := vm.Freeze(ctx, freezeBound); err != nil {
+	// The guest thaws on its own at the bound: past it, neither the
+	// freeze's answer nor the copy is worth waiting for.
+	fctx, cancel := context.WithDeadline(ctx, t0.Add(freezeBound))
+	defer cancel()
+	if err := vm.Freeze(fctx, freezeBound); err != nil {
 		// The freeze may have taken hold in the guest before the call
 		// failed (ctx ended): end it, or it holds until its bound.
 		_ = thaw()
@@ -105,7 +109,11 @@ func (h *Held) snapshot(ctx context.Context, st *store.Store) (*store.Snapshot, 
 	}
 	t1 := time.Now()
 	hc.FreezeMS = t1.Sub(t0).Milliseconds()
-	sn, err := st.SnapshotLayer(ctx, h.r.scratch)
+	sn, err := st.SnapshotLayer(fctx, h.r.scratch)
+	if err != nil && ctx.Err() == nil && fctx.Err() != nil {
+		err = fmt.Errorf("the copy of the scratch disk took longer than the guest's freeze may last (%s): %w: %w",
+			freezeBound, err, errdefs.ErrUnavailable)
+	}
 	hc.SnapshotMS = time.Since(t1).Milliseconds()
 	terr := thaw()
 	hc.FrozenMS = time.Since(t0).Milliseconds()
