@@ -45,8 +45,8 @@ func TestSessionCommit(t *testing.T) {
 	if e2e.Str(r.JSON, "session_id") != id || !strings.HasPrefix(stage, "st-") || e2e.Str(r.JSON, "stage_name") == "" {
 		t.Fatalf("commit: %s", r)
 	}
-	t.Logf("session commit (10 MiB written, a job writing): commit_ms %d (frozen %d, snapshot %d, hash %d, copy %d, reflinked %v), CLI wall %s",
-		e2e.Num(t, r.JSON, "commit_ms"), e2e.Num(t, r.JSON, "commit_frozen_ms"), e2e.Num(t, r.JSON, "commit_snapshot_ms"),
+	t.Logf("session commit (10 MiB written, a job writing): commit_ms %d (frozen %d, freeze %d, snapshot %d, hash %d, copy %d, reflinked %v), CLI wall %s",
+		e2e.Num(t, r.JSON, "commit_ms"), e2e.Num(t, r.JSON, "commit_frozen_ms"), e2e.Num(t, r.JSON, "commit_freeze_ms"), e2e.Num(t, r.JSON, "commit_snapshot_ms"),
 		e2e.Num(t, r.JSON, "commit_hash_ms"), e2e.Num(t, r.JSON, "commit_copy_ms"), r.JSON["commit_reflinked"], time.Since(t0).Round(time.Millisecond))
 	isopod(t, "session", "job", id, job, "--kill")
 
@@ -79,8 +79,8 @@ func TestSessionCommit(t *testing.T) {
 	// commit.
 	isopod(t, "session", "exec", id, "--shell", "--", strings.Replace(tenMiB, "/data/big", "/data/big2", 1))
 	r = isopod(t, "session", "commit", id, "--as", "sess/two")
-	t.Logf("session commit (10 MiB written): commit_ms %d (frozen %d, snapshot %d, hash %d, copy %d)",
-		e2e.Num(t, r.JSON, "commit_ms"), e2e.Num(t, r.JSON, "commit_frozen_ms"), e2e.Num(t, r.JSON, "commit_snapshot_ms"),
+	t.Logf("session commit (10 MiB written): commit_ms %d (frozen %d, freeze %d, snapshot %d, hash %d, copy %d)",
+		e2e.Num(t, r.JSON, "commit_ms"), e2e.Num(t, r.JSON, "commit_frozen_ms"), e2e.Num(t, r.JSON, "commit_freeze_ms"), e2e.Num(t, r.JSON, "commit_snapshot_ms"),
 		e2e.Num(t, r.JSON, "commit_hash_ms"), e2e.Num(t, r.JSON, "commit_copy_ms"))
 	// With nothing written between, a second commit is still another
 	// stage: the freeze and thaw themselves change the filesystem's
