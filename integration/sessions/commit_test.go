@@ -126,3 +126,18 @@ func TestSessionCommitWorkspace(t *testing.T) {
 		t.Errorf("the workspace after the commit: %s", r)
 	}
 }
+
+// A session resumed from the warm pool commits as a booted one does.
+func TestSessionCommitWarm(t *testing.T) {
+	e2e.RequireVM(t)
+	id, _ := startEnv(t, nil)
+	if got := readRecord(t, id); got.Path != "warm" {
+		t.Fatalf("session record: %+v; want resumed from the warm pool", got)
+	}
+	isopod(t, "session", "exec", id, "--shell", "--", "mkdir -p /data && echo warm > /data/warm")
+	isopod(t, "session", "commit", id, "--as", "sess/warm")
+	r := e2e.Run(t, "--no-network", "--stage", "sess/warm", "--", "cat", "/data/warm")
+	if got := e2e.Str(r.JSON, "stdout"); got != "warm\n" {
+		t.Errorf("a run from the warm session's stage sees %q", got)
+	}
+}
