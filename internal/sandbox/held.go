@@ -21,9 +21,8 @@ import (
 // Held is a VM started by StartVM. Its methods are safe for concurrent
 // use; execs and the other agent calls share its one connection.
 type Held struct {
-	r        *run
-	once     sync.Once
-	commitMu sync.Mutex // one commit at a time
+	r    *run
+	once sync.Once
 }
 
 // HeldInfo says what a held VM is.

@@ -18,7 +18,7 @@ import (
 )
 
 // startHeld starts a held VM on s for the test.
-func startHeld(t *testing.T, s *sandbox.Service) *sandbox.Held {
+func startHeld(t *testing.T, s *sandbox.Service) *supervisor.VM {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -27,7 +27,7 @@ func startHeld(t *testing.T, s *sandbox.Service) *sandbox.Held {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	return h
+	return supervisor.NewVM(h)
 }
 
 // A held VM's commit is refused before the guest is touched when its
@@ -86,7 +86,7 @@ func TestHeldCommit(t *testing.T) {
 	if hc.CommitMS < hc.FrozenMS || hc.FrozenMS < hc.SnapshotMS {
 		t.Errorf("timings %+v: the commit holds the freeze, which holds the copy", hc)
 	}
-	r, err := supervisor.NewVM(h).Exec(ctx, supervisor.ExecRequest{Argv: []string{"true"}, Cwd: "/"})
+	r, err := h.Exec(ctx, supervisor.ExecRequest{Argv: []string{"true"}, Cwd: "/"})
 	if err != nil || code2(r.ExitCode) != 0 {
 		t.Errorf("exec after the commit: %+v, %v", r, err)
 	}
@@ -140,7 +140,7 @@ func TestHeldCommitThawsOnFailure(t *testing.T) {
 // refused, without a freeze of its own.
 func TestHeldCommitOneAtATime(t *testing.T) {
 	t.Parallel()
-	var h atomic.Pointer[sandbox.Held]
+	var h atomic.Pointer[supervisor.VM]
 	var once atomic.Bool
 	second := make(chan error, 1)
 	s, d := newColdServiceWith(t, vmmfake.Config{OnRequest: func(_ *vmmfake.Machine, msg *agentproto.Msg) {

@@ -26,6 +26,8 @@ type VM struct {
 	base  sandbox.ExecBase
 	mu    sync.Mutex // guards execs
 	execs int
+	// commitMu lets one commit run at a time.
+	commitMu sync.Mutex
 }
 
 // NewVM takes h's calls over.
