@@ -92,6 +92,9 @@ type Config struct {
 	// PushCommits pushes every stage a sandbox_run commits to
 	// StageRegistry, by id and by label.
 	PushCommits bool
+	// Sessions, when set, is where the session tools keep their sessions
+	// (sessions.go); nil: they answer that this server keeps none.
+	Sessions *SessionConfig
 }
 
 // Validate checks what a Server cannot do without.

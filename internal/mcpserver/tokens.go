@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,11 @@ const minTokenLen = 16
 var toolRoles = map[string]string{
 	ToolSandboxRun: RoleRun, ToolStageList: RoleRun, ToolStageInfo: RoleRun,
 	ToolVMList: RoleRun, ToolImageList: RoleRun,
+	// A run token sees and acts on its own sessions only; an admin token
+	// on every one (sessions.go).
+	ToolSessionStart: RoleRun, ToolSessionExec: RoleRun, ToolSessionJob: RoleRun, ToolSessionExpose: RoleRun,
+	ToolSessionPause: RoleRun, ToolSessionResume: RoleRun, ToolSessionFork: RoleRun, ToolSessionCommit: RoleRun,
+	ToolSessionStop: RoleRun, ToolSessionList: RoleRun,
 	ToolStageRm: RoleAdmin, ToolVMGC: RoleAdmin,
 }
 
@@ -129,7 +135,20 @@ func (t *Tokens) Verify(_ context.Context, token string, _ *http.Request) (*auth
 	if e.role == RoleAdmin {
 		scopes = []string{RoleAdmin, RoleRun}
 	}
-	return &auth.TokenInfo{Scopes: scopes, UserID: fmt.Sprintf("%s-token-line-%d", e.role, e.line)}, nil
+	return &auth.TokenInfo{Scopes: scopes, UserID: fmt.Sprintf("%s-token-line-%d", e.role, e.line),
+		Extra: map[string]any{ownerKey: ownerOf(token)}}, nil
+}
+
+// ownerKey holds, in a verified token's TokenInfo.Extra, the owner id of
+// the sessions it starts.
+const ownerKey = "isopod_session_owner"
+
+// ownerOf is the owner id a token's sessions are recorded with: a hash
+// of the token under a purpose of its own, never the token, and the same
+// across restarts and edits of the token file.
+func ownerOf(token string) string {
+	sum := sha256.Sum256([]byte("isopod session owner\x00" + token))
+	return hex.EncodeToString(sum[:16])
 }
 
 // authorize refuses a call whose token lacks the tool's role. Calls on

@@ -35,6 +35,12 @@ const (
 	StateLost     = "lost"
 )
 
+// What a session's idle timeout does.
+const (
+	IdleStop  = "stop"
+	IdlePause = "pause"
+)
+
 // Defaults of a session's limits.
 const (
 	DefaultIdleTimeoutS = 600
@@ -44,8 +50,10 @@ const (
 // Spec is the run-like request a session was started with: what its VM
 // is. It is the flags of `isopod session start`, kept for the supervisor.
 type Spec struct {
-	Stage          string   `json:"stage,omitempty"`
-	Base           string   `json:"base,omitempty"`
+	Stage string `json:"stage,omitempty"`
+	Base  string `json:"base,omitempty"`
+	// DefaultBase is the front end's default base (sandbox.Request's).
+	DefaultBase    string   `json:"default_base,omitempty"`
 	NoNetwork      bool     `json:"no_network,omitempty"`
 	AllowLANEgress bool     `json:"allow_lan_egress,omitempty"`
 	AllowHosts     []string `json:"allow_hosts,omitempty"`
@@ -87,6 +95,9 @@ type Record struct {
 	Stopped      time.Time `json:"stopped,omitzero"`
 	IdleTimeoutS int       `json:"idle_timeout_s"`
 	MaxLifetimeS int       `json:"max_lifetime_s"`
+	// IdleAction is what the idle timeout does: IdleStop (the default)
+	// or IdlePause.
+	IdleAction string `json:"idle_action,omitempty"`
 	// SupervisorPID and SupervisorStart (field 22 of /proc/PID/stat) name
 	// the supervisor, so that a reused pid is not taken for it.
 	SupervisorPID   int    `json:"supervisor_pid,omitempty"`
