@@ -139,8 +139,7 @@ func (c caller) sees(st sess.Store, id string) bool {
 // noSession is the one answer for a session that does not exist and for
 // one the caller may not see.
 func noSession(ref string) error {
-	return fmt.Errorf("no session %s: session_list shows the sessions you can use, session_start starts one: %w",
-		describe(ref), errdefs.ErrNotFound)
+	return fmt.Errorf("no session %s: %w", describe(ref), errdefs.ErrNotFound)
 }
 
 // sessions is the server's session setup, or an error saying it has none.
