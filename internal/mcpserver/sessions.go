@@ -50,6 +50,15 @@ const (
 var SessionTools = []string{ToolSessionStart, ToolSessionExec, ToolSessionJob, ToolSessionExpose, ToolSessionPause,
 	ToolSessionResume, ToolSessionFork, ToolSessionCommit, ToolSessionStop, ToolSessionList}
 
+// OfferedTools are the tools a server lists: ToolNames, less
+// session_expose on a network listener whose operator did not allow it.
+func OfferedTools(remote, allowExpose bool) []string {
+	if !remote || allowExpose {
+		return slices.Clone(ToolNames)
+	}
+	return slices.DeleteFunc(slices.Clone(ToolNames), func(n string) bool { return n == ToolSessionExpose })
+}
+
 // SessionConfig is what the session tools need.
 type SessionConfig struct {
 	// Store is the state root's sessions (the CLI's).
