@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
@@ -285,4 +286,26 @@ func make16(p string) []string {
 		out[i] = p
 	}
 	return out
+}
+
+// TestSessionStopOver: stopping a session that is over answers how it
+// ended, without calling its (gone) supervisor.
+func TestSessionStopOver(t *testing.T) {
+	sc, _ := testSessions(t, nil)
+	id := newRecord(t, sc, "done", "")
+	rec, err := sc.Store.Read(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.Reason, rec.Stopped = sess.StateStopped, "idle for 600 s", rec.Created.Add(90*time.Second)
+	if err := sc.Store.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	s := connect(t, Config{Core: &scriptedCore{}, Sessions: sc, NoStartupGC: true})
+	res := s.call(t, context.Background(), ToolSessionStop, map[string]any{"session_id": "done"}, nil)
+	var out SessionStopResult
+	if err := json.Unmarshal([]byte(resultText(res)), &out); err != nil || res.IsError ||
+		out.State != sess.StateStopped || out.Reason != "idle for 600 s" || out.LifetimeS != 90 {
+		t.Errorf("session_stop of a stopped session: %s", resultText(res))
+	}
 }

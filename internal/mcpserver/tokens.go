@@ -21,9 +21,10 @@ import (
 )
 
 // Bearer tokens of a network listener. The token file holds one token a
-// line, "ROLE TOKEN": ROLE is run (sandbox_run and the read-only tools:
-// stage_list, stage_info, vm_list, image_list) or admin (also stage_rm
-// and vm_gc); TOKEN is at least 16 characters without white space. Blank
+// line, "ROLE TOKEN": ROLE is run (sandbox_run, the read-only tools:
+// stage_list, stage_info, vm_list, image_list, and the session tools on
+// its own sessions) or admin (also stage_rm and vm_gc, and every
+// session); TOKEN is at least 16 characters without white space. Blank
 // lines and lines starting with # are ignored. A presented token is
 // compared with every line in constant time, as SHA-256 sums, so neither
 // the time nor the order of the lines says how much of a token was right.
