@@ -112,6 +112,21 @@ func TestSessionMCPStdio(t *testing.T) {
 	if text := e2e.ToolText(res); !res.IsError || !strings.HasPrefix(text, "session_exec refused: write_files") || len(text) > 2000 {
 		t.Errorf("write_files over 4 MiB: %.300s", text)
 	}
+	// Missing parents are made; a file that cannot be written fails the
+	// call before cmd runs.
+	r = call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "cat /new/dir/f",
+		"write_files": []any{map[string]any{"path": "/new/dir/f", "content": "deep\n"}}})
+	if r["stdout"] != "deep\n" {
+		t.Errorf("write_files into a new directory: %v", r)
+	}
+	res = callRaw(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "touch /tmp/ran",
+		"write_files": []any{map[string]any{"path": "/tmp", "content": "x"}}})
+	if text := e2e.ToolText(res); !res.IsError || !strings.Contains(text, "write_files[0]") || !strings.Contains(text, "cmd did not run") {
+		t.Errorf("write_files onto a directory: %s", text)
+	}
+	if r := call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "test -e /tmp/ran"}); r["exit_code"] != float64(1) {
+		t.Errorf("cmd ran after a failed write_files: %v", r)
+	}
 	many := make([]any, 17)
 	for i := range many {
 		many[i] = "/etc/hostname"
@@ -261,4 +276,66 @@ func connect(t *testing.T, url, token string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
+}
+
+// TestSessionMCPPauseForkCommit: over MCP a paused session is resumed by
+// the next exec (resumed true) with its server still up; a fork runs
+// beside it; a commit makes a stage. Each step skips where the host's
+// sessions answer not_supported.
+func TestSessionMCPPauseForkCommit(t *testing.T) {
+	e2e.RequireVM(t)
+	cs := e2e.StartMCP(t, "sessions-e2e-pause", "", nil, cold...)
+	id := startMCPSession(t, cs, "")
+	call(t, cs, "session_exec", map[string]any{"session_id": id, "background": true,
+		"cmd": "echo kept > /tmp/index.html; exec busybox httpd -f -p 8000 -h /tmp"})
+	supported := func(name string, res *mcp.CallToolResult) bool {
+		t.Helper()
+		if text := e2e.ToolText(res); res.IsError {
+			if strings.Contains(text, "(not_supported)") {
+				t.Logf("%s: not supported here: %s", name, text)
+				return false
+			}
+			t.Fatalf("%s: %s", name, text)
+		}
+		return true
+	}
+	t.Run("pause", func(t *testing.T) {
+		res := callRaw(t, cs, "session_pause", map[string]any{"session_id": id})
+		if !supported("session_pause", res) {
+			t.Skip("session_pause answers not_supported")
+		}
+		if st, _ := res.StructuredContent.(map[string]any)["state"]; st != "paused" {
+			t.Errorf("session_pause: %s; want state paused", e2e.ToolText(res))
+		}
+		r := call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": serveAndFetch})
+		if r["resumed"] != true || r["stdout"] != "kept\n" {
+			t.Errorf("the exec after a pause: %v", r)
+		}
+	})
+	t.Run("fork", func(t *testing.T) {
+		res := callRaw(t, cs, "session_fork", map[string]any{"session_id": id})
+		if !supported("session_fork", res) {
+			t.Skip("session_fork answers not_supported")
+		}
+		var child map[string]any
+		raw, _ := json.Marshal(res.StructuredContent)
+		json.Unmarshal(raw, &child)
+		cid, _ := child["session_id"].(string)
+		t.Cleanup(func() { e2e.Isopod(t, nil, "session", "stop", cid) })
+		if r := call(t, cs, "session_exec", map[string]any{"session_id": cid, "cmd": serveAndFetch}); r["stdout"] != "kept\n" {
+			t.Errorf("the fork's server: %v", r)
+		}
+		call(t, cs, "session_stop", map[string]any{"session_id": cid})
+	})
+	t.Run("commit", func(t *testing.T) {
+		call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "echo committed > /root/mark"})
+		res := callRaw(t, cs, "session_commit", map[string]any{"session_id": id, "label": "mcpsess/mark"})
+		if !supported("session_commit", res) {
+			t.Skip("session_commit answers not_supported")
+		}
+		r := call(t, cs, "sandbox_run", map[string]any{"cmd": "cat /root/mark", "stage": "mcpsess/mark", "network": false})
+		if r["stdout"] != "committed\n" {
+			t.Errorf("a run on the committed stage: %v", r)
+		}
+	})
 }

@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
 	sess "isopod/internal/session"
@@ -36,7 +36,7 @@ type SessionExecArgs struct {
 	Cwd        string            `json:"cwd,omitempty" jsonschema:"working directory inside the VM (default: the session's)"`
 	Stdin      string            `json:"stdin,omitempty" jsonschema:"text fed to cmd's standard input (at most 4 MiB)"`
 	Background bool              `json:"background,omitempty" jsonschema:"start cmd as a background job and answer at once with its job_id; session_job reads its output, waits for it or kills it. For a dev server or a long build"`
-	WriteFiles []WriteFileArg    `json:"write_files,omitempty" jsonschema:"files written into the VM before cmd runs (parent directories must exist): at most 16 files and 4 MiB of content in all"`
+	WriteFiles []WriteFileArg    `json:"write_files,omitempty" jsonschema:"files written into the VM before cmd runs (missing parent directories are made; a file that cannot be written fails the call and cmd does not run): at most 16 files and 4 MiB of content in all"`
 	ReadFiles  []string          `json:"read_files,omitempty" jsonschema:"absolute paths of files inside the VM read back after cmd, in the result's files: text as it is, anything else base64; at most 16 files and 4 MiB in all (a file past that is cut, truncated true). Not with background"`
 }
 
@@ -187,8 +187,7 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest, in S
 		s.log.Info("tool refused", "tool", ToolSessionExec, "err", err)
 		return nil, errors.New(refusalText(ToolSessionExec, err))
 	}
-	c := s.callerOf(req)
-	rec, err := s.resolve(c, in.SessionID)
+	rec, err := s.resolve(s.callerOf(req), in.SessionID)
 	if err != nil {
 		return nil, s.sessionError(ctx, ToolSessionExec, err)
 	}
@@ -199,21 +198,21 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest, in S
 	}
 	out := &SessionExecResult{SessionID: rec.ID, Resumed: resumed}
 	for i, p := range puts {
-		if _, err := sc.Store.Call(ctx, rec.ID, p, callMargin); err != nil {
-			return nil, s.sessionError(ctx, ToolSessionExec, fmt.Errorf("write_files[%d] %s: %w", i, p.Path, err))
+		if err := s.call(ctx, rec.ID, p, callMargin, nil); err != nil {
+			return nil, s.writeError(ctx, i, p.Path, err)
 		}
 	}
 	d := time.Duration(max(call.TimeoutS, sandbox.DefaultTimeoutS))*time.Second + callMargin
 	if call.Detach {
 		var rep sess.Reply
-		if _, err := s.callSession(ctx, c, rec.ID, call, callMargin, &rep); err != nil {
+		if err := s.call(ctx, rec.ID, call, callMargin, &rep); err != nil {
 			return nil, s.sessionError(ctx, ToolSessionExec, err)
 		}
 		out.JobID = rep.JobID
 		return out, nil
 	}
 	var rep supervisor.ExecReport
-	if _, err := s.callSession(ctx, c, rec.ID, call, d, &rep); err != nil {
+	if err := s.call(ctx, rec.ID, call, d, &rep); err != nil {
 		return nil, s.sessionError(ctx, ToolSessionExec, err)
 	}
 	out.Outcome, out.DurationMS = &rep.Outcome, &rep.ExecMS
@@ -230,11 +229,7 @@ func (s *Server) readSessionFiles(ctx context.Context, id string, guests []strin
 	var warns []string
 	for i, g := range guests {
 		var got supervisor.GetResult
-		res, err := s.cfg.Sessions.Store.Call(ctx, id, sess.Call{Op: sess.OpGet, Path: g}, callMargin)
-		if err == nil {
-			err = json.Unmarshal(res, &got)
-		}
-		if err != nil {
+		if err := s.call(ctx, id, sess.Call{Op: sess.OpGet, Path: g}, callMargin, &got); err != nil {
 			warns = append(warns, fmt.Sprintf("read_files[%d] %s: %s", i, g, plain(err)))
 			continue
 		}
@@ -243,4 +238,16 @@ func (s *Server) readSessionFiles(ctx context.Context, id string, guests []strin
 		files = append(files, inlineFile(g, raw, int64(len(got.Data))))
 	}
 	return files, warns
+}
+
+// writeError words a write_files failure: the session's own (not running,
+// not answering) as any session tool's, the file's with its fix. cmd did
+// not run.
+func (s *Server) writeError(ctx context.Context, i int, path string, err error) error {
+	if ctx.Err() != nil || errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return s.sessionError(ctx, ToolSessionExec, err)
+	}
+	s.log.Info("tool failed", "tool", ToolSessionExec, "class", errdefs.Class(err), "err", err)
+	return fmt.Errorf("%s failed (%s): write_files[%d] %s: %s. Fix: cmd did not run; give a path the VM can write as a file (not a directory, not on a read-only mount), then call again.",
+		ToolSessionExec, errdefs.Class(err), i, describe(path), plain(err))
 }

@@ -199,16 +199,20 @@ func (s *Server) callSession(ctx context.Context, c caller, ref string, call ses
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.cfg.Sessions.Store.Call(ctx, rec.ID, call, d)
-	if err != nil {
-		return rec, err
+	return rec, s.call(ctx, rec.ID, call, d, out)
+}
+
+// call sends call to session id, within d, and decodes its result into
+// out (nil: none).
+func (s *Server) call(ctx context.Context, id string, call sess.Call, d time.Duration, out any) error {
+	res, err := s.cfg.Sessions.Store.Call(ctx, id, call, d)
+	if err != nil || out == nil {
+		return err
 	}
-	if out != nil {
-		if err := json.Unmarshal(res, out); err != nil {
-			return rec, fmt.Errorf("reading the supervisor's answer: %w", err)
-		}
+	if err := json.Unmarshal(res, out); err != nil {
+		return fmt.Errorf("reading the supervisor's answer: %w", err)
 	}
-	return rec, nil
+	return nil
 }
 
 // SessionSummary is what session_start, session_resume and session_fork
