@@ -191,6 +191,8 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest, in S
 	if err != nil {
 		return nil, s.sessionError(ctx, ToolSessionExec, err)
 	}
+	stop := s.keepalive(ctx, req, newToolStatus(ToolSessionExec))
+	defer stop()
 	sc := s.cfg.Sessions
 	resumed, err := sc.Launcher.Wake(ctx, sc.Store, rec.ID)
 	if err != nil {

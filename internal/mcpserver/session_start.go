@@ -104,6 +104,8 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest, in 
 	if err := setOwner(sc.Store, rec.ID, s.callerOf(req)); err != nil {
 		return nil, s.sessionError(ctx, ToolSessionStart, err)
 	}
+	stop := s.keepalive(ctx, req, newToolStatus(ToolSessionStart))
+	defer stop()
 	// Once up, the session outlives this call and this server; a start
 	// interrupted (the call cancelled, the server stopping) ends it.
 	if err := sc.Launcher.Launch(ctx, sc.Store, rec); err != nil {
