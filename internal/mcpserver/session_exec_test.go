@@ -95,6 +95,10 @@ func (f *fakeSupervisor) serve(conn net.Conn, id string) {
 			*supervisor.ExecReport
 			SessionID string `json:"session_id"`
 		}{&supervisor.ExecReport{OK: true, Argv: c.Argv, Outcome: sandbox.Outcome{ExitCode: &code, Stdout: out, StdoutBytes: int64(len(out))}, ExecMS: 7}, id}, nil)
+	case sess.OpJob:
+		sess.WriteAnswer(conn, supervisor.JobReport{OK: true, SessionID: id, Job: map[string]any{"id": c.Job, "killed": c.Kill, "wait_s": c.WaitS}, Stdout: "out"}, nil)
+	case sess.OpExpose:
+		sess.WriteAnswer(conn, sess.Reply{OK: true, SessionID: id, GuestPort: c.GuestPort, HostPort: 4242, Address: "127.0.0.1:4242"}, nil)
 	default:
 		sess.WriteAnswer(conn, nil, errdefs.ErrNotSupported)
 	}
@@ -174,5 +178,31 @@ func progressMessages(s *session) []string {
 		default:
 			return out
 		}
+	}
+}
+
+// TestSessionJobAndExpose: session_job and session_expose pass their
+// arguments to the supervisor and answer without its ok.
+func TestSessionJobAndExpose(t *testing.T) {
+	sc, _ := testSessions(t, nil)
+	_, id := startFakeSupervisor(t, sc, "jobs")
+	s := connect(t, Config{Core: &scriptedCore{}, Sessions: sc, NoStartupGC: true})
+	var job SessionJobResult
+	decodeResult(t, s.call(t, context.Background(), ToolSessionJob, map[string]any{"session_id": "jobs", "job_id": "job-1", "wait_s": 5, "kill": true}, nil), &job)
+	if j, _ := job.Job.(map[string]any); job.SessionID != id || job.Stdout != "out" || j["id"] != "job-1" || j["killed"] != true || j["wait_s"] != float64(5) {
+		t.Errorf("session_job: %+v", job)
+	}
+	res := s.call(t, context.Background(), ToolSessionJob, map[string]any{"session_id": "jobs", "job_id": "j", "wait_s": 3601}, nil)
+	if text := resultText(res); !res.IsError || !strings.HasPrefix(text, "session_job refused: wait_s: must be between 0 and 3600") {
+		t.Errorf("wait_s past its bound: %s", text)
+	}
+	var ex SessionExposeResult
+	decodeResult(t, s.call(t, context.Background(), ToolSessionExpose, map[string]any{"session_id": id, "guest_port": 8000}, nil), &ex)
+	if ex.Address != "127.0.0.1:4242" || ex.GuestPort != 8000 {
+		t.Errorf("session_expose: %+v", ex)
+	}
+	res = s.call(t, context.Background(), ToolSessionExpose, map[string]any{"session_id": id, "guest_port": 70000}, nil)
+	if text := resultText(res); !res.IsError || !strings.HasPrefix(text, "session_expose refused: guest_port") {
+		t.Errorf("a port past 65535: %s", text)
 	}
 }
