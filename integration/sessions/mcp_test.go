@@ -50,10 +50,17 @@ func callRaw(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]a
 
 // startMCPSession starts a no-network base-min session over cs; the
 // test's end stops it through the CLI.
-func startMCPSession(t *testing.T, cs *mcp.ClientSession, name string) string {
+func startMCPSession(t *testing.T, cs *mcp.ClientSession, name string, extra ...string) string {
 	t.Helper()
 	t0 := time.Now()
-	out := call(t, cs, "session_start", map[string]any{"base": "base-min", "network": false, "name": name, "idle_timeout_s": 900})
+	args := map[string]any{"base": "base-min", "network": false, "idle_timeout_s": 900}
+	if name != "" {
+		args["name"] = name
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		args[extra[i]] = extra[i+1]
+	}
+	out := call(t, cs, "session_start", args)
 	id, _ := out["session_id"].(string)
 	if out["state"] != "running" || !strings.HasPrefix(id, "ss-") {
 		t.Fatalf("session_start: %v", out)
@@ -77,8 +84,18 @@ const serveAndFetch = "for i in $(seq 40); do wget -qO- http://127.0.0.1:8000/in
 // outlives the MCP server (killed) and a new server execs in it.
 func TestSessionMCPStdio(t *testing.T) {
 	e2e.RequireVM(t)
-	cs, proc := e2e.StartMCPProcess(t, "sessions-e2e", "", nil, cold...)
-	id := startMCPSession(t, cs, "mcpweb")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "proj"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "proj", "f"), []byte("from host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cs, proc := e2e.StartMCPProcess(t, "sessions-e2e", dir, nil, cold...)
+	id := startMCPSession(t, cs, "mcpweb", "workspace", "proj")
+	if r := call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "pwd; cat f"}); r["stdout"] != "/workspace\nfrom host\n" {
+		t.Errorf("the workspace, copied in at start: %v", r)
+	}
 
 	r := call(t, cs, "session_exec", map[string]any{"session_id": "mcpweb", "background": true,
 		"cmd": "echo hi > /tmp/index.html; exec busybox httpd -f -p 8000 -h /tmp"})

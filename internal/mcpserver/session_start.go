@@ -121,13 +121,8 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest, in 
 // rules (buildRequest, openWorkspace) without a command.
 func (s *Server) sessionRequest(in SessionStartArgs) (sandbox.Request, func(), error) {
 	release := func() {}
-	switch {
-	case in.Name != "":
-		if err := sess.CheckName(in.Name); err != nil {
-			return sandbox.Request{}, release, &refusal{"name", fmt.Sprintf("%s: use 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not ss-", describe(in.Name))}
-		}
-	case in.IdleTimeoutS < 0 || in.MaxLifetimeS < 0:
-		return sandbox.Request{}, release, &refusal{"idle_timeout_s", "idle_timeout_s and max_lifetime_s are positive seconds"}
+	if in.Name != "" && sess.CheckName(in.Name) != nil {
+		return sandbox.Request{}, release, &refusal{"name", fmt.Sprintf("%s: use 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not ss-", describe(in.Name))}
 	}
 	if in.IdleAction != "" && in.IdleAction != sess.IdleStop && in.IdleAction != sess.IdlePause {
 		return sandbox.Request{}, release, &refusal{"idle_action", fmt.Sprintf("use stop or pause (got %s)", describe(in.IdleAction))}
@@ -141,13 +136,8 @@ func (s *Server) sessionRequest(in SessionStartArgs) (sandbox.Request, func(), e
 	}
 	// A session has no command of its own: its execs do.
 	r.Argv, r.Shell = nil, false
+	// The check copies nothing but opens the directory the walk found;
+	// the supervisor copies it by the path the walk resolved.
 	release, err = s.openWorkspace(&r, ra)
-	if err != nil {
-		return r, release, err
-	}
-	if r.Workspace != nil {
-		// The supervisor copies the directory the walk found, by path.
-		r.Workspace.Dir = nil
-	}
-	return r, release, nil
+	return r, release, err
 }
