@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/credential"
 	"isopod/internal/errdefs"
 	"isopod/internal/paths"
 	"isopod/internal/sandbox"
 	sess "isopod/internal/session"
+	"isopod/internal/session/supervisor"
 )
 
 // testSessions is a session setup over a fresh state root whose
@@ -115,6 +117,9 @@ func TestSessionStartLaunches(t *testing.T) {
 	recs := sc.Store.List()
 	if len(recs) != 1 || recs[0].Name != "web" || recs[0].IdleAction != sess.IdlePause || recs[0].Spec.DefaultBase != DefaultBase {
 		t.Fatalf("records: %+v", recs)
+	}
+	if !recs[0].Spec.ModelCaller || supervisor.RequestOf(recs[0].Spec, nil).Caller != credential.Model {
+		t.Errorf("the session's request does not keep that a model names its credentials: %+v", recs[0].Spec)
 	}
 	if b, err := os.ReadFile(started); err != nil || !strings.Contains(string(b), "session-supervisor --id "+recs[0].ID) {
 		t.Errorf("the supervisor's arguments: %q, %v", b, err)

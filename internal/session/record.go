@@ -60,12 +60,15 @@ type Spec struct {
 	AllowCIDRs     []string `json:"allow_cidrs,omitempty"`
 	DenyEgress     bool     `json:"deny_egress,omitempty"`
 	Inject         []string `json:"inject,omitempty"`
-	VCPUs          int      `json:"vcpus,omitempty"`
-	MemMiB         int      `json:"mem_mib,omitempty"`
-	ScratchMiB     int      `json:"scratch_mib,omitempty"`
-	BootTimeoutS   int      `json:"boot_timeout_s,omitempty"`
-	Env            []string `json:"env,omitempty"`
-	Cwd            string   `json:"cwd,omitempty"`
+	// ModelCaller: a model named the credentials (over MCP): only
+	// aliases marked for MCP resolve.
+	ModelCaller  bool     `json:"model_caller,omitempty"`
+	VCPUs        int      `json:"vcpus,omitempty"`
+	MemMiB       int      `json:"mem_mib,omitempty"`
+	ScratchMiB   int      `json:"scratch_mib,omitempty"`
+	BootTimeoutS int      `json:"boot_timeout_s,omitempty"`
+	Env          []string `json:"env,omitempty"`
+	Cwd          string   `json:"cwd,omitempty"`
 	// The workspace copied in at start (an absolute host directory), and
 	// its caps.
 	WorkspaceHost     string `json:"workspace_host,omitempty"`
