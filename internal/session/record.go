@@ -50,25 +50,20 @@ const (
 // Spec is the run-like request a session was started with: what its VM
 // is. It is the flags of `isopod session start`, kept for the supervisor.
 type Spec struct {
-	Stage string `json:"stage,omitempty"`
-	Base  string `json:"base,omitempty"`
-	// DefaultBase is the front end's default base (sandbox.Request's).
-	DefaultBase    string   `json:"default_base,omitempty"`
+	Stage          string   `json:"stage,omitempty"`
+	Base           string   `json:"base,omitempty"`
 	NoNetwork      bool     `json:"no_network,omitempty"`
 	AllowLANEgress bool     `json:"allow_lan_egress,omitempty"`
 	AllowHosts     []string `json:"allow_hosts,omitempty"`
 	AllowCIDRs     []string `json:"allow_cidrs,omitempty"`
 	DenyEgress     bool     `json:"deny_egress,omitempty"`
 	Inject         []string `json:"inject,omitempty"`
-	// ModelCaller: a model named the credentials (over MCP): only
-	// aliases marked for MCP resolve.
-	ModelCaller  bool     `json:"model_caller,omitempty"`
-	VCPUs        int      `json:"vcpus,omitempty"`
-	MemMiB       int      `json:"mem_mib,omitempty"`
-	ScratchMiB   int      `json:"scratch_mib,omitempty"`
-	BootTimeoutS int      `json:"boot_timeout_s,omitempty"`
-	Env          []string `json:"env,omitempty"`
-	Cwd          string   `json:"cwd,omitempty"`
+	VCPUs          int      `json:"vcpus,omitempty"`
+	MemMiB         int      `json:"mem_mib,omitempty"`
+	ScratchMiB     int      `json:"scratch_mib,omitempty"`
+	BootTimeoutS   int      `json:"boot_timeout_s,omitempty"`
+	Env            []string `json:"env,omitempty"`
+	Cwd            string   `json:"cwd,omitempty"`
 	// The workspace copied in at start (an absolute host directory), and
 	// its caps.
 	WorkspaceHost     string `json:"workspace_host,omitempty"`
@@ -76,6 +71,11 @@ type Spec struct {
 	WorkspaceAll      bool   `json:"workspace_all,omitempty"`
 	WorkspaceMaxBytes int64  `json:"workspace_max_bytes,omitempty"`
 	WorkspaceMaxFiles int    `json:"workspace_max_files,omitempty"`
+	// DefaultBase is the front end's default base (sandbox.Request's);
+	// ModelCaller: a model named the credentials (over MCP), so only
+	// aliases marked for MCP resolve.
+	DefaultBase string `json:"default_base,omitempty"`
+	ModelCaller bool   `json:"model_caller,omitempty"`
 }
 
 // Record is one session's session.json.

@@ -14,10 +14,11 @@ import (
 // absolute (the supervisor runs elsewhere). Every front end records a
 // session's request through it.
 func SpecOf(req sandbox.Request) (session.Spec, error) {
-	sp := session.Spec{Stage: req.Stage, Base: req.Base, DefaultBase: req.DefaultBase, NoNetwork: req.NoNetwork, AllowLANEgress: req.AllowLANEgress,
+	sp := session.Spec{Stage: req.Stage, Base: req.Base, NoNetwork: req.NoNetwork, AllowLANEgress: req.AllowLANEgress,
 		AllowHosts: req.AllowHosts, AllowCIDRs: req.AllowCIDRs, DenyEgress: req.DenyEgress, Inject: req.Inject,
 		VCPUs: req.VCPUs, MemMiB: req.MemMiB, ScratchMiB: req.ScratchMiB, BootTimeoutS: req.TimeoutS,
-		Env: req.Env, Cwd: req.Cwd, ModelCaller: req.Caller == credential.Model}
+		Env: req.Env, Cwd: req.Cwd}
+	sp.DefaultBase, sp.ModelCaller = req.DefaultBase, req.Caller == credential.Model
 	if w := req.Workspace; w != nil {
 		abs, err := filepath.Abs(w.Host)
 		if err != nil {
@@ -32,9 +33,10 @@ func SpecOf(req sandbox.Request) (session.Spec, error) {
 // RequestOf is the VM request of a session's spec; raise, when set, names
 // the setting or flag that raises a workspace cap.
 func RequestOf(sp session.Spec, raise func(what string) string) sandbox.Request {
-	req := sandbox.Request{Stage: sp.Stage, Base: sp.Base, DefaultBase: sp.DefaultBase, NoNetwork: sp.NoNetwork, AllowLANEgress: sp.AllowLANEgress,
+	req := sandbox.Request{Stage: sp.Stage, Base: sp.Base, NoNetwork: sp.NoNetwork, AllowLANEgress: sp.AllowLANEgress,
 		AllowHosts: sp.AllowHosts, AllowCIDRs: sp.AllowCIDRs, DenyEgress: sp.DenyEgress, Inject: sp.Inject,
 		VCPUs: sp.VCPUs, MemMiB: sp.MemMiB, ScratchMiB: sp.ScratchMiB, TimeoutS: sp.BootTimeoutS}
+	req.DefaultBase = sp.DefaultBase
 	if sp.ModelCaller {
 		req.Caller = credential.Model
 	}
