@@ -118,8 +118,8 @@ func TestSessionStartLaunches(t *testing.T) {
 	if len(recs) != 1 || recs[0].Name != "web" || recs[0].IdleAction != sess.IdlePause || recs[0].Spec.DefaultBase != DefaultBase {
 		t.Fatalf("records: %+v", recs)
 	}
-	if !recs[0].Spec.ModelCaller || supervisor.RequestOf(recs[0].Spec, nil).Caller != credential.Model {
-		t.Errorf("the session's request does not keep that a model names its credentials: %+v", recs[0].Spec)
+	if r := supervisor.RequestOf(recs[0].Spec, nil); !recs[0].Spec.ModelCaller || r.Caller != credential.Model || r.DefaultBase != DefaultBase {
+		t.Errorf("the session's request does not keep sandbox_run's default base and that a model names its credentials: %+v", recs[0].Spec)
 	}
 	if b, err := os.ReadFile(started); err != nil || !strings.Contains(string(b), "session-supervisor --id "+recs[0].ID) {
 		t.Errorf("the supervisor's arguments: %q, %v", b, err)
