@@ -20,6 +20,14 @@ import (
 // the test fails; the session is closed when it ends.
 func StartMCP(t *testing.T, name, dir string, args []string, env ...string) *mcp.ClientSession {
 	t.Helper()
+	cs, _ := StartMCPProcess(t, name, dir, args, env...)
+	return cs
+}
+
+// StartMCPProcess is StartMCP that also returns the server's process, for
+// a test that kills it.
+func StartMCPProcess(t *testing.T, name, dir string, args []string, env ...string) (*mcp.ClientSession, *os.Process) {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -39,7 +47,7 @@ func StartMCP(t *testing.T, name, dir string, args []string, env ...string) *mcp
 		t.Fatalf("starting isopod-mcp: %v", err)
 	}
 	t.Cleanup(func() { cs.Close() })
-	return cs
+	return cs, cmd.Process
 }
 
 // ToolText is a tool result's text content.

@@ -71,7 +71,7 @@ func TestTypeScriptClientOverHTTP(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 		t.Fatalf("%v\n%s", err, stdout.String())
 	}
-	if out.NoToken == "connected" || len(out.Tools) != len(mcpserver.ToolNames) {
+	if out.NoToken == "connected" || len(out.Tools) != len(mcpserver.OfferedTools(true, false)) {
 		t.Errorf("without a token: %q; tools %v", out.NoToken, out.Tools)
 	}
 	files := out.Run.Structured.Files

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,15 +47,51 @@ type Settings struct {
 	Places sandbox.Places
 }
 
+// coreKnobs are the variables Load reads for the core's settings.
+var coreKnobs = []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
+	knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
+	knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.DockerConfig}
+
+// Environ is base with the core's settings spelled as the variables s was
+// read from (its state root and kernel resolved), for a child isopod
+// process that must run with this front end's settings: a session's
+// supervisor started by isopod-mcp. What base says of those variables is
+// dropped.
+func (s Settings) Environ(base []string) []string {
+	out := make([]string, 0, len(base)+len(coreKnobs))
+	for _, kv := range base {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(coreKnobs, name) {
+			out = append(out, kv)
+		}
+	}
+	for _, k := range coreKnobs {
+		v, ok := "", false
+		if s.LookupEnv != nil {
+			v, ok = s.LookupEnv(k)
+		}
+		switch k {
+		case knobs.Home:
+			v, ok = s.Paths.Home, s.Paths.Home != ""
+		case knobs.Kernel:
+			if s.Kernel != "" {
+				v, ok = s.Kernel, true
+			}
+		}
+		if ok {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
+}
+
 // Load reads the settings through lookup (os.LookupEnv in production).
 // A value that can never work is an invalid-argument error naming the
 // variable and what it accepts.
 func Load(lookup func(string) (string, bool)) (Settings, error) {
 	var s Settings
 	raw := map[string]string{}
-	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
-		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
+	for _, k := range coreKnobs {
 		if v, ok := lookup(k); ok {
 			raw[k] = v
 		}

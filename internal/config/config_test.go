@@ -3,6 +3,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,5 +222,33 @@ func TestCredentialMaxBody(t *testing.T) {
 		if err != nil || s.CredentialMaxBody != tt.want {
 			t.Errorf("%q: %d, %v; want %d", tt.value, s.CredentialMaxBody, err, tt.want)
 		}
+	}
+}
+
+// TestEnviron: a child's environment carries the settings as the front
+// end read them (through its lookup, not the process's environment), the
+// state root and kernel resolved, and drops what the base said of them.
+func TestEnviron(t *testing.T) {
+	home := t.TempDir()
+	s, err := Load(env(map[string]string{knobs.Home: home, knobs.Kernel: "k/vmlinux", knobs.WarmPool: "off", knobs.QEMU: "/opt/q"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Environ([]string{"PATH=/bin", knobs.Home + "=/elsewhere", knobs.Jail + "=off", "HOME=/root"})
+	kernel, _ := filepath.Abs("k/vmlinux")
+	want := []string{"PATH=/bin", "HOME=/root", knobs.Home + "=" + home, knobs.Kernel + "=" + kernel, knobs.QEMU + "=/opt/q", knobs.WarmPool + "=off"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Environ = %q\nwant %q", got, want)
+	}
+	again, err := Load(func(k string) (string, bool) {
+		for _, kv := range got {
+			if name, v, _ := strings.Cut(kv, "="); name == k {
+				return v, true
+			}
+		}
+		return "", false
+	})
+	if err != nil || again.Paths.Home != s.Paths.Home || again.Kernel != s.Kernel || !again.NoWarmPool || again.QEMU != "/opt/q" || again.Jail != s.Jail {
+		t.Errorf("settings read back from Environ differ: %+v, %v", again.Settings, err)
 	}
 }

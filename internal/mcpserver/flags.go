@@ -36,6 +36,9 @@ type Flags struct {
 	StageRegistry string
 	PushCommits   bool
 
+	// AllowSessionExpose offers session_expose on the listener.
+	AllowSessionExpose bool
+
 	Version, Help bool
 }
 
@@ -115,6 +118,7 @@ func (f *Flags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.MemoryBudgetMiB, "memory-budget-mib", 0, "`MIB` all VMs together may take, guest memory plus each VMM's allowance (0: MemTotal less an eighth)")
 	fs.StringVar(&f.StageRegistry, "stage-registry", "", "pull a stage a call names but this host lacks from `REGISTRY/REPO`")
 	fs.BoolVar(&f.PushCommits, "push-commits", false, "push every stage a call commits to --stage-registry, by id and by label")
+	fs.BoolVar(&f.AllowSessionExpose, "allow-session-expose", false, "with --listen: offer session_expose, which opens ports on this host's 127.0.0.1 (on stdio it is always offered)")
 	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	fs.BoolVar(&f.Help, "help", false, "print this help (also -h) and exit")
 }
@@ -148,6 +152,9 @@ func (f Flags) check() error {
 				return bad("%s applies only with --listen (on stdio, the client that started the server is trusted; ISOPOD_MCP_HOST_IO_ROOT sets its root)", name)
 			}
 		}
+	}
+	if f.Listen == "" && f.AllowSessionExpose {
+		return bad("--allow-session-expose applies only with --listen (on stdio session_expose is always offered)")
 	}
 	switch {
 	case f.HostIORoot != "" && !filepath.IsAbs(f.HostIORoot):

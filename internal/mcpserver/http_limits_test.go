@@ -62,6 +62,32 @@ func hugeCalls(v string) []hugeCall {
 		calls = append(calls, hugeCall{tool + " reference", tool, map[string]any{"reference": v}})
 	}
 	calls = append(calls, hugeCall{"vm_gc keep_last", ToolVMGC, map[string]any{"keep_last": v}})
+	start := func(what string, set map[string]any) hugeCall {
+		args := map[string]any{"base": "base-min", "network": false}
+		maps.Copy(args, set)
+		return hugeCall{"session_start " + what, ToolSessionStart, args}
+	}
+	exec := func(what string, set map[string]any) hugeCall {
+		args := map[string]any{"session_id": "ss-000000000000", "cmd": "true"}
+		maps.Copy(args, set)
+		return hugeCall{"session_exec " + what, ToolSessionExec, args}
+	}
+	calls = append(calls,
+		start("name", map[string]any{"name": v}), start("stage", map[string]any{"stage": v}),
+		start("idle_action", map[string]any{"idle_action": v}), start("cwd", map[string]any{"cwd": v}),
+		start("workspace", map[string]any{"workspace": v}),
+		exec("session_id", map[string]any{"session_id": v}), exec("cmd", map[string]any{"cmd": v}),
+		exec("cwd", map[string]any{"cwd": v}), exec("read_files", map[string]any{"read_files": []any{v}}),
+		exec("write_files path", map[string]any{"write_files": []any{map[string]any{"path": v, "content": "x"}}}),
+		exec("write_files encoding", map[string]any{"write_files": []any{map[string]any{"path": "/x", "content": "x", "encoding": v}}}),
+		exec("write_files content", map[string]any{"write_files": []any{map[string]any{"path": "/x", "content": v, "encoding": "base64"}}}),
+		hugeCall{"session_job job_id", ToolSessionJob, map[string]any{"session_id": "x", "job_id": v}},
+		hugeCall{"session_fork name", ToolSessionFork, map[string]any{"session_id": "x", "name": v}},
+		hugeCall{"session_commit label", ToolSessionCommit, map[string]any{"session_id": "x", "label": v}},
+	)
+	for _, tool := range []string{ToolSessionStop, ToolSessionPause, ToolSessionResume} {
+		calls = append(calls, hugeCall{tool + " session_id", tool, map[string]any{"session_id": v}})
+	}
 	for _, tool := range ToolNames {
 		calls = append(calls, hugeCall{tool + " unknown argument", tool, map[string]any{v: v}})
 	}
@@ -75,7 +101,8 @@ func TestHugeValuesAreNotEchoed(t *testing.T) {
 	core, drv := newFakeCore(t)
 	tree := newHostTree(t)
 	hostIO, _ := hostio.Remote(settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}, tree.Root, tree.Home)
-	h := startHTTP(t, Config{Core: core, HostIO: hostIO, ProgressInterval: time.Hour}, nil)
+	sessions, _ := testSessions(t, core.CheckVM)
+	h := startHTTP(t, Config{Core: core, HostIO: hostIO, ProgressInterval: time.Hour, Sessions: sessions}, nil)
 	tp := &tap{next: http.DefaultTransport}
 	s, err := connectHTTPAs(t, h.url, adminToken, tp, "2025-11-25", 0)
 	if err != nil {

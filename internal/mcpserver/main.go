@@ -14,6 +14,7 @@ import (
 	"isopod/internal/config"
 	"isopod/internal/hostio"
 	"isopod/internal/sandbox"
+	sess "isopod/internal/session"
 	"isopod/internal/stages"
 	"isopod/internal/vmrecord"
 )
@@ -127,6 +128,7 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 		log.Info("stage registry", "repo", f.StageRegistry, "push_commits", f.PushCommits)
 	}
 	return Config{
+		Sessions: sessionConfig(f, settings, svc, log),
 		Core: core{svc, stages.New(stages.Options{Settings: settings.Settings, Logger: log, Version: version, Removed: svc.StageRemoved}),
 			vmrecord.Records{Paths: settings.Paths}}, HostIO: hostIO, Logger: log, Version: version,
 		Admission: adm, Remote: f.Listen != "",
@@ -167,4 +169,21 @@ func serveNetwork(ctx context.Context, srv *Server, f Flags, log *slog.Logger, v
 		return 1
 	}
 	return 0
+}
+
+// sessionConfig sets up the session tools: the CLI's sessions under the
+// same state root, their supervisors started from the isopod binary
+// beside this one with this server's settings.
+func sessionConfig(f Flags, settings config.Settings, svc *sandbox.Service, log *slog.Logger) *SessionConfig {
+	sc := &SessionConfig{Store: sess.Store{Paths: settings.Paths}, Check: svc.CheckVM, AllowExpose: f.AllowSessionExpose}
+	self, _ := os.Executable()
+	bin, err := FindIsopod(self)
+	if err != nil {
+		log.Warn("sessions are off: " + plain(err))
+		sc.NoBinary = err
+		return sc
+	}
+	sc.Launcher = sess.Launcher{Binary: bin, Env: settings.Environ(os.Environ())}
+	log.Info("sessions", "supervisor", bin, "expose_over_http", f.AllowSessionExpose)
+	return sc
 }

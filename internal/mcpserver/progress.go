@@ -15,6 +15,7 @@ import (
 // (with the call's place in line), pulling a stage, or running.
 type runStatus struct {
 	start time.Time
+	tool  string // the call's, which the notifications name
 
 	mu     sync.Mutex // guards following
 	ticket *admission.Ticket
@@ -22,8 +23,11 @@ type runStatus struct {
 	poke   chan struct{} // closed and replaced when phase changes
 }
 
-func newRunStatus() *runStatus {
-	return &runStatus{start: time.Now(), poke: make(chan struct{})}
+func newRunStatus() *runStatus { return newToolStatus(ToolSandboxRun) }
+
+// newToolStatus is a running status of another tool's call.
+func newToolStatus(tool string) *runStatus {
+	return &runStatus{start: time.Now(), tool: tool, poke: make(chan struct{})}
 }
 
 // setTicket makes the status follow t's place in the queue.
@@ -61,13 +65,13 @@ func (st *runStatus) message() (string, <-chan struct{}, <-chan struct{}) {
 		state, pos, ch := t.Status()
 		changed = ch
 		if state == admission.TicketQueued {
-			return fmt.Sprintf("sandbox_run queued: number %d in line for a VM on this host (%ds)", pos, secs), changed, poke
+			return fmt.Sprintf("%s queued: number %d in line for a VM on this host (%ds)", st.tool, pos, secs), changed, poke
 		}
 	}
 	if phase != "" {
-		return fmt.Sprintf("sandbox_run: %s (%ds)", shortText(phase), secs), changed, poke
+		return fmt.Sprintf("%s: %s (%ds)", st.tool, shortText(phase), secs), changed, poke
 	}
-	return fmt.Sprintf("sandbox_run in progress (%ds)", secs), changed, poke
+	return fmt.Sprintf("%s in progress (%ds)", st.tool, secs), changed, poke
 }
 
 // keepalive sends a progress notification at once, then every

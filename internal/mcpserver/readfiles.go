@@ -156,7 +156,14 @@ func readBack(path, guest string, budget int64) (readBackResult, error) {
 	if err != nil {
 		return readBackResult{}, err
 	}
-	r := readBackResult{FileResult: FileResult{Guest: guest, Bytes: fi.Size(), Truncated: int64(len(raw)) < fi.Size()}, raw: raw}
+	return readBackResult{FileResult: inlineFile(guest, raw, fi.Size()), raw: raw}, nil
+}
+
+// inlineFile is a file of size bytes, of which raw are the first, as a
+// result carries it: text as it is (cut on a character boundary), else
+// base64.
+func inlineFile(guest string, raw []byte, size int64) FileResult {
+	r := FileResult{Guest: guest, Bytes: size, Truncated: int64(len(raw)) < size}
 	text := raw
 	if r.Truncated {
 		// Cut text on a character boundary.
@@ -166,10 +173,10 @@ func readBack(path, guest string, budget int64) (readBackResult, error) {
 	}
 	if utf8.Valid(text) && !strings.ContainsRune(string(text), 0) {
 		r.Encoding, r.Content = "utf-8", string(text)
-		return r, nil
+		return r
 	}
 	r.Encoding, r.Content = "base64", base64.StdEncoding.EncodeToString(raw)
-	return r, nil
+	return r
 }
 
 // reword says a copy-out failure of a read_files copy in read_files'

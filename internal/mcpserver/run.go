@@ -232,17 +232,11 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 		r.NoNetwork = true
 	}
 
-	keys := make([]string, 0, len(in.Env))
-	for k := range in.Env {
-		keys = append(keys, k)
+	env, err := envPairs(in.Env)
+	if err != nil {
+		return sandbox.Request{}, err
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return sandbox.Request{}, bad("env", "the name %s is invalid: names must be non-empty and contain no '=' or NUL", describe(k))
-		}
-		r.Env = append(r.Env, k+"="+in.Env[k])
-	}
+	r.Env = env
 
 	if in.StdinFile != "" {
 		if in.Stdin != "" {
@@ -261,6 +255,23 @@ func (s *Server) buildRequest(in RunArgs) (sandbox.Request, error) {
 	}
 
 	return r, nil
+}
+
+// envPairs is an env argument as NAME=value pairs, sorted by name.
+func envPairs(env map[string]string) ([]string, error) {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var out []string
+	for _, k := range keys {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, &refusal{"env", fmt.Sprintf("the name %s is invalid: names must be non-empty and contain no '=' or NUL", describe(k))}
+		}
+		out = append(out, k+"="+env[k])
+	}
+	return out, nil
 }
 
 // given is a list argument as the core takes it: nil when absent, and

@@ -92,6 +92,9 @@ type Config struct {
 	// PushCommits pushes every stage a sandbox_run commits to
 	// StageRegistry, by id and by label.
 	PushCommits bool
+	// Sessions, when set, is where the session tools keep their sessions
+	// (sessions.go); nil: they answer that this server keeps none.
+	Sessions *SessionConfig
 }
 
 // Validate checks what a Server cannot do without.
@@ -299,6 +302,8 @@ Networking is on by default (NAT). network=false removes the NIC; allow_hosts=["
 
 stdin_file, copy_out and workspace name files on the server's host and are confined to its host-I/O root (off on a network listener unless its operator allowed them); stdin (text in) and read_files (guest files back in the result) need no host path.
 
-Other tools: stage_list, stage_info, stage_rm, vm_list, vm_gc, image_list (which bases are built).
+For state across calls (a dev server that later commands query, an interpreter or build kept warm, a long build then quick iterations) use a session: session_start (sandbox_run's VM arguments), session_exec (background=true for a server; session_job reads it); session_stop every session when done. Otherwise prefer sandbox_run.
+
+Other tools: stage_list, stage_info, stage_rm, vm_list, vm_gc, image_list (which bases are built), session_list, session_pause/resume/fork/commit.
 
 Parallel sandbox_run calls batched in one message may run one after another; use separate agents for real concurrency.`

@@ -44,6 +44,11 @@ func TestListTools(t *testing.T) {
 		ToolVMList:     nil,
 		ToolVMGC:       nil,
 		ToolImageList:  nil,
+
+		ToolSessionStart: nil, ToolSessionExec: {"session_id", "cmd"}, ToolSessionJob: {"session_id", "job_id"},
+		ToolSessionExpose: {"session_id", "guest_port"}, ToolSessionPause: {"session_id"}, ToolSessionResume: {"session_id"},
+		ToolSessionFork: {"session_id"}, ToolSessionCommit: {"session_id", "label"}, ToolSessionStop: {"session_id"},
+		ToolSessionList: nil,
 	}
 	for name, req := range required {
 		tl := tools[name]
@@ -78,6 +83,8 @@ func TestListTools(t *testing.T) {
 	}
 	if ins := s.cs.InitializeResult().Instructions; ins == "" || len(ins) >= 2048 {
 		t.Errorf("instructions are %d bytes, want 1..2047", len(ins))
+	} else if !strings.Contains(ins, "session_start") || !strings.Contains(ins, "session_stop every session when done") {
+		t.Errorf("the instructions do not say when to use a session and to stop it: %s", ins)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,9 +21,10 @@ import (
 )
 
 // Bearer tokens of a network listener. The token file holds one token a
-// line, "ROLE TOKEN": ROLE is run (sandbox_run and the read-only tools:
-// stage_list, stage_info, vm_list, image_list) or admin (also stage_rm
-// and vm_gc); TOKEN is at least 16 characters without white space. Blank
+// line, "ROLE TOKEN": ROLE is run (sandbox_run, the read-only tools:
+// stage_list, stage_info, vm_list, image_list, and the session tools on
+// its own sessions) or admin (also stage_rm and vm_gc, and every
+// session); TOKEN is at least 16 characters without white space. Blank
 // lines and lines starting with # are ignored. A presented token is
 // compared with every line in constant time, as SHA-256 sums, so neither
 // the time nor the order of the lines says how much of a token was right.
@@ -40,6 +42,11 @@ const minTokenLen = 16
 var toolRoles = map[string]string{
 	ToolSandboxRun: RoleRun, ToolStageList: RoleRun, ToolStageInfo: RoleRun,
 	ToolVMList: RoleRun, ToolImageList: RoleRun,
+	// A run token sees and acts on its own sessions only; an admin token
+	// on every one (sessions.go).
+	ToolSessionStart: RoleRun, ToolSessionExec: RoleRun, ToolSessionJob: RoleRun, ToolSessionExpose: RoleRun,
+	ToolSessionPause: RoleRun, ToolSessionResume: RoleRun, ToolSessionFork: RoleRun, ToolSessionCommit: RoleRun,
+	ToolSessionStop: RoleRun, ToolSessionList: RoleRun,
 	ToolStageRm: RoleAdmin, ToolVMGC: RoleAdmin,
 }
 
@@ -129,7 +136,20 @@ func (t *Tokens) Verify(_ context.Context, token string, _ *http.Request) (*auth
 	if e.role == RoleAdmin {
 		scopes = []string{RoleAdmin, RoleRun}
 	}
-	return &auth.TokenInfo{Scopes: scopes, UserID: fmt.Sprintf("%s-token-line-%d", e.role, e.line)}, nil
+	return &auth.TokenInfo{Scopes: scopes, UserID: fmt.Sprintf("%s-token-line-%d", e.role, e.line),
+		Extra: map[string]any{ownerKey: ownerOf(token)}}, nil
+}
+
+// ownerKey holds, in a verified token's TokenInfo.Extra, the owner id of
+// the sessions it starts.
+const ownerKey = "isopod_session_owner"
+
+// ownerOf is the owner id a token's sessions are recorded with: a hash
+// of the token under a purpose of its own, never the token, and the same
+// across restarts and edits of the token file.
+func ownerOf(token string) string {
+	sum := sha256.Sum256([]byte("isopod session owner\x00" + token))
+	return hex.EncodeToString(sum[:16])
 }
 
 // authorize refuses a call whose token lacks the tool's role. Calls on

@@ -23,8 +23,10 @@ const (
 	ToolImageList  = "image_list"
 )
 
-// ToolNames lists every tool the server registers.
-var ToolNames = []string{ToolSandboxRun, ToolStageList, ToolStageInfo, ToolStageRm, ToolVMList, ToolVMGC, ToolImageList}
+// ToolNames lists every tool the server registers (session_expose only
+// on stdio, or where its operator allows it: sessions.go).
+var ToolNames = append([]string{ToolSandboxRun, ToolStageList, ToolStageInfo, ToolStageRm, ToolVMList, ToolVMGC, ToolImageList},
+	SessionTools...)
 
 // NoArgs is the input of a tool without arguments.
 type NoArgs struct{}
@@ -52,7 +54,9 @@ func addTool[In, Out any](s *Server, t *mcp.Tool, in *jsonschema.Schema, coerce 
 	if t.InputSchema == nil {
 		t.InputSchema = in
 	}
-	t.OutputSchema = outputSchema[Out]()
+	if t.OutputSchema == nil {
+		t.OutputSchema = outputSchema[Out]()
+	}
 	s.mcp.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		if err := s.authorize(t.Name, req); err != nil {
 			s.log.Info("tool refused", "tool", t.Name, "err", err)
@@ -146,6 +150,7 @@ func (s *Server) addTools() {
 	})
 
 	s.addHousekeepingTools()
+	s.addSessionTools()
 }
 
 // addHousekeepingTools registers vm_list, vm_gc and image_list.

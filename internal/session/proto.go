@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"isopod/internal/errdefs"
@@ -96,7 +97,8 @@ func (a *Answer) Err() error {
 		return nil
 	}
 	if c := errdefs.FromClass(a.Class); c != nil {
-		return fmt.Errorf("%s: %w", a.Error, c)
+		// The supervisor's message ends with its class's text already.
+		return fmt.Errorf("%s: %w", strings.TrimSuffix(a.Error, ": "+c.Error()), c)
 	}
 	return errors.New(a.Error)
 }

@@ -35,6 +35,12 @@ const (
 	StateLost     = "lost"
 )
 
+// What a session's idle timeout does.
+const (
+	IdleStop  = "stop"
+	IdlePause = "pause"
+)
+
 // Defaults of a session's limits.
 const (
 	DefaultIdleTimeoutS = 600
@@ -65,6 +71,11 @@ type Spec struct {
 	WorkspaceAll      bool   `json:"workspace_all,omitempty"`
 	WorkspaceMaxBytes int64  `json:"workspace_max_bytes,omitempty"`
 	WorkspaceMaxFiles int    `json:"workspace_max_files,omitempty"`
+	// DefaultBase is the front end's default base (sandbox.Request's);
+	// ModelCaller: a model named the credentials (over MCP), so only
+	// aliases marked for MCP resolve.
+	DefaultBase string `json:"default_base,omitempty"`
+	ModelCaller bool   `json:"model_caller,omitempty"`
 }
 
 // Record is one session's session.json.
@@ -87,6 +98,9 @@ type Record struct {
 	Stopped      time.Time `json:"stopped,omitzero"`
 	IdleTimeoutS int       `json:"idle_timeout_s"`
 	MaxLifetimeS int       `json:"max_lifetime_s"`
+	// IdleAction is what the idle timeout does: IdleStop (the default)
+	// or IdlePause.
+	IdleAction string `json:"idle_action,omitempty"`
 	// SupervisorPID and SupervisorStart (field 22 of /proc/PID/stat) name
 	// the supervisor, so that a reused pid is not taken for it.
 	SupervisorPID   int    `json:"supervisor_pid,omitempty"`

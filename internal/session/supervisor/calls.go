@@ -46,7 +46,8 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 		<-s.ended
 		return s.final(), nil
 	}
-	return nil, fmt.Errorf("unknown call %q: %w", c.Op, errdefs.ErrInvalidArgument)
+	// A call this supervisor does not know comes from a newer isopod.
+	return nil, fmt.Errorf("this session's supervisor has no %q call: %w", c.Op, errdefs.ErrNotSupported)
 }
 
 // Final is the answer to a stop call.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"isopod/internal/credential"
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/session"
@@ -17,6 +18,7 @@ func SpecOf(req sandbox.Request) (session.Spec, error) {
 		AllowHosts: req.AllowHosts, AllowCIDRs: req.AllowCIDRs, DenyEgress: req.DenyEgress, Inject: req.Inject,
 		VCPUs: req.VCPUs, MemMiB: req.MemMiB, ScratchMiB: req.ScratchMiB, BootTimeoutS: req.TimeoutS,
 		Env: req.Env, Cwd: req.Cwd}
+	sp.DefaultBase, sp.ModelCaller = req.DefaultBase, req.Caller == credential.Model
 	if w := req.Workspace; w != nil {
 		abs, err := filepath.Abs(w.Host)
 		if err != nil {
@@ -34,6 +36,10 @@ func RequestOf(sp session.Spec, raise func(what string) string) sandbox.Request 
 	req := sandbox.Request{Stage: sp.Stage, Base: sp.Base, NoNetwork: sp.NoNetwork, AllowLANEgress: sp.AllowLANEgress,
 		AllowHosts: sp.AllowHosts, AllowCIDRs: sp.AllowCIDRs, DenyEgress: sp.DenyEgress, Inject: sp.Inject,
 		VCPUs: sp.VCPUs, MemMiB: sp.MemMiB, ScratchMiB: sp.ScratchMiB, TimeoutS: sp.BootTimeoutS}
+	req.DefaultBase = sp.DefaultBase
+	if sp.ModelCaller {
+		req.Caller = credential.Model
+	}
 	if sp.WorkspaceHost != "" {
 		w := &sandbox.Workspace{Host: sp.WorkspaceHost, Guest: sp.WorkspaceGuest}
 		w.All, w.MaxBytes, w.MaxFiles = sp.WorkspaceAll, sp.WorkspaceMaxBytes, sp.WorkspaceMaxFiles
