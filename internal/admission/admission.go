@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/ledger"
@@ -309,9 +310,24 @@ func (t *Ticket) Status() (state TicketState, position int, changed <-chan struc
 
 // Wait blocks until t is admitted. When ctx ends first, t leaves the
 // queue (it is released) and ctx's error is returned.
-func (t *Ticket) Wait(ctx context.Context) error {
+func (t *Ticket) Wait(ctx context.Context) error { return t.wait(ctx, 0) }
+
+// WaitBounded is Wait, except that a call still waiting after bound while
+// other processes hold places (the ledger's) gives up as [ErrBusy]: a
+// wait on this process's own VMs alone goes on.
+func (t *Ticket) WaitBounded(ctx context.Context, bound time.Duration) error {
+	return t.wait(ctx, bound)
+}
+
+func (t *Ticket) wait(ctx context.Context, bound time.Duration) error {
 	poll := newBackoff(t.a.cfg.Ledger != nil)
 	defer poll.stop()
+	var deadline <-chan time.Time
+	if bound > 0 {
+		timer := time.NewTimer(bound)
+		defer timer.Stop()
+		deadline = timer.C
+	}
 	for {
 		state, _, changed := t.Status()
 		switch state {
@@ -325,6 +341,11 @@ func (t *Ticket) Wait(ctx context.Context) error {
 		case <-poll.c():
 			// Other processes may have given places back.
 			t.a.retry()
+		case <-deadline:
+			deadline = nil
+			if err := t.giveUp(bound); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			t.Release()
 			return ctx.Err()
@@ -343,15 +364,22 @@ func (t *Ticket) Release() {
 	}
 	a := t.a
 	a.lock() // without the ledger, the place is still given back here
+	a.unlockEnding(t.releaseLocked())
+}
+
+// releaseLocked is Release's work; it returns the End functions to call
+// once a.mu is released.
+//
+// Preconditions: a.mu is held.
+func (t *Ticket) releaseLocked() []func() {
+	a := t.a
 	switch t.state {
 	case TicketReleased:
-		a.unlock()
-		return
+		return nil
 	case TicketLent:
 		t.lentTo = nil
 		t.setLocked(TicketReleased)
-		a.unlock()
-		return
+		return nil
 	case TicketAdmitted:
 		a.freeLocked(t)
 	case TicketQueued:
@@ -372,7 +400,7 @@ func (t *Ticket) Release() {
 	t.setLocked(TicketReleased)
 	close(a.freed)
 	a.freed = make(chan struct{})
-	a.unlockEnding(append(ends, a.advanceLocked()...))
+	return append(ends, a.advanceLocked()...)
 }
 
 // Stats is a moment's view of an Admission.

@@ -83,6 +83,20 @@ func (a *Admission) HeldText() string {
 	return a.heldTextLocked()
 }
 
+// giveUp releases t, still waiting after bound, when other processes
+// hold places, and says so; nil: t waits on.
+func (t *Ticket) giveUp(bound time.Duration) error {
+	a := t.a
+	a.lock()
+	if t.state != TicketQueued || a.others.Places == 0 {
+		a.unlock() // admitted meanwhile (Wait sees it), or waiting on this process's own VMs
+		return nil
+	}
+	text := a.heldTextLocked()
+	a.unlockEnding(t.releaseLocked())
+	return fmt.Errorf("no VM place within %s: %s: %w", bound, text, ErrBusy)
+}
+
 // retry looks at the ledger again and admits what now fits.
 func (a *Admission) retry() {
 	if err := a.lock(); err != nil {

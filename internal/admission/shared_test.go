@@ -42,11 +42,9 @@ func TestSharedPlaces(t *testing.T) {
 	if _, ok := mcp.TryHold(128, bg); ok {
 		t.Error("a background VM took a place another process holds")
 	}
-	// Waiting past its own bound, the call gives up.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if err := call.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a call waiting on another process's place: %v, want its deadline", err)
+	// Waiting past its own bound, the call gives up as busy.
+	if err := call.WaitBounded(context.Background(), 300*time.Millisecond); !errors.Is(err, admission.ErrBusy) {
+		t.Fatalf("a call waiting on another process's place: %v, want busy", err)
 	}
 	if st := mcp.Stats(); st.OtherPlaces != 1 || st.Queued != 0 {
 		t.Errorf("stats %+v: want the other process's place and nobody waiting", st)
@@ -100,4 +98,27 @@ func TestSharedYield(t *testing.T) {
 		t.Fatalf("the call after the other process's ready VM ended: %v", err)
 	}
 	call.Release()
+}
+
+// TestWaitBoundedOwnVMs: a call waiting on this process's own VMs waits
+// past its bound: only other processes' places make it give up.
+func TestWaitBoundedOwnVMs(t *testing.T) {
+	a := sharing(t, t.TempDir(), "mcp")
+	first, _ := a.Reserve(512)
+	second, err := a.Reserve(512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- second.WaitBounded(context.Background(), 100*time.Millisecond) }()
+	select {
+	case err := <-done:
+		t.Fatalf("gave up on this process's own VM: %v", err)
+	case <-time.After(600 * time.Millisecond):
+	}
+	first.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	second.Release()
 }
