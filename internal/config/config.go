@@ -54,7 +54,7 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	raw := map[string]string{}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
 		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
-		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
+		knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.MaxVMs, knobs.MemoryBudgetMiB, knobs.SessionMaxLifetimeS} {
 		if v, ok := lookup(k); ok {
 			raw[k] = v
 		}
@@ -117,6 +117,9 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		s.ReadyVMs = n
 	}
 	if s.RegistryStall, err = parseStall(raw[knobs.RegistryStallS], raw[knobs.RegistryMinKiBps]); err != nil {
+		return s, err
+	}
+	if err := parsePlaces(raw, &s); err != nil {
 		return s, err
 	}
 	return s, nil

@@ -116,7 +116,14 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 	}
 	// The one start-up line that states the host-I/O policy in force.
 	log.Info(hostIO.String())
-	ac := f.admissionConfig(sandbox.DefaultAdmission(sandbox.Host(), svc.AccelGuess(ctx)))
+	ac := f.admissionConfig(settings.Admission(svc.AccelGuess(ctx)))
+	// Its places are counted in the state root's ledger with the CLI's
+	// runs and the sessions', against the same limits.
+	l, err := settings.Ledger("isopod-mcp")
+	if err != nil {
+		return Config{}, err
+	}
+	ac.Ledger = l
 	adm, err := admission.New(ac)
 	if err != nil {
 		return Config{}, fmt.Errorf("admission: %w (set --max-vms, --queue, --memory-budget-mib)", err)
