@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/ledger"
 	"isopod/internal/sandbox"
 	"isopod/internal/workspace"
 )
@@ -42,6 +44,11 @@ holds, through $ISOPOD_CREDENTIAL_ENDPOINT (docs/credentials.md).`,
 				return err
 			}
 			defer release()
+			// The run waits for a place at most its own timeout, and
+			// holds it until its VM is cleaned up.
+			if _, err := e.place(cmd.Context(), ledger.KindRun, "", o.req.MemMiB, time.Duration(o.req.TimeoutS)*time.Second); err != nil {
+				return err
+			}
 			rep, err := svc.Run(cmd.Context(), o.req)
 			if err != nil {
 				return raiseHint(err)

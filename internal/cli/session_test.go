@@ -23,6 +23,7 @@ func TestSessionRefusals(t *testing.T) {
 		{[]string{"session", "start", "--vcpus", "0"}, "--vcpus 0", "invalid_argument"},
 		{[]string{"session", "start", "--idle-timeout-s", "-1"}, "positive seconds", "invalid_argument"},
 		{[]string{"session", "expose", "x", "http"}, "want a number", "invalid_argument"},
+		{[]string{"session", "start", "--max-lifetime-s", "86401"}, "ISOPOD_SESSION_MAX_LIFETIME_S", "invalid_argument"},
 	} {
 		code, m, _ := runCLI(t, tt.args...)
 		if code != 1 || m == nil || m["ok"] != false {
