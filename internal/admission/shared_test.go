@@ -122,3 +122,37 @@ func TestWaitBoundedOwnVMs(t *testing.T) {
 	}
 	second.Release()
 }
+
+// TestSharedWaitersFirst: while another process has a call waiting, no
+// background VM takes a place here, free as it is.
+func TestSharedWaitersFirst(t *testing.T) {
+	dir := t.TempDir()
+	a := newAdmission(t, admission.Config{MaxVMs: 4, Queue: 4, MemoryBudgetMiB: 100000, OverheadMiB: 256, MinMemMiB: 128, RunMemMiB: 512,
+		Ledger: func() *ledger.Ledger {
+			h := ledger.Self("mcp")
+			h.Key = "mcp"
+			l, _ := ledger.Open(dir, h)
+			return l
+		}()})
+	h := ledger.Self("cli")
+	h.Key = "cli"
+	other, err := ledger.Open(dir, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := other.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx.Commit(nil, 1)
+	if v, ok := a.TryHold(128, bg); ok {
+		v.Release()
+		t.Error("a background VM took a place while another process's call waits")
+	}
+	other.Clear()
+	v, ok := a.TryHold(128, bg)
+	if !ok {
+		t.Fatal("no background place once nobody waits")
+	}
+	v.Release()
+}
