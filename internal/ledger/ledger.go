@@ -219,6 +219,12 @@ func (l *Ledger) readLocked(prune bool) ([]Entry, error) {
 	}
 	var out []Entry
 	for _, de := range des {
+		if prune && strings.HasSuffix(de.Name(), ".tmp") {
+			// Written under the lock: one seen now was left by a holder
+			// that died writing it.
+			os.Remove(filepath.Join(l.dir, de.Name()))
+			continue
+		}
 		key, ok := strings.CutSuffix(de.Name(), ".json")
 		if !ok || (l.self.Key != "" && key == l.self.Key) {
 			continue
