@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -48,9 +49,11 @@ busy (unavailable).`,
 				return err
 			}
 			defer release()
-			// The run waits for a place at most its own timeout, and
-			// holds it until its VM is cleaned up.
-			if _, err := e.place(cmd.Context(), ledger.KindRun, "", o.req.MemMiB, time.Duration(o.req.TimeoutS)*time.Second); err != nil {
+			// Once the request is checked, the run waits for a place at
+			// most its own timeout, and holds it until its VM is cleaned
+			// up.
+			o.req.WaitPlace = func(ctx context.Context) error {
+				_, err := e.place(ctx, ledger.KindRun, "", o.req.MemMiB, time.Duration(o.req.TimeoutS)*time.Second)
 				return err
 			}
 			rep, err := svc.Run(cmd.Context(), o.req)
