@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"isopod/integration/e2e"
+	"isopod/internal/knobs"
 )
 
 // TestEightAtOnce: eight runs at once on a small host, cold and warm,
@@ -35,7 +36,10 @@ func TestEightAtOnce(t *testing.T) {
 		{"run", "--no-network", "--timeout-s", "5", "--", "sleep", "600"}, // ends by its own timeout
 		{"run", "--timeout-s", "600", "--", "true"},
 	}
-	results := e2e.Parallel(len(shapes), func(i int) *e2e.Result { return e2e.Isopod(t, nil, shapes[i]...) })
+	// Eight places: the host's default on a small host is fewer, and a
+	// run waits for a place at most its own timeout.
+	env := []string{knobs.MaxVMs + "=8"}
+	results := e2e.Parallel(len(shapes), func(i int) *e2e.Result { return e2e.Isopod(t, env, shapes[i]...) })
 	for i, r := range results {
 		if r.Code != 0 || r.JSON["ok"] != true {
 			t.Errorf("run %d (%v) failed:\n%s", i, shapes[i], r)

@@ -8,13 +8,16 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/ledger"
 	"isopod/internal/vmm"
 )
 
@@ -30,7 +33,10 @@ import (
 // A VM that cannot start at once waits in a bounded FIFO queue; one that
 // cannot queue is refused at once with [ErrBusy], so that a client or a
 // load balancer can try another host. Processes do not share an
-// Admission: CLI runs on the same host are outside it.
+// Admission, but with a [ledger.Ledger] (Config.Ledger) they share the
+// limits: every place is counted in the state root's ledger, and a place
+// is granted only when the places and memory every live process holds
+// leave room for it (shared.go).
 type Admission struct {
 	cfg Config
 
@@ -43,6 +49,10 @@ type Admission struct {
 	endingVMs int           // of those, VMs asked to end for a waiting call
 	endingMiB int           // their cost
 	freed     chan struct{} // closed and replaced at every release
+	places    []*Ticket     // every admitted ticket, for the ledger
+	others    ledger.Usage  // what other processes held at the last look
+	tx        *ledger.Tx    // the ledger transaction under way, with a.mu
+	watching  bool          // a watchOthers goroutine runs
 }
 
 // Config configures an Admission.
@@ -62,6 +72,15 @@ type Config struct {
 	// RunMemMiB is the guest memory of a default-sized run: on a host of
 	// more than one place, background VMs leave room for one.
 	RunMemMiB int
+	// Ledger, when set, is the host-wide record of places this
+	// Admission counts its places in and grants them against: the limits
+	// above then bound every process that shares it. nil: this process
+	// alone.
+	Ledger *ledger.Ledger
+	// CallKind is what Reserve's places are for in the ledger
+	// (ledger.KindRun unless set); CallID names them (a session's id).
+	CallKind ledger.Kind
+	CallID   string
 }
 
 // Validate checks the limits.
@@ -151,6 +170,8 @@ type Ticket struct {
 	a     *Admission
 	cost  int
 	yield *Yield // a background VM's; nil for a call
+	kind  ledger.Kind
+	id    string
 
 	// Guarded by a.mu:
 	state   TicketState
@@ -172,17 +193,19 @@ func (a *Admission) Reserve(memMiB int) (*Ticket, error) {
 		return nil, fmt.Errorf("a VM of %d MiB costs %d MiB with its VMM, more than this host's memory budget of %d MiB: %w",
 			memMiB, cost, a.cfg.MemoryBudgetMiB, errdefs.ErrUnavailable)
 	}
-	a.mu.Lock()
-	t := &Ticket{a: a, cost: cost, changed: make(chan struct{})}
+	if err := a.lock(); err != nil {
+		a.unlock()
+		return nil, err
+	}
+	t := &Ticket{a: a, cost: cost, kind: cmp.Or(a.cfg.CallKind, ledger.KindRun), id: a.cfg.CallID, changed: make(chan struct{})}
 	if len(a.queue) == 0 && a.fitsLocked(cost) {
 		a.admitLocked(t)
-		a.mu.Unlock()
+		a.unlock()
 		return t, nil
 	}
 	if len(a.queue) >= a.cfg.Queue && (len(a.queue) > 0 || !a.reclaimableLocked(cost)) {
-		err := fmt.Errorf("%d VMs hold this host's places (limit %d, %d of %d MiB) and %d calls wait (limit %d): %w",
-			a.running, a.cfg.MaxVMs, a.usedMiB, a.cfg.MemoryBudgetMiB, len(a.queue), a.cfg.Queue, ErrBusy)
-		a.mu.Unlock()
+		err := fmt.Errorf("%s and %d calls wait here (limit %d): %w", a.heldTextLocked(), len(a.queue), a.cfg.Queue, ErrBusy)
+		a.unlock()
 		return nil, err
 	}
 	a.queue = append(a.queue, t)
@@ -192,16 +215,18 @@ func (a *Admission) Reserve(memMiB int) (*Ticket, error) {
 
 // Preconditions: a.mu is held.
 func (a *Admission) fitsLocked(cost int) bool {
-	return a.running < a.cfg.MaxVMs && a.usedMiB+cost <= a.cfg.MemoryBudgetMiB
+	return a.running+a.others.Places < a.cfg.MaxVMs && a.usedMiB+a.others.CostMiB+cost <= a.cfg.MemoryBudgetMiB
 }
 
 // Preconditions: a.mu is held.
 func (a *Admission) admitLocked(t *Ticket) {
 	a.running++
 	a.usedMiB += t.cost
+	a.places = append(a.places, t)
 	if t.yield != nil {
 		a.held = append(a.held, t)
 		a.heldMiB += t.cost
+		a.watchLocked()
 	}
 	t.setLocked(TicketAdmitted)
 }
@@ -212,6 +237,7 @@ func (a *Admission) admitLocked(t *Ticket) {
 func (a *Admission) freeLocked(t *Ticket) {
 	a.running--
 	a.usedMiB -= t.cost
+	a.places = slices.DeleteFunc(a.places, func(p *Ticket) bool { return p == t })
 	if t.yield == nil {
 		return
 	}
@@ -260,9 +286,10 @@ func (a *Admission) advanceLocked() (ends []func()) {
 	return ends
 }
 
-// unlockEnding releases a.mu and asks the background VMs in ends to end.
+// unlockEnding releases a.mu (and the ledger) and asks the background
+// VMs in ends to end.
 func (a *Admission) unlockEnding(ends []func()) {
-	a.mu.Unlock()
+	a.unlock()
 	for _, end := range ends {
 		go end()
 	}
@@ -283,7 +310,24 @@ func (t *Ticket) Status() (state TicketState, position int, changed <-chan struc
 
 // Wait blocks until t is admitted. When ctx ends first, t leaves the
 // queue (it is released) and ctx's error is returned.
-func (t *Ticket) Wait(ctx context.Context) error {
+func (t *Ticket) Wait(ctx context.Context) error { return t.wait(ctx, 0) }
+
+// WaitBounded is Wait, except that a call still waiting after bound while
+// other processes hold places (the ledger's) gives up as [ErrBusy]: a
+// wait on this process's own VMs alone goes on.
+func (t *Ticket) WaitBounded(ctx context.Context, bound time.Duration) error {
+	return t.wait(ctx, bound)
+}
+
+func (t *Ticket) wait(ctx context.Context, bound time.Duration) error {
+	poll := newBackoff(t.a.cfg.Ledger != nil)
+	defer poll.stop()
+	var deadline <-chan time.Time
+	if bound > 0 {
+		timer := time.NewTimer(bound)
+		defer timer.Stop()
+		deadline = timer.C
+	}
 	for {
 		state, _, changed := t.Status()
 		switch state {
@@ -294,6 +338,14 @@ func (t *Ticket) Wait(ctx context.Context) error {
 		}
 		select {
 		case <-changed:
+		case <-poll.c():
+			// Other processes may have given places back.
+			t.a.retry()
+		case <-deadline:
+			deadline = nil
+			if err := t.giveUp(bound); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			t.Release()
 			return ctx.Err()
@@ -311,16 +363,23 @@ func (t *Ticket) Release() {
 		return
 	}
 	a := t.a
-	a.mu.Lock()
+	a.lock() // without the ledger, the place is still given back here
+	a.unlockEnding(t.releaseLocked())
+}
+
+// releaseLocked is Release's work; it returns the End functions to call
+// once a.mu is released.
+//
+// Preconditions: a.mu is held.
+func (t *Ticket) releaseLocked() []func() {
+	a := t.a
 	switch t.state {
 	case TicketReleased:
-		a.mu.Unlock()
-		return
+		return nil
 	case TicketLent:
 		t.lentTo = nil
 		t.setLocked(TicketReleased)
-		a.mu.Unlock()
-		return
+		return nil
 	case TicketAdmitted:
 		a.freeLocked(t)
 	case TicketQueued:
@@ -341,7 +400,7 @@ func (t *Ticket) Release() {
 	t.setLocked(TicketReleased)
 	close(a.freed)
 	a.freed = make(chan struct{})
-	a.unlockEnding(append(ends, a.advanceLocked()...))
+	return append(ends, a.advanceLocked()...)
 }
 
 // Stats is a moment's view of an Admission.
@@ -355,6 +414,10 @@ type Stats struct {
 	MaxVMs          int `json:"max_vms"`
 	QueueMax        int `json:"queue_max"`
 	MemoryBudgetMiB int `json:"memory_budget_mib"`
+	// OtherPlaces and OtherMiB are what other processes sharing the
+	// ledger held at the last look.
+	OtherPlaces int `json:"other_places,omitempty"`
+	OtherMiB    int `json:"other_mib,omitempty"`
 }
 
 // Stats reports what holds places and waits now.
@@ -368,5 +431,6 @@ func (a *Admission) Stats() Stats {
 		}
 	}
 	return Stats{Running: a.running, Background: len(a.held), Lendable: lendable, Queued: len(a.queue),
-		UsedMiB: a.usedMiB, MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB}
+		UsedMiB: a.usedMiB, MaxVMs: a.cfg.MaxVMs, QueueMax: a.cfg.Queue, MemoryBudgetMiB: a.cfg.MemoryBudgetMiB,
+		OtherPlaces: a.others.Places, OtherMiB: a.others.CostMiB}
 }

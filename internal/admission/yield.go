@@ -1,5 +1,12 @@
 package admission
 
+import (
+	"cmp"
+	"time"
+
+	"isopod/internal/ledger"
+)
+
 // Background VMs in an Admission. A long-lived front end keeps VMs no
 // call asked for: ready VMs and snapshot builds. They take a place only
 // when it is free and no call waits, and give it to a call that needs it
@@ -21,6 +28,9 @@ type Yield struct {
 	// end it before its own VM starts ([Ticket.LentTo]); should the call
 	// end first, the place goes back to the VM and End is called.
 	Lend bool
+	// Kind is what the place is for in the ledger: ledger.KindReady or
+	// ledger.KindBuild (the default).
+	Kind ledger.Kind
 }
 
 // TryHold takes a place for a background VM (a ready VM, a snapshot
@@ -33,11 +43,12 @@ func (a *Admission) TryHold(memMiB int, y Yield) (t *Ticket, ok bool) {
 	if y.End == nil {
 		return nil, false
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t = &Ticket{a: a, cost: memMiB + a.cfg.OverheadMiB, yield: &y, changed: make(chan struct{})}
-	if len(a.queue) > 0 || a.running >= a.cfg.MaxVMs || len(a.held) >= max(1, a.cfg.MaxVMs/2) ||
-		a.usedMiB+t.cost+a.spareMiB() > a.cfg.MemoryBudgetMiB {
+	err := a.lock()
+	defer a.unlock()
+	t = &Ticket{a: a, cost: memMiB + a.cfg.OverheadMiB, yield: &y, kind: cmp.Or(y.Kind, ledger.KindBuild), changed: make(chan struct{})}
+	// Calls of other processes waiting come first too.
+	if err != nil || len(a.queue) > 0 || a.others.Waiting > 0 || a.running+a.others.Places >= a.cfg.MaxVMs ||
+		len(a.held) >= max(1, a.cfg.MaxVMs/2) || a.usedMiB+a.others.CostMiB+t.cost+a.spareMiB() > a.cfg.MemoryBudgetMiB {
 		return nil, false
 	}
 	a.admitLocked(t)
@@ -58,11 +69,26 @@ func (a *Admission) CanHold(memMiB int) bool {
 	return memMiB+a.cfg.OverheadMiB+a.spareMiB() <= a.cfg.MemoryBudgetMiB
 }
 
-// Freed returns a channel closed at the next release.
+// Freed returns a channel closed at the next release; with a ledger,
+// also after a while, since other processes' releases are not seen.
 func (a *Admission) Freed() <-chan struct{} {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.freed
+	freed := a.freed
+	a.mu.Unlock()
+	if a.cfg.Ledger == nil {
+		return freed
+	}
+	ch := make(chan struct{})
+	go func() {
+		t := time.NewTimer(othersPoll)
+		defer t.Stop()
+		select {
+		case <-freed:
+		case <-t.C:
+		}
+		close(ch)
+	}()
+	return ch
 }
 
 // AllowLend makes a background place lendable from now on (a ready VM
@@ -92,7 +118,8 @@ func (t *Ticket) LentTo(place *Ticket) bool {
 //
 // Preconditions: a.mu is held.
 func (a *Admission) reclaimableLocked(cost int) bool {
-	return a.running-len(a.held) < a.cfg.MaxVMs && a.usedMiB-a.heldMiB+cost <= a.cfg.MemoryBudgetMiB
+	return a.running-len(a.held)+a.others.Places < a.cfg.MaxVMs &&
+		a.usedMiB-a.heldMiB+a.others.CostMiB+cost <= a.cfg.MemoryBudgetMiB
 }
 
 // reclaimLocked makes room for the waiting call t from background VMs,
@@ -108,7 +135,8 @@ func (a *Admission) reclaimLocked(t *Ticket) (ends []func()) {
 		return nil
 	}
 	fits := func() bool {
-		return a.running-a.endingVMs < a.cfg.MaxVMs && a.usedMiB-a.endingMiB+t.cost <= a.cfg.MemoryBudgetMiB
+		return a.running-a.endingVMs+a.others.Places < a.cfg.MaxVMs &&
+			a.usedMiB-a.endingMiB+a.others.CostMiB+t.cost <= a.cfg.MemoryBudgetMiB
 	}
 	for i := len(a.held) - 1; i >= 0 && !fits(); i-- {
 		v := a.held[i]

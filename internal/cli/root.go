@@ -31,6 +31,9 @@ type env struct {
 	// code is the exit status after printing result: 0, or 1 for a
 	// result that reports a failure itself (isopod doctor).
 	code int
+	// places are the VM places this process holds (place.go), given back
+	// once its VMs' cleanup is done.
+	places []func()
 }
 
 // service opens the core over the state root. VM cleanup that the report
@@ -65,6 +68,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err = root.ExecuteContext(ctx)
+	defer e.releasePlaces()
 	if e.svc != nil {
 		// The JSON goes out first; the process exits once cleanup is done.
 		defer e.svc.Wait()

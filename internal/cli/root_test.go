@@ -14,6 +14,12 @@ import (
 func runCLI(t *testing.T, args ...string) (int, map[string]any, string) {
 	t.Helper()
 	t.Setenv("ISOPOD_HOME", t.TempDir())
+	return runCLIHome(t, args...)
+}
+
+// runCLIHome is runCLI in the state root ISOPOD_HOME already names.
+func runCLIHome(t *testing.T, args ...string) (int, map[string]any, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	code := Main(context.Background(), args, &out, &errb)
 	if out.Len() == 0 {

@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/ledger"
 	"isopod/internal/sandbox"
 	"isopod/internal/workspace"
 )
@@ -22,7 +25,11 @@ func newRunCmd(e *env) *cobra.Command {
 and print one JSON report. A non-zero exit of the command is reported, not an
 isopod failure. --commit-as keeps the run's filesystem changes as a stage when
 the command exits 0. --inject ALIAS lets the command use a credential the host
-holds, through $ISOPOD_CREDENTIAL_ENDPOINT (docs/credentials.md).`,
+holds, through $ISOPOD_CREDENTIAL_ENDPOINT (docs/credentials.md). The VM
+takes one of the host's VM places (ISOPOD_MAX_VMS, ISOPOD_MEMORY_BUDGET_MIB),
+shared with every isopod process under the state root: while they are all
+held the run waits, saying so on stderr, at most --timeout-s, then fails as
+busy (unavailable).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("no command: put it after --, e.g. isopod run -- echo hi: %w", errdefs.ErrInvalidArgument)
@@ -42,6 +49,13 @@ holds, through $ISOPOD_CREDENTIAL_ENDPOINT (docs/credentials.md).`,
 				return err
 			}
 			defer release()
+			// Once the request is checked, the run waits for a place at
+			// most its own timeout, and holds it until its VM is cleaned
+			// up.
+			o.req.WaitPlace = func(ctx context.Context) error {
+				_, err := e.place(ctx, ledger.KindRun, "", o.req.MemMiB, time.Duration(o.req.TimeoutS)*time.Second)
+				return err
+			}
 			rep, err := svc.Run(cmd.Context(), o.req)
 			if err != nil {
 				return raiseHint(err)

@@ -263,16 +263,9 @@ func newSessionStopCmd(e *env) *cobra.Command {
 
 func newSessionLsCmd(e *env) *cobra.Command {
 	return &cobra.Command{
-		Use: "ls", Short: "List sessions (a running one whose supervisor is gone reads lost)", Args: positional(cobra.NoArgs),
+		Use: "ls", Short: "List sessions with the memory and disk each holds (a running one whose supervisor is gone reads lost)", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			recs := e.sessions().List()
-			if recs == nil {
-				recs = []*session.Record{}
-			}
-			e.result = struct {
-				OK       bool              `json:"ok"`
-				Sessions []*session.Record `json:"sessions"`
-			}{true, recs}
+			e.result = e.sessionList()
 			return nil
 		},
 	}

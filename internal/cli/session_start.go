@@ -1,14 +1,20 @@
 package cli
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
+	"isopod/internal/ledger"
+	"isopod/internal/sandbox"
 	"isopod/internal/session"
 	"isopod/internal/session/supervisor"
 )
@@ -30,11 +36,15 @@ func newSessionStartCmd(e *env) *cobra.Command {
 					return fmt.Errorf("--%s belongs to one command: give it to isopod session exec or cp instead: %w", f, errdefs.ErrInvalidArgument)
 				}
 			}
-			if err := o.complete(cmd, nil); err != nil {
+			err := o.complete(cmd, nil)
+			if err != nil {
 				return err
 			}
 			if idleS < 0 || maxS < 0 {
 				return fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
+			}
+			if maxS, err = capLifetime(cmd, maxS, e.settings.SessionMaxLifetimeS); err != nil {
+				return err
 			}
 			if name != "" {
 				if err := session.CheckName(name); err != nil {
@@ -89,6 +99,20 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	return c
 }
 
+// capLifetime applies the host's cap on a session's lifetime
+// (ISOPOD_SESSION_MAX_LIFETIME_S) to --max-lifetime-s: a larger value given
+// is refused, the default is lowered to it.
+func capLifetime(cmd *cobra.Command, maxS, limit int) (int, error) {
+	if limit <= 0 || maxS <= limit {
+		return maxS, nil
+	}
+	if !cmd.Flags().Changed("max-lifetime-s") {
+		return limit, nil
+	}
+	return 0, fmt.Errorf("--max-lifetime-s %d is over this host's cap of %d s (%s): ask for less, or raise the setting: %w",
+		maxS, limit, knobs.SessionMaxLifetimeS, errdefs.ErrInvalidArgument)
+}
+
 // newSupervisorCmd is the hidden command `session start` runs detached.
 func newSupervisorCmd(e *env) *cobra.Command {
 	var id string
@@ -115,6 +139,11 @@ func newSupervisorCmd(e *env) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
 			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log}
+			// The session's VM holds a place among the host's while it
+			// runs; a start waits for one at most its boot timeout.
+			o.Place = func(ctx context.Context) (func(), error) {
+				return e.place(ctx, ledger.KindSession, id, o.Request.MemMiB, time.Duration(cmp.Or(o.Request.TimeoutS, sandbox.DefaultTimeoutS))*time.Second)
+			}
 			if ready != nil {
 				o.Ready = ready
 			}

@@ -27,6 +27,7 @@ func TestSessionRefusals(t *testing.T) {
 		{[]string{"session", "commit", "nope", "--as", "base"}, `--as "base"`, "invalid_argument"},
 		{[]string{"session", "commit", "nope"}, "--as", "invalid_argument"},
 		{[]string{"session", "commit", "nope", "--as", "ok/label"}, "no session", "not_found"},
+		{[]string{"session", "start", "--max-lifetime-s", "86401"}, "ISOPOD_SESSION_MAX_LIFETIME_S", "invalid_argument"},
 	} {
 		code, m, _ := runCLI(t, tt.args...)
 		if code != 1 || m == nil || m["ok"] != false {

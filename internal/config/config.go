@@ -50,10 +50,11 @@ type Settings struct {
 // coreKnobs are the variables Load reads for the core's settings.
 var coreKnobs = []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
 	knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
-	knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.DockerConfig}
+	knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.DockerConfig, knobs.MaxVMs, knobs.MemoryBudgetMiB, knobs.SessionMaxLifetimeS}
 
 // Environ is base with the core's settings spelled as the variables s was
-// read from (its state root and kernel resolved), for a child isopod
+// read from (its state root, kernel and the front end's VM limits
+// resolved), for a child isopod
 // process that must run with this front end's settings: a session's
 // supervisor started by isopod-mcp. What base says of those variables is
 // dropped.
@@ -76,6 +77,14 @@ func (s Settings) Environ(base []string) []string {
 		case knobs.Kernel:
 			if s.Kernel != "" {
 				v, ok = s.Kernel, true
+			}
+		case knobs.MaxVMs:
+			if s.MaxVMs > 0 {
+				v, ok = strconv.Itoa(s.MaxVMs), true
+			}
+		case knobs.MemoryBudgetMiB:
+			if s.MemoryBudgetMiB > 0 {
+				v, ok = strconv.Itoa(s.MemoryBudgetMiB), true
 			}
 		}
 		if ok {
@@ -154,6 +163,9 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 		s.ReadyVMs = n
 	}
 	if s.RegistryStall, err = parseStall(raw[knobs.RegistryStallS], raw[knobs.RegistryMinKiBps]); err != nil {
+		return s, err
+	}
+	if err := parsePlaces(raw, &s); err != nil {
 		return s, err
 	}
 	return s, nil

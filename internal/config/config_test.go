@@ -234,9 +234,12 @@ func TestEnviron(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A front end's own limits (isopod-mcp's --max-vms) reach the child.
+	s.MaxVMs, s.MemoryBudgetMiB = 3, 2048
 	got := s.Environ([]string{"PATH=/bin", knobs.Home + "=/elsewhere", knobs.Jail + "=off", "HOME=/root"})
 	kernel, _ := filepath.Abs("k/vmlinux")
-	want := []string{"PATH=/bin", "HOME=/root", knobs.Home + "=" + home, knobs.Kernel + "=" + kernel, knobs.QEMU + "=/opt/q", knobs.WarmPool + "=off"}
+	want := []string{"PATH=/bin", "HOME=/root", knobs.Home + "=" + home, knobs.Kernel + "=" + kernel, knobs.QEMU + "=/opt/q", knobs.WarmPool + "=off",
+		knobs.MaxVMs + "=3", knobs.MemoryBudgetMiB + "=2048"}
 	if !slices.Equal(got, want) {
 		t.Errorf("Environ = %q\nwant %q", got, want)
 	}
@@ -248,7 +251,8 @@ func TestEnviron(t *testing.T) {
 		}
 		return "", false
 	})
-	if err != nil || again.Paths.Home != s.Paths.Home || again.Kernel != s.Kernel || !again.NoWarmPool || again.QEMU != "/opt/q" || again.Jail != s.Jail {
+	if err != nil || again.Paths.Home != s.Paths.Home || again.Kernel != s.Kernel || !again.NoWarmPool || again.QEMU != "/opt/q" || again.Jail != s.Jail ||
+		again.MaxVMs != 3 || again.MemoryBudgetMiB != 2048 {
 		t.Errorf("settings read back from Environ differ: %+v, %v", again.Settings, err)
 	}
 }

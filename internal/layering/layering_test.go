@@ -148,9 +148,9 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config"
 			}},
-		{"the CLI has no admission: its runs are outside any",
-			under("internal/cli"),
-			func(_, imp string) bool { return imp != mod+"internal/admission" }},
+		{"the ledger imports only the standard library and flock",
+			under("internal/ledger"),
+			func(_, imp string) bool { return isStd(imp) || imp == "github.com/gofrs/flock" }},
 		{"the machine layer imports neither the core, nor a front end, nor config, nor a VMM driver (it takes a vmm.Driver)",
 			under("internal/machine"),
 			func(_, imp string) bool {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"isopod/internal/admission"
+	"isopod/internal/ledger"
 )
 
 // Ready VMs, for a front end that lives long (the MCP server). A warm run
@@ -201,7 +202,7 @@ func (p *Pool) fill(sp ReadySpec) {
 	ctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
 	slot := &readySlot{cancel: cancel}
-	place, err := p.hold(ctx, sp.MemMiB, admission.Yield{End: func() { p.yield(slot) }})
+	place, err := p.hold(ctx, sp.MemMiB, admission.Yield{End: func() { p.yield(slot) }, Kind: ledger.KindReady})
 	var rv *Ready
 	if err == nil {
 		mctx, cancelMake := context.WithTimeout(ctx, readyFillTimeout)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"isopod/internal/admission"
 	"isopod/internal/sandbox"
@@ -65,13 +66,15 @@ func busyText(err error) string {
 }
 
 // waitAdmitted waits for t (nil: no admission) while the status says the
-// call is queued.
-func waitAdmitted(ctx context.Context, t *admission.Ticket, st *runStatus) error {
+// call is queued. A call still waiting after bound (its timeout_s) while
+// other isopod processes hold places (CLI runs, sessions) is refused as
+// busy.
+func waitAdmitted(ctx context.Context, t *admission.Ticket, st *runStatus, bound time.Duration) error {
 	if t == nil {
 		return nil
 	}
 	st.setTicket(t)
-	if err := t.Wait(ctx); err != nil {
+	if err := t.WaitBounded(ctx, bound); err != nil {
 		return fmt.Errorf("waiting for a VM place: %w", err)
 	}
 	return nil

@@ -54,7 +54,9 @@ docs/mcp-usage.md and docs/fleet.md.
 
 // flagEnv names the environment variable a flag stands in for.
 var flagEnv = map[string]string{
-	"host-io-root": knobs.MCPHostIORoot + ", which sets the root on stdio and is ignored with --listen",
+	"host-io-root":      knobs.MCPHostIORoot + ", which sets the root on stdio and is ignored with --listen",
+	"max-vms":           knobs.MaxVMs + ", the limit the CLI and sessions keep to",
+	"memory-budget-mib": knobs.MemoryBudgetMiB + ", the budget the CLI and sessions keep to",
 }
 
 // environment is what the server reads from its environment, once, at
@@ -113,7 +115,7 @@ func (f *Flags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "with --listen: serve HTTPS with the certificate in `FILE` (PEM); required unless ADDR is loopback or a unix socket")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "with --listen: the certificate's private key, in `FILE` (PEM)")
 	fs.StringVar(&f.HostIORoot, "host-io-root", "", "with --listen: allow stdin_file, copy_out and workspace under `DIR` on the server (off without it)")
-	fs.IntVar(&f.MaxVMs, "max-vms", 0, "VMs this server keeps at once: runs, ready VMs and snapshot builds (`N`; 0: from the host's cores and memory)")
+	fs.IntVar(&f.MaxVMs, "max-vms", 0, "VMs the host keeps at once, counted with the CLI's runs and the sessions in the state root's ledger: runs, ready VMs and snapshot builds (`N`; 0: from the host's cores and memory)")
 	fs.IntVar(&f.Queue, "queue", -1, "calls that may wait for a VM (`N`); one more is refused as busy at once (-1: four times --max-vms)")
 	fs.IntVar(&f.MemoryBudgetMiB, "memory-budget-mib", 0, "`MIB` all VMs together may take, guest memory plus each VMM's allowance (0: MemTotal less an eighth)")
 	fs.StringVar(&f.StageRegistry, "stage-registry", "", "pull a stage a call names but this host lacks from `REGISTRY/REPO`")

@@ -35,7 +35,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 			t.Errorf("only %d flags registered", n)
 		}
 		for _, env := range []string{knobs.Home, knobs.LogLevel, knobs.MCPHostIORoot, knobs.MCPStdinFile, knobs.MCPCopyOut,
-			knobs.MCPWorkspace, knobs.ReadyVMs, knobs.Jail, knobs.AllowBaseSkew, knobs.WarmPool} {
+			knobs.MCPWorkspace, knobs.ReadyVMs, knobs.Jail, knobs.AllowBaseSkew, knobs.WarmPool, knobs.MaxVMs, knobs.MemoryBudgetMiB} {
 			if !strings.Contains(out, env) {
 				t.Errorf("%s: the environment variable %s is missing", arg, env)
 			}

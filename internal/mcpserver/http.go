@@ -63,7 +63,7 @@ func (s *Server) Handler(tokens *Tokens) http.Handler {
 		if a := s.cfg.Admission; a != nil {
 			st := a.Stats()
 			body["admission"] = st
-			if st.Queued >= st.QueueMax && st.Running >= st.MaxVMs {
+			if st.Queued >= st.QueueMax && st.Running+st.OtherPlaces >= st.MaxVMs {
 				code, body["ok"] = http.StatusServiceUnavailable, false
 			}
 		}

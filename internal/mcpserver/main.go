@@ -117,11 +117,21 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 	}
 	// The one start-up line that states the host-I/O policy in force.
 	log.Info(hostIO.String())
-	ac := f.admissionConfig(sandbox.DefaultAdmission(sandbox.Host(), svc.AccelGuess(ctx)))
+	ac := f.admissionConfig(settings.Admission(svc.AccelGuess(ctx)))
+	// Its places are counted in the state root's ledger with the CLI's
+	// runs and the sessions', against the same limits.
+	l, err := settings.Ledger("isopod-mcp")
+	if err != nil {
+		return Config{}, err
+	}
+	ac.Ledger = l
 	adm, err := admission.New(ac)
 	if err != nil {
 		return Config{}, fmt.Errorf("admission: %w (set --max-vms, --queue, --memory-budget-mib)", err)
 	}
+	// A session's supervisor counts against the same limits as this
+	// server's calls.
+	settings.MaxVMs, settings.MemoryBudgetMiB = ac.MaxVMs, ac.MemoryBudgetMiB
 	log.Info("admission", "max_vms", ac.MaxVMs, "queue", ac.Queue, "memory_budget_mib", ac.MemoryBudgetMiB,
 		"vm_cost_mib", fmt.Sprintf("mem_mib+%d", ac.OverheadMiB))
 	if f.StageRegistry != "" {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -141,7 +142,7 @@ func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admissi
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := waitAdmitted(ctx, t, st); err != nil {
+	if err := waitAdmitted(ctx, t, st, time.Duration(cmp.Or(r.TimeoutS, sandbox.DefaultTimeoutS))*time.Second); err != nil {
 		return nil, reg, err
 	}
 	r.Place = t

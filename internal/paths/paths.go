@@ -23,6 +23,7 @@ import (
 //	stages/<id>/           layer.ext4, meta.json
 //	snapshots/<key>/       warm-pool snapshots
 //	locks/                 lock files for shared state
+//	ledger/                the VM places each live process holds (internal/ledger)
 type Paths struct {
 	Home string
 }
@@ -43,6 +44,7 @@ func (p Paths) VM(id string) string { return filepath.Join(p.Home, "vms", id) }
 func (p Paths) Stages() string      { return filepath.Join(p.Home, "stages") }
 func (p Paths) Snapshots() string   { return filepath.Join(p.Home, "snapshots") }
 func (p Paths) Locks() string       { return filepath.Join(p.Home, "locks") }
+func (p Paths) Ledger() string      { return filepath.Join(p.Home, "ledger") }
 
 // Scope is a short tag of the state root (8 hex digits of a hash of its
 // path), for names that several roots share a namespace for, such as the

@@ -68,6 +68,12 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	if c, ok := stdin.(io.Closer); ok {
 		defer c.Close()
 	}
+	if req.WaitPlace != nil {
+		if err := req.WaitPlace(ctx); err != nil {
+			req.Workspace.release()
+			return nil, err
+		}
+	}
 
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"io"
 	"os"
 
@@ -115,6 +116,11 @@ type Request struct {
 	// none). A ready VM whose place was lent to it is claimed by the run
 	// or ended before the run's VM starts.
 	Place *admission.Ticket
+	// WaitPlace, when set, takes the run's VM place (a front end's wait
+	// in the state root's ledger): Run calls it once the request is
+	// checked, before anything of the VM starts, and fails with its
+	// error.
+	WaitPlace func(ctx context.Context) error
 }
 
 // Copied reports one copied file.

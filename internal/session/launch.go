@@ -18,8 +18,8 @@ import (
 	"isopod/internal/vmrecord"
 )
 
-// ReadyMargin is how long Launch waits for a supervisor beyond the VM's
-// boot timeout.
+// ReadyMargin is how long Launch waits for a supervisor beyond twice the
+// VM's boot timeout (a wait for a VM place, then the boot).
 const ReadyMargin = 30 * time.Second
 
 // Launcher starts supervisors: Binary is the isopod CLI, which serves the
@@ -35,8 +35,9 @@ type Launcher struct {
 
 // Launch starts rec's supervisor detached (its own session, its output in
 // supervisor.log) with extra arguments after the launcher's, and waits,
-// bounded by the VM's boot timeout and ReadyMargin, for it to say the VM
-// is ready. An interrupted wait ends the supervisor (and so its VM).
+// bounded by twice the VM's boot timeout (the supervisor may wait that
+// long for a VM place first) and ReadyMargin, for it to say the VM is
+// ready. An interrupted wait ends the supervisor (and so its VM).
 func (l Launcher) Launch(ctx context.Context, st Store, rec *Record, extra ...string) error {
 	logPath := filepath.Join(st.SessionDir(rec.ID), "supervisor.log")
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -60,7 +61,7 @@ func (l Launcher) Launch(ctx context.Context, st Store, rec *Record, extra ...st
 	}
 	pw.Close()
 	go cmd.Wait()
-	bound := time.Duration(max(rec.Spec.BootTimeoutS, 1))*time.Second + ReadyMargin
+	bound := 2*time.Duration(max(rec.Spec.BootTimeoutS, 1))*time.Second + ReadyMargin
 	pr.SetReadDeadline(time.Now().Add(bound))
 	stop := context.AfterFunc(ctx, func() { pr.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()

@@ -50,6 +50,15 @@ type Settings struct {
 	// ReadyVMs is how many restored, paused VMs a long-lived front end
 	// keeps for each hot shape (ISOPOD_READY_VMS); 0: none.
 	ReadyVMs int
+	// MaxVMs and MemoryBudgetMiB bound the VMs every isopod process under
+	// the state root keeps at once, counted in its ledger, and what they
+	// cost together (ISOPOD_MAX_VMS, ISOPOD_MEMORY_BUDGET_MIB; isopod-mcp's
+	// --max-vms and --memory-budget-mib override them); 0: from the host.
+	MaxVMs          int
+	MemoryBudgetMiB int
+	// SessionMaxLifetimeS caps the lifetime a session may ask for
+	// (ISOPOD_SESSION_MAX_LIFETIME_S).
+	SessionMaxLifetimeS int
 	// RegistryStall is how little a registry request may move before it
 	// fails as unavailable (ISOPOD_REGISTRY_STALL_S,
 	// ISOPOD_REGISTRY_MIN_KIBPS); zero: oci.DefaultStall.

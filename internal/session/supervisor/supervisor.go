@@ -40,6 +40,11 @@ type Options struct {
 	// calls or could not start, and is then closed: the front end that
 	// started the supervisor waits on it.
 	Ready io.WriteCloser
+	// Place, when set, takes the VM's place among the host's VMs (the
+	// state root's ledger) before the VM starts, waiting at most the
+	// boot timeout while other processes hold them; release gives it
+	// back once the VM is gone. A paused session holds none.
+	Place func(ctx context.Context) (release func(), err error)
 }
 
 // sup is one running supervisor.
@@ -54,6 +59,7 @@ type sup struct {
 	active   int
 	lastUsed time.Time
 	stopWhy  string
+	release  func() // gives the VM's place back; nil: none held
 
 	stop     chan struct{} // closed by requestStop
 	stopOnce sync.Once
@@ -100,6 +106,7 @@ func Run(ctx context.Context, o Options) error {
 	s.vm.Close()
 	s.exposes.Wait()
 	o.Service.Wait()
+	s.releasePlace()
 	os.Remove(o.Store.Socket(o.ID))
 	s.finish(session.StateStopped, why)
 	close(s.ended)
@@ -124,7 +131,16 @@ func (s *sup) ready(err error) {
 
 // start boots the VM and listens on the control socket, then marks the
 // record running.
-func (s *sup) start(ctx context.Context) (net.Listener, error) {
+func (s *sup) start(ctx context.Context) (_ net.Listener, retErr error) {
+	if err := s.holdPlace(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			s.o.Service.Wait()
+			s.releasePlace()
+		}
+	}()
 	h, err := s.o.Service.StartVM(ctx, s.o.Request)
 	if err != nil {
 		return nil, err
@@ -159,6 +175,39 @@ func (s *sup) start(ctx context.Context) (net.Listener, error) {
 	}
 	s.log.Info("session running", "id", s.o.ID, "vm", s.rec.VMID)
 	return ln, nil
+}
+
+// holdPlace takes the VM's place (Options.Place), once.
+func (s *sup) holdPlace(ctx context.Context) error {
+	if s.o.Place == nil {
+		return nil
+	}
+	s.mu.Lock()
+	held := s.release != nil
+	s.mu.Unlock()
+	if held {
+		return nil
+	}
+	release, err := s.o.Place(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.release = release
+	s.mu.Unlock()
+	return nil
+}
+
+// releasePlace gives the VM's place back, if held: once the VM is gone
+// (or paused).
+func (s *sup) releasePlace() {
+	s.mu.Lock()
+	release := s.release
+	s.release = nil
+	s.mu.Unlock()
+	if release != nil {
+		release()
+	}
 }
 
 // wait returns why the session ends: a stop call, a timeout, ctx's end or
