@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/knobs"
 	"isopod/internal/session"
 	"isopod/internal/session/supervisor"
 )
@@ -20,6 +21,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	var o runOptions
 	var name string
 	var idleS, maxS int
+	var idleAction string
 	c := &cobra.Command{
 		Use:   "start [flags]",
 		Short: "Boot a VM that stays up for later execs (run's sizing, base, stage, network and workspace flags)",
@@ -35,6 +37,9 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			}
 			if idleS < 0 || maxS < 0 {
 				return fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
+			}
+			if err := session.CheckIdleAction(idleAction); err != nil {
+				return err
 			}
 			if name != "" {
 				if err := session.CheckName(name); err != nil {
@@ -58,6 +63,12 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			rec, err := st.Create(name, spec, idleS, maxS)
 			if err != nil {
 				return err
+			}
+			if idleAction != session.IdlePause {
+				rec.IdleAction = idleAction
+				if err := st.Write(rec); err != nil {
+					return err
+				}
 			}
 			l, err := e.launcher(cmd)
 			if err != nil {
@@ -84,7 +95,8 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	c.Flags().Lookup("env").Usage = "KEY=VALUE for every exec of the session; repeatable"
 	c.Flags().Lookup("cwd").Usage = "working directory of the session's execs in the guest (default /root)"
 	c.Flags().StringVar(&name, "name", "", "a name for the session, unique among live ones (default: from its id)")
-	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "stop the session after this many seconds without a call")
+	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "pause (or stop: --idle-action) the session after this many seconds without a call")
+	c.Flags().StringVar(&idleAction, "idle-action", session.IdlePause, "what the idle timeout does: pause (a later call resumes it) or stop")
 	c.Flags().IntVar(&maxS, "max-lifetime-s", session.DefaultMaxLifetimeS, "stop the session this many seconds after it started")
 	return c
 }
@@ -93,6 +105,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 func newSupervisorCmd(e *env) *cobra.Command {
 	var id string
 	var readyFD int
+	var resume bool
 	c := &cobra.Command{
 		Use:    "session-supervisor --id ID",
 		Short:  "Own one session's VM (started by isopod session start)",
@@ -114,7 +127,8 @@ func newSupervisorCmd(e *env) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
-			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log}
+			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log,
+				Resume: resume, DiskBudget: e.settings.SessionDiskBudget, BudgetSetting: knobs.SessionDiskBudgetMiB}
 			if ready != nil {
 				o.Ready = ready
 			}
@@ -127,6 +141,7 @@ func newSupervisorCmd(e *env) *cobra.Command {
 	}
 	c.Flags().StringVar(&id, "id", "", "the session's id")
 	c.Flags().IntVar(&readyFD, "ready-fd", 0, "a descriptor that gets one line once the VM is ready")
+	c.Flags().BoolVar(&resume, "resume", false, "restore the paused session's VM from its pause instead of starting it")
 	return c
 }
 

@@ -28,6 +28,10 @@ import (
 // DefaultWarmPoolDiskMiB is the warm pool's disk budget unless set.
 const DefaultWarmPoolDiskMiB = 8192
 
+// DefaultSessionDiskBudgetMiB is what paused sessions may hold on disk
+// together unless set.
+const DefaultSessionDiskBudgetMiB = 20480
+
 // DefaultReadyVMs is how many paused VMs a long-lived front end keeps
 // ready per hot shape unless set.
 const DefaultReadyVMs = 1
@@ -53,7 +57,7 @@ func Load(lookup func(string) (string, bool)) (Settings, error) {
 	var s Settings
 	raw := map[string]string{}
 	for _, k := range []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
-		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
+		knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs, knobs.SessionDiskBudgetMiB,
 		knobs.RegistryStallS, knobs.RegistryMinKiBps} {
 		if v, ok := lookup(k); ok {
 			raw[k] = v
@@ -260,6 +264,14 @@ func parseSizes(raw map[string]string, s *Settings) error {
 			return fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
 		}
 		s.WarmPoolBytes = n << 20
+	}
+	s.SessionDiskBudget = DefaultSessionDiskBudgetMiB << 20
+	if v := strings.TrimSpace(raw[knobs.SessionDiskBudgetMiB]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > 1<<30 {
+			return fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.SessionDiskBudgetMiB, v, errdefs.ErrInvalidArgument)
+		}
+		s.SessionDiskBudget = n << 20
 	}
 	if v := strings.TrimSpace(raw[knobs.CredentialMaxBodyMiB]); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

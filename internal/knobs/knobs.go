@@ -19,6 +19,7 @@ const (
 	WarmPoolDisk         = "ISOPOD_WARM_POOL_DISK_MIB"      // the snapshots' disk budget; least recently used go first
 	CredentialMaxBodyMiB = "ISOPOD_CREDENTIAL_MAX_BODY_MIB" // the largest request body through the credential endpoint (default 256)
 	ReadyVMs             = "ISOPOD_READY_VMS"               // isopod-mcp: paused VMs kept ready per hot shape (default 1; 0 off)
+	SessionDiskBudgetMiB = "ISOPOD_SESSION_DISK_BUDGET_MIB" // what paused sessions may hold on disk together (default 20480; 0: no budget)
 	MCPHostIORoot        = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut           = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile         = "ISOPOD_MCP_STDIN_FILE"

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 
 	"isopod/internal/errdefs"
 )
@@ -19,19 +20,58 @@ type Summary struct {
 	IdleTimeoutS int      `json:"idle_timeout_s"`
 	MaxLifetimeS int      `json:"max_lifetime_s"`
 	Resumed      bool     `json:"resumed,omitempty"`
+	ResumeMS     *int64   `json:"resume_ms,omitempty"`
 	Warnings     []string `json:"warnings,omitempty"`
 }
 
-// Summary is r as start, resume and fork answer it.
+// Summary is r as start, resume and fork answer it: resumed, with the
+// resume's time, when its VM came from a pause snapshot.
 func (r *Record) Summary() Summary {
-	return Summary{OK: true, SessionID: r.ID, Name: r.Name, State: r.State, VMID: r.VMID, Path: r.Path,
+	var resumeMS *int64
+	if r.ResumeMS > 0 {
+		ms := r.ResumeMS
+		resumeMS = &ms
+	}
+	return Summary{OK: true, Resumed: resumeMS != nil, ResumeMS: resumeMS, SessionID: r.ID, Name: r.Name, State: r.State, VMID: r.VMID, Path: r.Path,
 		GuestIP: r.GuestIP, IdleTimeoutS: r.IdleTimeoutS, MaxLifetimeS: r.MaxLifetimeS, Warnings: r.Warnings}
 }
 
 // Resume brings a paused session back: a new supervisor restores its VM
-// from the pause snapshot, with its processes, files and jobs.
+// from the pause snapshot, with its processes, files and jobs. A session
+// that is live already is returned as it is; one that is neither is
+// failed_precondition. Two resumes of one session take turns: the second
+// finds it running.
 func (l Launcher) Resume(ctx context.Context, st Store, ref string) (*Record, error) {
-	return nil, fmt.Errorf("resuming a session: %w", errdefs.ErrNotSupported)
+	rec, _, err := l.resume(ctx, st, ref)
+	return rec, err
+}
+
+// resume is Resume, reporting whether it resumed the session.
+func (l Launcher) resume(ctx context.Context, st Store, ref string) (*Record, bool, error) {
+	rec, err := st.Resolve(ref)
+	if err != nil {
+		return nil, false, err
+	}
+	unlock, err := st.lockFile(filepath.Join(st.SessionDir(rec.ID), ".resume.lock"))
+	if err != nil {
+		return nil, false, err
+	}
+	defer unlock()
+	if rec, err = st.Load(rec.ID); err != nil {
+		return nil, false, err
+	}
+	switch {
+	case rec.Live():
+		return rec, false, nil
+	case rec.State != StatePaused:
+		return nil, false, fmt.Errorf("session %s is %s (%s), not paused: start a new one: %w",
+			rec.ID, rec.State, rec.Reason, errdefs.ErrFailedPrecondition)
+	}
+	if err := l.Launch(ctx, st, rec, "--resume"); err != nil {
+		return nil, false, err
+	}
+	rec, err = st.Load(rec.ID)
+	return rec, err == nil, err
 }
 
 // Wake resumes the session ref names when it is paused, and reports
@@ -41,8 +81,11 @@ func (l Launcher) Wake(ctx context.Context, st Store, ref string) (bool, error) 
 	if err != nil {
 		return false, err
 	}
-	_ = rec
-	return false, nil
+	if rec.State != StatePaused {
+		return false, nil
+	}
+	_, resumed, err := l.resume(ctx, st, rec.ID)
+	return resumed, err
 }
 
 // Fork makes a new session, named name (empty: from its id), with the

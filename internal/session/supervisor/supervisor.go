@@ -40,6 +40,14 @@ type Options struct {
 	// calls or could not start, and is then closed: the front end that
 	// started the supervisor waits on it.
 	Ready io.WriteCloser
+	// Resume restores the session's VM from its pause snapshot instead of
+	// starting it.
+	Resume bool
+	// DiskBudget caps what paused sessions hold on disk together (bytes;
+	// 0: no cap): a pause over it is refused, an idle pause over it stops
+	// the session instead. BudgetSetting names the setting that raises it.
+	DiskBudget    int64
+	BudgetSetting string
 }
 
 // sup is one running supervisor.
@@ -54,6 +62,10 @@ type sup struct {
 	active   int
 	lastUsed time.Time
 	stopWhy  string
+	// pause: the session ends paused, not stopped (pause.go); pauseErr
+	// is why a pause failed.
+	pause    bool
+	pauseErr error
 
 	stop     chan struct{} // closed by requestStop
 	stopOnce sync.Once
@@ -87,21 +99,27 @@ func Run(ctx context.Context, o Options) error {
 	}
 	ln, err := s.start(ctx)
 	if err != nil {
-		s.finish(session.StateStopped, "the VM could not start: "+err.Error())
+		s.notStarted(err)
 		s.ready(err)
 		return err
 	}
 	s.ready(nil)
 	s.exposeCtx, s.exposeCancel = context.WithCancel(context.Background())
+	s.reexpose()
 	go s.serve(ln)
 	why := s.wait(ctx)
 	ln.Close()
 	s.exposeCancel()
-	s.vm.Close()
+	state := session.StateStopped
+	if s.pausing() {
+		state, why = s.pauseVM(why)
+	} else {
+		s.vm.Close()
+	}
 	s.exposes.Wait()
 	o.Service.Wait()
 	os.Remove(o.Store.Socket(o.ID))
-	s.finish(session.StateStopped, why)
+	s.finish(state, why)
 	close(s.ended)
 	// A stop call answers with the final state: let it go out.
 	waitBounded(&s.handlers, 5*time.Second)
@@ -125,11 +143,19 @@ func (s *sup) ready(err error) {
 // start boots the VM and listens on the control socket, then marks the
 // record running.
 func (s *sup) start(ctx context.Context) (net.Listener, error) {
-	h, err := s.o.Service.StartVM(ctx, s.o.Request)
+	var h *sandbox.Held
+	var err error
+	if s.o.Resume {
+		h, err = s.resumeVM(ctx)
+	} else {
+		h, err = s.o.Service.StartVM(ctx, s.o.Request)
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.vm = NewVM(h)
+	// Exec logs are numbered on across a pause.
+	s.vm.execs = s.rec.Execs
 	sock := s.o.Store.Socket(s.o.ID)
 	os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
@@ -186,7 +212,7 @@ func (s *sup) wait(ctx context.Context) string {
 			quiet := s.active == 0 && now.Sub(s.lastUsed) >= idle
 			s.mu.Unlock()
 			if quiet {
-				return fmt.Sprintf("idle for %d s (its idle timeout)", s.rec.IdleTimeoutS)
+				return s.idleEnd()
 			}
 		}
 	}
@@ -206,7 +232,10 @@ func (s *sup) requestStop(why string) {
 func (s *sup) finish(state, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rec.State, s.rec.Reason, s.rec.Stopped = state, why, time.Now().UTC()
+	s.rec.State, s.rec.Reason = state, why
+	if state != session.StatePaused {
+		s.rec.Stopped = time.Now().UTC()
+	}
 	if s.vm != nil {
 		s.rec.Execs = s.vm.Execs()
 	}
@@ -281,7 +310,6 @@ func (s *sup) handle(conn net.Conn) {
 	}
 	conn.SetReadDeadline(time.Time{})
 	s.busy()
-	defer s.idle()
 	// A call ends when the VM does; the caller going away ends it too.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -296,5 +324,8 @@ func (s *sup) handle(conn net.Conn) {
 	if err != nil {
 		s.log.Debug("call failed", "op", c.Op, "err", err)
 	}
+	// The call is over before its caller hears of it: a pause the caller
+	// sends next finds no call in progress.
+	s.idle()
 	session.WriteAnswer(conn, res, err)
 }
