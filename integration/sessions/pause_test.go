@@ -1,0 +1,167 @@
+package sessions
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"isopod/integration/e2e"
+	"isopod/internal/knobs"
+)
+
+// counter counts in the guest, writing its pid and count to /tmp.
+const counter = `echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done`
+
+// guestInts runs a shell line in session id and returns the integers it
+// prints, and whether the call resumed the session.
+func guestInts(t *testing.T, id, line string) ([]int64, bool) {
+	t.Helper()
+	r := isopod(t, "session", "exec", id, "--shell", "--", line)
+	var out []int64
+	for _, f := range strings.Fields(e2e.Str(r.JSON, "stdout")) {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatalf("exec %q: %s", line, r)
+		}
+		out = append(out, n)
+	}
+	return out, r.JSON["resumed"] == true
+}
+
+// pause pauses session id and checks that its supervisor and QEMU are
+// gone and its record reads paused.
+func pause(t *testing.T, id string) *e2e.Result {
+	t.Helper()
+	rec := readRecord(t, id)
+	r := isopod(t, "session", "pause", id)
+	if e2e.Str(r.JSON, "state") != "paused" || e2e.Num(t, r.JSON, "memory_bytes") <= 0 {
+		t.Fatalf("pause: %s", r)
+	}
+	t.Logf("pause: pause_ms %d, memory_bytes %d, disk_bytes %d", e2e.Num(t, r.JSON, "pause_ms"),
+		e2e.Num(t, r.JSON, "memory_bytes"), e2e.Num(t, r.JSON, "disk_bytes"))
+	if !waitGone(t, rec.SupervisorPID, 10*time.Second) {
+		t.Errorf("the supervisor %d of paused session %s still runs", rec.SupervisorPID, id)
+	}
+	if pids := e2e.QEMUPIDs(t, rec.VMID); len(pids) != 0 {
+		t.Errorf("paused session %s keeps QEMU %v", id, pids)
+	}
+	if st := readRecord(t, id).State; st != "paused" {
+		t.Errorf("record after pause: %s; want paused", st)
+	}
+	return r
+}
+
+// A paused session's VM holds no process; an exec resumes it with its
+// processes (a counter that kept its pid and counts on), a job started
+// before the pause, and the host's clock; it pauses and resumes again.
+func TestSessionPauseResume(t *testing.T) {
+	e2e.RequireVM(t)
+	id, _ := start(t, "--mem-mib", "512")
+	r := isopod(t, "session", "exec", id, "--detach", "--shell", "--", counter)
+	job := e2e.Str(r.JSON, "job_id")
+	var before []int64
+	for deadline := time.Now().Add(20 * time.Second); len(before) < 2 && time.Now().Before(deadline); {
+		before, _ = guestInts(t, id, "cat /tmp/pid /tmp/c 2>/dev/null; true")
+	}
+	if len(before) < 2 {
+		t.Fatal("the counter did not start")
+	}
+	pause(t, id)
+	r = e2e.Isopod(t, cold, "session", "ls")
+	if !strings.Contains(string(r.Stdout), `"state":"paused"`) {
+		t.Errorf("session ls after pause: %s; want it paused", r)
+	}
+	after, resumed := guestInts(t, id, "cat /tmp/pid /tmp/c; date +%s")
+	if !resumed {
+		t.Error("the exec on a paused session did not say resumed")
+	}
+	if len(after) != 3 || after[0] != before[0] || after[1] < before[1] {
+		t.Fatalf("after resume: pid, count %v; before %v: want the same pid counting on", after, before)
+	}
+	if skew := after[2] - time.Now().Unix(); skew < -5 || skew > 5 {
+		t.Errorf("the guest clock is %d s off the host's after the resume", skew)
+	}
+	later, resumed := guestInts(t, id, "sleep 1; cat /tmp/c")
+	if resumed || len(later) != 1 || later[0] <= after[1] {
+		t.Errorf("count a second later: %v (resumed %v); want more than %d", later, resumed, after[1])
+	}
+	r = isopod(t, "session", "job", id, job)
+	if e2e.Str(r.JSON["job"].(map[string]any), "id") != job {
+		t.Errorf("the job started before the pause: %s", r)
+	}
+	// A resumed VM pauses again, and resume says so.
+	pause(t, id)
+	r = isopod(t, "session", "resume", id)
+	if r.JSON["resumed"] != true || e2e.Num(t, r.JSON, "resume_ms") <= 0 || e2e.Str(r.JSON, "state") != "running" {
+		t.Errorf("resume: %s", r)
+	}
+	t.Logf("resume: resume_ms %d", e2e.Num(t, r.JSON, "resume_ms"))
+	again, _ := guestInts(t, id, "cat /tmp/pid")
+	if len(again) != 1 || again[0] != before[0] {
+		t.Errorf("after the second resume the counter's pid is %v; want %d", again, before[0])
+	}
+}
+
+// The idle timeout pauses a session; the next exec resumes it.
+func TestSessionIdlePause(t *testing.T) {
+	e2e.RequireVM(t)
+	id, rec := start(t, "--no-network", "--idle-timeout-s", "2")
+	isopod(t, "session", "exec", id, "--shell", "--", "echo kept > /tmp/f")
+	if !waitGone(t, rec.SupervisorPID, 30*time.Second) {
+		t.Fatal("the session did not go idle")
+	}
+	if r := readRecord(t, id); r.State != "paused" || !strings.Contains(r.Reason, "idle") {
+		t.Fatalf("after the idle timeout: %+v; want paused", r)
+	}
+	r := isopod(t, "session", "exec", id, "--", "cat", "/tmp/f")
+	if r.JSON["resumed"] != true || e2e.Str(r.JSON, "stdout") != "kept\n" {
+		t.Errorf("exec after the idle pause: %s; want resumed, the file kept", r)
+	}
+}
+
+// A paused session whose snapshot's VMM changed reads lost, in ls and on
+// resume.
+func TestSessionPausedChanged(t *testing.T) {
+	e2e.RequireVM(t)
+	id, _ := start(t, "--no-network")
+	pause(t, id)
+	path := filepath.Join(e2e.HomeDir, "sessions", id, "paused", "paused.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var desc map[string]any
+	json.Unmarshal(b, &desc)
+	desc["identity"].(map[string]any)["vmm"] = "qemu of another build"
+	b, _ = json.Marshal(desc)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e2e.Isopod(t, cold, "session", "ls")
+	if r := readRecord(t, id); r.State != "lost" || !strings.Contains(r.Reason, "VMM changed") {
+		t.Errorf("after ls: %+v; want lost, the VMM changed", r)
+	}
+	r := e2e.Isopod(t, cold, "session", "resume", id)
+	if r.Code != 1 || e2e.Str(r.JSON, "class") != "failed_precondition" {
+		t.Errorf("resume of a lost session: %s; want failed_precondition", r)
+	}
+}
+
+// A pause over the paused sessions' disk budget is refused, naming the
+// setting, and the session keeps running.
+func TestSessionPauseBudget(t *testing.T) {
+	e2e.RequireVM(t)
+	id, _ := startEnv(t, append([]string{knobs.SessionDiskBudgetMiB + "=1"}, cold...), "--no-network")
+	r := e2e.Isopod(t, cold, "session", "pause", id)
+	if r.Code != 1 || e2e.Str(r.JSON, "class") != "resource_exhausted" || !strings.Contains(e2e.Str(r.JSON, "error"), knobs.SessionDiskBudgetMiB) {
+		t.Fatalf("pause over the budget: %s; want resource_exhausted naming %s", r, knobs.SessionDiskBudgetMiB)
+	}
+	r = isopod(t, "session", "exec", id, "--", "true")
+	if r.JSON["resumed"] == true || readRecord(t, id).State != "running" {
+		t.Errorf("after a refused pause: %s; want it running", r)
+	}
+}
