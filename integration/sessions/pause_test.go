@@ -165,3 +165,24 @@ func TestSessionPauseBudget(t *testing.T) {
 		t.Errorf("after a refused pause: %s; want it running", r)
 	}
 }
+
+// A session resumed from the warm pool has RAM of its own: it pauses and
+// resumes like a cold one, and runs are not changed by it.
+func TestSessionWarmPause(t *testing.T) {
+	e2e.RequireVM(t)
+	// The first warm start builds the shape's snapshot.
+	id, _ := startEnv(t, nil, "--no-network")
+	if p := readRecord(t, id).Path; p != "warm" {
+		t.Skipf("the session booted %s, not from the warm pool", p)
+	}
+	isopod(t, "session", "exec", id, "--shell", "--", "echo kept > /tmp/f")
+	pause(t, id)
+	r := isopod(t, "session", "exec", id, "--", "cat", "/tmp/f")
+	if r.JSON["resumed"] != true || e2e.Str(r.JSON, "stdout") != "kept\n" {
+		t.Errorf("exec after the pause: %s; want resumed, the file kept", r)
+	}
+	r = e2e.Isopod(t, nil, "run", "--no-network", "--", "true")
+	if r.Code != 0 || e2e.Str(r.JSON, "path") != "warm" {
+		t.Errorf("a run beside the session: %s; want warm", r)
+	}
+}
