@@ -85,7 +85,7 @@ package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 4
+const Version = 5
 
 // Limits.
 const (
@@ -155,6 +155,7 @@ const (
 	KindSyncClock    Kind = "sync_clock"    // host -> guest: Clock set
 	KindSetHostname  Kind = "set_hostname"  // host -> guest: Hostname set
 	KindAddEntropy   Kind = "add_entropy"   // host -> guest: payload is random bytes; reseed
+	KindSetBootID    Kind = "set_boot_id"   // host -> guest: BootID set; /proc/sys/kernel/random/boot_id reads it from now on (a fork)
 	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
 
 	// Generic replies.
@@ -193,7 +194,8 @@ type Msg struct {
 	Net      *NetConfig      `json:"net,omitempty"`
 	Clock    *Clock          `json:"clock,omitempty"`
 	Hostname string          `json:"hostname,omitempty"`
-	Sync     bool            `json:"sync,omitempty"` // on KindHalt
+	BootID   string          `json:"boot_id,omitempty"` // on KindSetBootID: a UUID, lowercase
+	Sync     bool            `json:"sync,omitempty"`    // on KindHalt
 
 	Error string `json:"error,omitempty"`
 	// Class is the class of a KindError's failure, named as the host's
