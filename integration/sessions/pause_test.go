@@ -186,3 +186,81 @@ func TestSessionWarmPause(t *testing.T) {
 		t.Errorf("a run beside the session: %s; want warm", r)
 	}
 }
+
+// guestOut runs a shell line in session id and returns its stdout.
+func guestOut(t *testing.T, id, line string) string {
+	t.Helper()
+	return e2e.Str(isopod(t, "session", "exec", id, "--shell", "--", line).JSON, "stdout")
+}
+
+// fork forks session parent; the test's end stops the fork.
+func fork(t *testing.T, parent string) string {
+	t.Helper()
+	t0 := time.Now()
+	r := isopod(t, "session", "fork", parent)
+	id := e2e.Str(r.JSON, "session_id")
+	if e2e.Str(r.JSON, "state") != "running" || id == parent || r.JSON["resumed"] != true {
+		t.Fatalf("fork: %s", r)
+	}
+	t.Logf("fork: resume_ms %d, CLI wall %s", e2e.Num(t, r.JSON, "resume_ms"), time.Since(t0).Round(time.Millisecond))
+	rec := readRecord(t, id)
+	t.Cleanup(func() {
+		e2e.Isopod(t, nil, "session", "stop", id)
+		waitGone(t, readRecord(t, id).SupervisorPID, 30*time.Second)
+		if pids := e2e.QEMUPIDs(t, rec.VMID); len(pids) != 0 {
+			t.Errorf("QEMU %v of fork %s left behind", pids, id)
+		}
+	})
+	return id
+}
+
+// A fork of a running session, and one of a paused session, carry its
+// files and processes and then diverge: each has its own boot id and
+// entropy, and what one writes the other does not see. The running
+// parent runs on; the paused one stays paused.
+func TestSessionFork(t *testing.T) {
+	e2e.RequireVM(t)
+	parent, _ := start(t, "--no-network")
+	const probe = "cat /proc/sys/kernel/random/boot_id; head -c16 /dev/urandom | od -An -tx1; cat /tmp/pid"
+	isopod(t, "session", "exec", parent, "--detach", "--shell", "--", counter)
+	// The kernel fixes its boot id at its first read: before the fork.
+	isopod(t, "session", "exec", parent, "--shell", "--", "echo before > /tmp/before; cat /proc/sys/kernel/random/boot_id; sleep 0.5")
+	child := fork(t, parent)
+	p, c := strings.Fields(guestOut(t, parent, probe)), strings.Fields(guestOut(t, child, probe))
+	if len(p) != 18 || len(c) != 18 {
+		t.Fatalf("probe: parent %q, fork %q", p, c)
+	}
+	if p[0] == c[0] {
+		t.Errorf("the fork shares its parent's boot id %s", p[0])
+	}
+	if strings.Join(p[1:17], "") == strings.Join(c[1:17], "") {
+		t.Error("the fork draws its parent's random bytes")
+	}
+	if p[17] != c[17] {
+		t.Errorf("the fork's counter has pid %s, its parent's %s; want the same process copied", c[17], p[17])
+	}
+	if got := guestOut(t, child, "cat /tmp/before"); got != "before\n" {
+		t.Errorf("the fork lacks its parent's file: %q", got)
+	}
+	guestOut(t, child, "echo fork > /tmp/fork-only")
+	guestOut(t, parent, "echo parent > /tmp/parent-only")
+	if got := guestOut(t, parent, "ls /tmp/fork-only 2>&1; true"); !strings.Contains(got, "No such file") {
+		t.Errorf("the parent sees the fork's file: %q", got)
+	}
+	if got := guestOut(t, child, "ls /tmp/parent-only 2>&1; true"); !strings.Contains(got, "No such file") {
+		t.Errorf("the fork sees its parent's later file: %q", got)
+	}
+	// A paused parent forks, and stays paused.
+	pause(t, parent)
+	child2 := fork(t, parent)
+	if st := readRecord(t, parent).State; st != "paused" {
+		t.Errorf("the paused parent is %s after its fork; want paused", st)
+	}
+	c2 := strings.Fields(guestOut(t, child2, probe))
+	if len(c2) != 18 || c2[0] == p[0] || c2[0] == c[0] || c2[17] != p[17] {
+		t.Errorf("fork of the paused parent: %q; want its own boot id, the counter's pid %s", c2, p[17])
+	}
+	if got := guestOut(t, child2, "cat /tmp/parent-only"); got != "parent\n" {
+		t.Errorf("the fork of the paused parent lacks its file: %q", got)
+	}
+}

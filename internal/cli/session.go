@@ -31,7 +31,7 @@ func newSessionCmd(e *env) *cobra.Command {
 	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, stop",
 		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
 		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionStopCmd(e), newSessionLsCmd(e),
-		newSessionPauseCmd(e), newSessionResumeCmd(e))
+		newSessionPauseCmd(e), newSessionResumeCmd(e), newSessionForkCmd(e))
 	c.Hidden = true
 	return c
 }

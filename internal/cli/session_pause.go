@@ -12,10 +12,11 @@ import (
 	"isopod/internal/session/supervisor"
 )
 
-// `isopod session pause|resume`: a paused session's VM is on disk (its
+// `isopod session pause|resume|fork`: a paused session's VM is on disk (its
 // memory, device state and disks) and nothing runs for it; resume brings
 // it back where it was. Every call but stop resumes a paused session
-// first (callSession).
+// first (callSession). A fork is a new session resumed from a copy of
+// another's VM.
 
 func newSessionPauseCmd(e *env) *cobra.Command {
 	return &cobra.Command{
@@ -58,6 +59,34 @@ func newSessionResumeCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func newSessionForkCmd(e *env) *cobra.Command {
+	var name string
+	c := &cobra.Command{
+		Use:   "fork ID|NAME [--name N]",
+		Short: "Start a new session with a copy of a running or paused session's memory, processes and disks",
+		Args:  positional(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if name != "" {
+				if err := session.CheckName(name); err != nil {
+					return err
+				}
+			}
+			l, err := e.launcher(cmd)
+			if err != nil {
+				return err
+			}
+			rec, err := l.Fork(cmd.Context(), e.sessions(), args[0], name)
+			if err != nil {
+				return err
+			}
+			e.result = rec.Summary()
+			return nil
+		},
+	}
+	c.Flags().StringVar(&name, "name", "", "a name for the new session, unique among live and paused ones (default: from its id)")
+	return c
 }
 
 // markResumed adds "resumed": true after the "ok" field of a call's

@@ -106,6 +106,7 @@ func newSupervisorCmd(e *env) *cobra.Command {
 	var id string
 	var readyFD int
 	var resume bool
+	var forkFrom string
 	c := &cobra.Command{
 		Use:    "session-supervisor --id ID",
 		Short:  "Own one session's VM (started by isopod session start)",
@@ -128,7 +129,7 @@ func newSupervisorCmd(e *env) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
 			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log,
-				Resume: resume, DiskBudget: e.settings.SessionDiskBudget, BudgetSetting: knobs.SessionDiskBudgetMiB}
+				Resume: resume, ForkFrom: forkFrom, DiskBudget: e.settings.SessionDiskBudget, BudgetSetting: knobs.SessionDiskBudgetMiB}
 			if ready != nil {
 				o.Ready = ready
 			}
@@ -142,6 +143,7 @@ func newSupervisorCmd(e *env) *cobra.Command {
 	c.Flags().StringVar(&id, "id", "", "the session's id")
 	c.Flags().IntVar(&readyFD, "ready-fd", 0, "a descriptor that gets one line once the VM is ready")
 	c.Flags().BoolVar(&resume, "resume", false, "restore the paused session's VM from its pause instead of starting it")
+	c.Flags().StringVar(&forkFrom, "fork-from", "", "with --resume: first copy this session's VM into the pause (a fork)")
 	return c
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"time"
 
@@ -101,8 +102,22 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 	if _, err := r.vm.MakeOwn(rctx, r.dir.Rec.Name); err != nil {
 		return err
 	}
+	if p.Fork {
+		if err := r.vm.SetBootID(rctx, newBootID()); err != nil {
+			return err
+		}
+	}
 	if err := r.vm.Session(rctx); err != nil {
 		return fmt.Errorf("marking the VM's connection a session's: %w", err)
 	}
 	return nil
+}
+
+// newBootID is a random (version 4) UUID, as the kernel makes a boot id.
+func newBootID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

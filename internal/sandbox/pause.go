@@ -46,6 +46,9 @@ type PausedVM struct {
 	Workspace      bool     `json:"workspace,omitempty"`
 	Exec           ExecBase `json:"exec"`
 	Identity       Identity `json:"identity"`
+	// Fork: the VM is a copy of another (fork.go); its resume gives it a
+	// boot id of its own besides the hygiene every resume does.
+	Fork bool `json:"fork,omitempty"`
 }
 
 // Identity is what a paused VM's snapshot depends on: the VMM build, the
@@ -92,13 +95,9 @@ func (h *Held) Pause(ctx context.Context, dir string) (*PauseResult, error) {
 		h.Close()
 		return nil, fmt.Errorf("pausing the VM: %w", err)
 	}
-	cfg := r.vmCfg
-	cfg.Net, cfg.SerialLog, cfg.Logger, cfg.Paused, cfg.OwnRAM = nil, nil, nil, false, false
-	p := PausedVM{VMID: r.dir.Rec.ID, Dir: r.dir.Path(), Path: r.rep.Path, GuestIP: r.rep.GuestIP,
-		Config: cfg, NIC: r.vm.Net != nil, Scratch: r.scratch, WorkspaceUpper: r.wsUpper,
-		Workspace: r.ws != nil || r.req.Workspace != nil, Exec: h.ExecBase(), Identity: id}
-	b, _ := json.MarshalIndent(p, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, pausedFile), b, 0o600); err != nil {
+	p := h.descriptor(id)
+	cfg := p.Config
+	if err := writePaused(dir, &p); err != nil {
 		h.Close()
 		return nil, fmt.Errorf("pausing the VM: %w", err)
 	}
@@ -115,6 +114,22 @@ func (h *Held) Pause(ctx context.Context, dir string) (*PauseResult, error) {
 		res.DiskBytes += allocated(p.WorkspaceUpper)
 	}
 	return res, nil
+}
+
+// descriptor is what a resume of the held VM, paused now, needs.
+func (h *Held) descriptor(id Identity) PausedVM {
+	r := h.r
+	cfg := r.vmCfg
+	cfg.Net, cfg.SerialLog, cfg.Logger, cfg.Paused, cfg.OwnRAM = nil, nil, nil, false, false
+	return PausedVM{VMID: r.dir.Rec.ID, Dir: r.dir.Path(), Path: r.rep.Path, GuestIP: r.rep.GuestIP,
+		Config: cfg, NIC: r.vm.Net != nil, Scratch: r.scratch, WorkspaceUpper: r.wsUpper,
+		Workspace: r.ws != nil || r.req.Workspace != nil, Exec: h.ExecBase(), Identity: id}
+}
+
+// writePaused writes p as dir's resume descriptor.
+func writePaused(dir string, p *PausedVM) error {
+	b, _ := json.MarshalIndent(p, "", "  ")
+	return os.WriteFile(filepath.Join(dir, pausedFile), b, 0o600)
 }
 
 // HeldBytes is, at most, what a pause of the held VM would hold on disk:

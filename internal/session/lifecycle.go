@@ -89,7 +89,38 @@ func (l Launcher) Wake(ctx context.Context, st Store, ref string) (bool, error) 
 }
 
 // Fork makes a new session, named name (empty: from its id), with the
-// memory, processes and files of the live or paused session ref names.
+// memory, processes and files of the live or paused session ref names:
+// the new session's supervisor copies the parent's pause, or has the
+// parent's supervisor snapshot its running VM (which runs on), and
+// resumes the copy. It returns the new session's record.
 func (l Launcher) Fork(ctx context.Context, st Store, ref, name string) (*Record, error) {
-	return nil, fmt.Errorf("forking a session: %w", errdefs.ErrNotSupported)
+	parent, err := st.Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	// A paused parent is not resumed while it is copied.
+	unlock, err := st.lockFile(filepath.Join(st.SessionDir(parent.ID), ".resume.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if parent, err = st.Load(parent.ID); err != nil {
+		return nil, err
+	}
+	if !parent.Live() && parent.State != StatePaused {
+		return nil, fmt.Errorf("session %s is %s (%s): only a running or paused session forks: %w",
+			parent.ID, parent.State, parent.Reason, errdefs.ErrFailedPrecondition)
+	}
+	child, err := st.Create(name, parent.Spec, parent.IdleTimeoutS, parent.MaxLifetimeS)
+	if err != nil {
+		return nil, err
+	}
+	child.IdleAction = parent.IdleAction
+	if err := st.Write(child); err != nil {
+		return nil, err
+	}
+	if err := l.Launch(ctx, st, child, "--resume", "--fork-from", parent.ID); err != nil {
+		return nil, err
+	}
+	return st.Load(child.ID)
 }

@@ -171,6 +171,9 @@ var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 )
 
+// ValidID reports whether id has the form of a session id.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
 // CheckName refuses a name that is not a session name.
 func CheckName(name string) error {
 	if !nameRE.MatchString(name) || strings.HasPrefix(name, "ss-") {

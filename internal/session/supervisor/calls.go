@@ -41,6 +41,8 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 		return s.expose(c)
 	case session.OpPause:
 		return s.pauseCall()
+	case session.OpFork:
+		return s.forkCall(ctx, c)
 	case session.OpStop:
 		s.requestStop("stopped by a stop call")
 		<-s.ended

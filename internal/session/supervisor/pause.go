@@ -146,6 +146,11 @@ func (s *sup) pauseVM(why string) (string, string) {
 // goes once the VM runs (it holds RAM of its own).
 func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	dir := s.o.Store.PauseDir(s.o.ID)
+	if s.o.ForkFrom != "" {
+		if err := s.forkFrom(ctx, dir); err != nil {
+			return nil, err
+		}
+	}
 	h, err := s.o.Service.ResumeVM(ctx, s.o.Request, dir)
 	if err != nil {
 		return nil, err
@@ -166,6 +171,9 @@ func (s *sup) notStarted(err error) {
 	switch {
 	case !s.o.Resume:
 		s.finish(session.StateStopped, "the VM could not start: "+err.Error())
+	case s.o.ForkFrom != "":
+		discard(s.o.Store, s.o.ID)
+		s.finish(session.StateStopped, "the fork could not start: "+err.Error())
 	case errors.Is(err, sandbox.ErrChanged):
 		discard(s.o.Store, s.o.ID)
 		s.finish(session.StateLost, "it cannot be resumed: "+err.Error())

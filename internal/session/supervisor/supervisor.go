@@ -43,6 +43,10 @@ type Options struct {
 	// Resume restores the session's VM from its pause snapshot instead of
 	// starting it.
 	Resume bool
+	// ForkFrom (with Resume) names the session whose VM this one's is a
+	// copy of: its pause is copied, or its running VM snapshotted, into
+	// this session's pause directory first (fork.go).
+	ForkFrom string
 	// DiskBudget caps what paused sessions hold on disk together (bytes;
 	// 0: no cap): a pause over it is refused, an idle pause over it stops
 	// the session instead. BudgetSetting names the setting that raises it.
