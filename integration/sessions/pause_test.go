@@ -2,6 +2,8 @@ package sessions
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -106,11 +108,13 @@ func TestSessionPauseResume(t *testing.T) {
 	}
 }
 
-// The idle timeout pauses a session; the next exec resumes it.
+// The idle timeout pauses a session; the next exec resumes it, and its
+// exposed port is relayed again on the same address.
 func TestSessionIdlePause(t *testing.T) {
 	e2e.RequireVM(t)
 	id, rec := start(t, "--no-network", "--idle-timeout-s", "2")
-	isopod(t, "session", "exec", id, "--shell", "--", "echo kept > /tmp/f")
+	isopod(t, "session", "exec", id, "--shell", "--", "echo kept > /tmp/f; echo hi > /tmp/index.html; busybox httpd -p 8000 -h /tmp")
+	addr := e2e.Str(isopod(t, "session", "expose", id, "8000").JSON, "address")
 	if !waitGone(t, rec.SupervisorPID, 30*time.Second) {
 		t.Fatal("the session did not go idle")
 	}
@@ -120,6 +124,15 @@ func TestSessionIdlePause(t *testing.T) {
 	r := isopod(t, "session", "exec", id, "--", "cat", "/tmp/f")
 	if r.JSON["resumed"] != true || e2e.Str(r.JSON, "stdout") != "kept\n" {
 		t.Errorf("exec after the idle pause: %s; want resumed, the file kept", r)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Get("http://" + addr + "/index.html")
+	if err != nil {
+		t.Fatalf("the exposed port after the resume: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "hi\n" {
+		t.Errorf("through the exposed port after the resume: %q; want hi", body)
 	}
 }
 

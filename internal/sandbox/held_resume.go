@@ -88,10 +88,12 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 	bound := time.Duration(max(r.req.TimeoutS, 1)) * time.Second
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	t := time.Now()
 	m, err := r.vm.Restore(rctx, drv, cfg, dir)
 	if err != nil {
 		return fmt.Errorf("restoring the paused VM: %w", err)
 	}
+	tRestore := time.Since(t)
 	r.rep.Accel = m.Accel()
 	r.dir.Started(m)
 	if err := r.vm.Greet(rctx); err != nil {
@@ -110,6 +112,8 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 	if err := r.vm.Session(rctx); err != nil {
 		return fmt.Errorf("marking the VM's connection a session's: %w", err)
 	}
+	r.s.log.Debug("paused VM resumed", "since_start_ms", time.Since(r.t0).Milliseconds(),
+		"restore_ms", tRestore.Milliseconds(), "greet_configure_ms", (time.Since(t) - tRestore).Milliseconds())
 	return nil
 }
 

@@ -122,3 +122,23 @@ func TestSupervisorResumeChanged(t *testing.T) {
 	}
 	s.done <- nil
 }
+
+// The maximum lifetime counts from the session's start, pauses included.
+func TestSupervisorMaxLifetimeAcrossPause(t *testing.T) {
+	s := startLimits(t, 0, 60)
+	var p supervisor.PauseReport
+	s.must(t, session.Call{Op: session.OpPause}, &p)
+	s.waitEnd(t)
+	r, err := s.store.Read(s.rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Created = r.Created.Add(-time.Minute)
+	if err := s.store.Write(r); err != nil {
+		t.Fatal(err)
+	}
+	if a := s.run(t, true); !a.OK {
+		t.Fatalf("resume: %+v", a)
+	}
+	s.endsBy(t, "maximum lifetime")
+}

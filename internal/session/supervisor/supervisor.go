@@ -96,6 +96,11 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	s := &sup{o: o, log: log, rec: rec, t0: time.Now(), lastUsed: time.Now(), stop: make(chan struct{}), ended: make(chan struct{})}
+	if o.Resume && o.ForkFrom == "" {
+		// The maximum lifetime counts from the session's start, pauses
+		// included.
+		s.t0 = rec.Created
+	}
 	rec.SupervisorPID = os.Getpid()
 	rec.SupervisorStart = vmrecord.ProcStartTime(rec.SupervisorPID)
 	if err := o.Store.Write(rec); err != nil {
