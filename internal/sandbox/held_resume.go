@@ -8,6 +8,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
 )
 
@@ -72,7 +73,11 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 		return fmt.Errorf("the paused VM's network (%v) is not the request's: %w", p.NIC, errdefs.ErrInvalidArgument)
 	}
 	if p.NIC {
-		n, err := r.s.startNetwork(nil, p.VMID, p.Dir, r.req.rules, r.t0, r.req.creds...)
+		// The same network for the same VM: its flow log goes on, its
+		// times counted from the VM's start.
+		nc := r.s.netConfig(nil, p.VMID, p.Dir, r.req.rules, r.dir.Rec.Created, r.req.creds)
+		nc.Continue = true
+		n, err := vmnet.Start(nc)
 		if err != nil {
 			return err
 		}
