@@ -142,3 +142,58 @@ func TestSupervisorMaxLifetimeAcrossPause(t *testing.T) {
 	}
 	s.endsBy(t, "maximum lifetime")
 }
+
+// forkOf runs the supervisor of a new session forked from s's.
+func (s *started) forkOf(t *testing.T) *started {
+	t.Helper()
+	rec, err := s.store.Create("", s.rec.Spec, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &started{store: s.store, rec: rec, done: make(chan error, 1), drv: s.drv, svc: s.svc,
+		opts: func(o *supervisor.Options) { o.ForkFrom = s.rec.ID }}
+	t.Cleanup(func() {
+		c.call(t, session.Call{Op: session.OpStop})
+		<-c.done
+	})
+	if a := c.run(t, true); !a.OK {
+		t.Fatalf("fork: %+v", a)
+	}
+	return c
+}
+
+// A fork of a running session and one of a paused session run in VM
+// directories of their own, with copies of the parent's disks and a boot
+// id set; the running parent runs on, the paused one stays paused.
+func TestSupervisorFork(t *testing.T) {
+	s := start(t, 0)
+	child := s.forkOf(t)
+	var pr, cr session.Record
+	s.must(t, session.Call{Op: session.OpPing}, &pr)
+	child.must(t, session.Call{Op: session.OpPing}, &cr)
+	if pr.State != session.StateRunning || cr.State != session.StateRunning || cr.VMID == pr.VMID || !cr.Summary().Resumed {
+		t.Fatalf("parent %+v, fork %+v; want both running, in VMs of their own", pr, cr)
+	}
+	if _, err := os.Stat(s.store.PauseDir(child.rec.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the fork's pause directory: %v; want it removed once resumed", err)
+	}
+	var p supervisor.PauseReport
+	s.must(t, session.Call{Op: session.OpPause}, &p)
+	s.waitEnd(t)
+	s.done <- nil
+	child2 := s.forkOf(t)
+	var c2 session.Record
+	child2.must(t, session.Call{Op: session.OpPing}, &c2)
+	if r, _ := s.store.Load(s.rec.ID); r.State != session.StatePaused || c2.VMID == pr.VMID || c2.VMID == cr.VMID {
+		t.Errorf("after forking the paused parent: parent %s, fork VM %s; want paused, a VM of its own", r.State, c2.VMID)
+	}
+	boots := 0
+	for _, m := range s.drv.Machines() {
+		if m.State().BootID != "" {
+			boots++
+		}
+	}
+	if boots != 2 {
+		t.Errorf("%d machines got a boot id; want the two forks'", boots)
+	}
+}
