@@ -106,6 +106,22 @@ func TestSessionPauseResume(t *testing.T) {
 	if len(again) != 1 || again[0] != before[0] {
 		t.Errorf("after the second resume the counter's pid is %v; want %d", again, before[0])
 	}
+	// Execs that find the session paused at once take turns: one resumes
+	// it, the others find it running.
+	pause(t, id)
+	rs := e2e.Parallel(3, func(int) *e2e.Result { return e2e.Isopod(t, cold, "session", "exec", id, "--", "cat", "/tmp/pid") })
+	resumes := 0
+	for _, r := range rs {
+		if r.Code != 0 || strings.TrimSpace(e2e.Str(r.JSON, "stdout")) != strconv.FormatInt(before[0], 10) {
+			t.Errorf("a concurrent exec on the paused session: %s", r)
+		}
+		if r.JSON["resumed"] == true {
+			resumes++
+		}
+	}
+	if resumes != 1 {
+		t.Errorf("%d of 3 concurrent execs resumed the session; want 1", resumes)
+	}
 }
 
 // The idle timeout pauses a session; the next exec resumes it, and its
