@@ -97,7 +97,12 @@ func (h *Held) Pause(ctx context.Context, dir string) (*PauseResult, error) {
 	}
 	p := h.descriptor(id)
 	cfg := p.Config
-	if err := writePaused(dir, &p); err != nil {
+	err = writePaused(dir, &p)
+	if err == nil {
+		// A pause outlives the host's page cache: a reboot keeps it.
+		err = syncDir(dir)
+	}
+	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("pausing the VM: %w", err)
 	}
@@ -146,6 +151,30 @@ func (h *Held) HeldBytes() int64 {
 		n += allocated(r.wsUpper)
 	}
 	return n
+}
+
+// syncDir flushes the files in dir and dir itself to disk.
+func syncDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(ents, nil) {
+		path := dir
+		if e != nil {
+			path = filepath.Join(dir, e.Name())
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("syncing %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // allocated is the bytes the file or directory at path occupies on disk.
