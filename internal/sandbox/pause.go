@@ -102,6 +102,11 @@ func (h *Held) Pause(ctx context.Context, dir string) (*PauseResult, error) {
 		// A pause outlives the host's page cache: a reboot keeps it.
 		err = syncDir(dir)
 	}
+	for _, d := range cfg.Disks {
+		if err == nil && !d.ReadOnly {
+			err = syncFile(d.Path)
+		}
+	}
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("pausing the VM: %w", err)
@@ -164,15 +169,23 @@ func syncDir(dir string) error {
 		if e != nil {
 			path = filepath.Join(dir, e.Name())
 		}
-		f, err := os.Open(path)
-		if err != nil {
+		if err := syncFile(path); err != nil {
 			return err
 		}
-		err = f.Sync()
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("syncing %s: %w", path, err)
-		}
+	}
+	return nil
+}
+
+// syncFile flushes the file or directory at path to disk.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
 	}
 	return nil
 }
