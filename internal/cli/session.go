@@ -19,8 +19,7 @@ import (
 )
 
 // `isopod session`: a VM that outlives the call that started it, owned by
-// a supervisor process (internal/session). Hidden until pause, resume and
-// fork exist.
+// a supervisor process (internal/session). Hidden for now.
 
 func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.Paths} }
 
@@ -28,7 +27,7 @@ func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.
 const callMargin = 60 * time.Second
 
 func newSessionCmd(e *env) *cobra.Command {
-	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, stop",
+	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, pause, resume, fork, stop",
 		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
 		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionStopCmd(e), newSessionLsCmd(e),
 		newSessionPauseCmd(e), newSessionResumeCmd(e), newSessionForkCmd(e))
