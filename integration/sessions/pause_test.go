@@ -292,4 +292,19 @@ func TestSessionFork(t *testing.T) {
 	if got := guestOut(t, child2, "cat /tmp/parent-only"); got != "parent\n" {
 		t.Errorf("the fork of the paused parent lacks its file: %q", got)
 	}
+	// A paused session stops without resuming; what its pause kept goes.
+	prec := readRecord(t, parent)
+	scratch := filepath.Join(e2e.HomeDir, "vms", prec.VMID, "scratch.ext4")
+	if _, err := os.Stat(scratch); err != nil {
+		t.Errorf("the paused session's scratch disk: %v; want it kept", err)
+	}
+	r := isopod(t, "session", "stop", parent)
+	if e2e.Str(r.JSON, "state") != "stopped" {
+		t.Errorf("stop of the paused parent: %s", r)
+	}
+	for _, p := range []string{filepath.Join(e2e.HomeDir, "sessions", parent, "paused"), scratch} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after stopping the paused session: %v; want it removed", p, err)
+		}
+	}
 }
