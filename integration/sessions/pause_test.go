@@ -308,3 +308,25 @@ func TestSessionFork(t *testing.T) {
 		}
 	}
 }
+
+// A fork of a session with a workspace has a copy of its own: what one
+// writes there the other does not see, and the parent's end leaves the
+// fork's copy; both pause and resume with it.
+func TestSessionForkWorkspace(t *testing.T) {
+	e2e.RequireVM(t)
+	ws := t.TempDir()
+	if err := os.WriteFile(filepath.Join(ws, "a"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	parent, _ := start(t, "--no-network", "--workspace", ws, "--workspace-all")
+	child := fork(t, parent)
+	guestOut(t, child, "echo fork > b")
+	if got := guestOut(t, parent, "cat a; ls b 2>&1; true"); !strings.HasPrefix(got, "from the host\n") || !strings.Contains(got, "No such file") {
+		t.Errorf("the parent's workspace: %q; want its file and not the fork's", got)
+	}
+	isopod(t, "session", "stop", parent)
+	pause(t, child)
+	if got := guestOut(t, child, "cat a b"); got != "from the host\nfork\n" {
+		t.Errorf("the fork's workspace after its parent stopped and it paused: %q", got)
+	}
+}
