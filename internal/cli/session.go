@@ -39,18 +39,18 @@ func newSessionCmd(e *env) *cobra.Command {
 // resuming it first when it is paused, and keeps its answer as the
 // command's result (with "resumed": true when it resumed it).
 func (e *env) callSession(cmd *cobra.Command, ref string, c session.Call, d time.Duration) (json.RawMessage, error) {
-	ctx := cmd.Context()
+	var res json.RawMessage
+	var err error
 	resumed := false
-	if c.Op != session.OpStop {
-		l, err := e.launcher(cmd)
-		if err != nil {
-			return nil, err
+	if c.Op == session.OpStop {
+		res, err = e.sessions().Call(cmd.Context(), ref, c, d)
+	} else {
+		l, lerr := e.launcher(cmd)
+		if lerr != nil {
+			return nil, lerr
 		}
-		if resumed, err = l.Wake(ctx, e.sessions(), ref); err != nil {
-			return nil, err
-		}
+		res, resumed, err = l.CallWake(cmd.Context(), e.sessions(), ref, c, d)
 	}
-	res, err := e.sessions().Call(ctx, ref, c, d)
 	if err != nil {
 		return nil, err
 	}

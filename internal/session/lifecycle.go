@@ -2,8 +2,11 @@ package session
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"isopod/internal/errdefs"
 )
@@ -87,6 +90,32 @@ func (l Launcher) Wake(ctx context.Context, st Store, ref string) (bool, error) 
 	_, resumed, err := l.resume(ctx, st, rec.ID)
 	return resumed, err
 }
+
+// CallWake sends c to the session ref names as Store.Call does, resuming
+// it first when it is paused, and reports whether it resumed it. A call
+// turned away because the session was pausing (unavailable) is sent
+// again once the pause is done and the session resumed.
+func (l Launcher) CallWake(ctx context.Context, st Store, ref string, c Call, d time.Duration) (json.RawMessage, bool, error) {
+	resumed, err := l.Wake(ctx, st, ref)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := st.Call(ctx, ref, c, d)
+	if !errors.Is(err, errdefs.ErrUnavailable) || c.Op == OpStop {
+		return res, resumed, err
+	}
+	if rec, rerr := st.Resolve(ref); rerr == nil && rec.Live() {
+		WaitExit(rec, pauseWait)
+	}
+	if woke, werr := l.Wake(ctx, st, ref); werr != nil || !woke {
+		return nil, resumed, err
+	}
+	res, err = st.Call(ctx, ref, c, d)
+	return res, true, err
+}
+
+// pauseWait bounds CallWake's wait for a pausing session's supervisor.
+const pauseWait = 30 * time.Second
 
 // Fork makes a new session, named name (empty: from its id), with the
 // memory, processes and files of the live or paused session ref names:

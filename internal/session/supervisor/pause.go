@@ -38,7 +38,7 @@ type PauseReport struct {
 func (s *sup) requestPause(why string) {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()
-		s.stopWhy, s.pause = why, true
+		s.stopWhy, s.pause, s.ending = why, true, true
 		s.mu.Unlock()
 		close(s.stop)
 	})

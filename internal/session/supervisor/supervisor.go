@@ -66,6 +66,9 @@ type sup struct {
 	active   int
 	lastUsed time.Time
 	stopWhy  string
+	// ending: the session is about to end (a stop, a pause, the idle
+	// timeout); calls that come now are turned away (enter).
+	ending bool
 	// pause: the session ends paused, not stopped (pause.go); pauseErr
 	// is why a pause failed.
 	pause    bool
@@ -219,6 +222,7 @@ func (s *sup) wait(ctx context.Context) string {
 			}
 			s.mu.Lock()
 			quiet := s.active == 0 && now.Sub(s.lastUsed) >= idle
+			s.ending = s.ending || quiet
 			s.mu.Unlock()
 			if quiet {
 				return s.idleEnd()
@@ -231,7 +235,7 @@ func (s *sup) wait(ctx context.Context) string {
 func (s *sup) requestStop(why string) {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()
-		s.stopWhy = why
+		s.stopWhy, s.ending = why, true
 		s.mu.Unlock()
 		close(s.stop)
 	})
@@ -295,6 +299,19 @@ func (s *sup) busy() {
 	s.mu.Unlock()
 }
 
+// enter counts a call in progress, as busy, unless the session is about
+// to end: a call that comes while it pauses or stops is turned away
+// (unavailable) rather than cut short.
+func (s *sup) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ending {
+		return false
+	}
+	s.active++
+	return true
+}
+
 // idle ends what busy counted and notes the session's last use.
 func (s *sup) idle() {
 	s.mu.Lock()
@@ -318,7 +335,11 @@ func (s *sup) handle(conn net.Conn) {
 		return
 	}
 	conn.SetReadDeadline(time.Time{})
-	s.busy()
+	if !s.enter() {
+		session.WriteAnswer(conn, nil, fmt.Errorf("session %s is pausing or stopping: call again once it has (a call resumes a paused session): %w",
+			s.o.ID, errdefs.ErrUnavailable))
+		return
+	}
 	// A call ends when the VM does; the caller going away ends it too.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
