@@ -39,7 +39,7 @@ func (h *Held) Fork(ctx context.Context, dir string) error {
 		if err != nil {
 			return err
 		}
-		return writePaused(dir, child)
+		return writeCopy(dir, child)
 	})
 	if err != nil {
 		return fmt.Errorf("forking the VM: %w", err)
@@ -70,7 +70,18 @@ func (s *Service) ForkPaused(parentDir, dir string) error {
 	if err != nil {
 		return err
 	}
-	return writePaused(dir, child)
+	return writeCopy(dir, child)
+}
+
+// writeCopy writes the descriptor of the copy c into dir, or removes
+// what was copied for it.
+func writeCopy(dir string, c *PausedVM) error {
+	if err := writePaused(dir, c); err != nil {
+		discard(c)
+		os.RemoveAll(c.Dir)
+		return fmt.Errorf("forking the VM: %w", err)
+	}
+	return nil
 }
 
 // copyVM makes the VM directory of a copy of the VM p describes, with

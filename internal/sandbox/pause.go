@@ -257,6 +257,12 @@ func DiscardPaused(dir string) {
 	if err != nil {
 		return
 	}
+	discard(p)
+}
+
+// discard removes what was kept of the paused VM p and finishes its
+// record.
+func discard(p *PausedVM) {
 	machine.CleanDisks(p.Dir, p.Scratch)
 	if p.WorkspaceUpper != "" {
 		os.Remove(p.WorkspaceUpper)
