@@ -262,10 +262,11 @@ func TestSessionLost(t *testing.T) {
 	}
 }
 
-// A session nobody calls stops at its idle timeout.
+// A session nobody calls stops at its idle timeout when its idle action
+// says so (it pauses by default: TestSessionIdlePause).
 func TestSessionIdleTimeout(t *testing.T) {
 	e2e.RequireVM(t)
-	id, rec := start(t, "--idle-timeout-s", "5")
+	id, rec := start(t, "--idle-timeout-s", "5", "--idle-action", "stop")
 	if !waitGone(t, rec.SupervisorPID, 60*time.Second) {
 		t.Fatal("the session outlived its idle timeout")
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -164,6 +165,28 @@ func (c *conn) addEntropy(m *agentproto.Msg, seed []byte) {
 	}
 	if err != nil {
 		c.replyErr(m.ID, fmt.Errorf("add_entropy: %w", err))
+		return
+	}
+	c.replyOK(m.ID)
+}
+
+// bootIDRE is a boot id as the kernel writes one.
+var bootIDRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+func (c *conn) setBootID(m *agentproto.Msg) {
+	var err error
+	if !bootIDRE.MatchString(m.BootID) {
+		err = fmt.Errorf("boot id %q is not a lowercase UUID: %w", m.BootID, errdefs.ErrInvalidArgument)
+	}
+	var sys System
+	if err == nil {
+		sys, err = c.system()
+	}
+	if err == nil {
+		err = sys.SetBootID(m.BootID)
+	}
+	if err != nil {
+		c.replyErr(m.ID, fmt.Errorf("set_boot_id: %w", err))
 		return
 	}
 	c.replyOK(m.ID)

@@ -45,6 +45,9 @@ type System interface {
 	// /etc/resolv.conf. The config has already been validated.
 	ConfigureNet(cfg agentproto.NetConfig) error
 	AddEntropy(seed []byte) error
+	// SetBootID makes the kernel's boot id read id (validated) from now
+	// on: a fork is another boot.
+	SetBootID(id string) error
 	// SyncDisks flushes every filesystem before power-off.
 	SyncDisks() error
 	// MountRoot assembles the run's root from the disks m names (once).
@@ -343,6 +346,8 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.spawn(func() { c.setHostname(m) })
 	case agentproto.KindAddEntropy:
 		c.spawn(func() { c.addEntropy(m, payload) })
+	case agentproto.KindSetBootID:
+		c.spawn(func() { c.setBootID(m) })
 	case agentproto.KindHalt:
 		c.spawn(func() { c.halt(m) })
 	case agentproto.KindMount:

@@ -118,6 +118,7 @@ type fakeSystem struct {
 	clock    time.Time
 	net      *agentproto.NetConfig
 	entropy  []byte
+	bootID   string
 	synced   int
 	mount    *agentproto.Mount
 	wsUpper  string
@@ -161,6 +162,13 @@ func (f *fakeSystem) AddEntropy(seed []byte) error {
 	return f.fail
 }
 
+func (f *fakeSystem) SetBootID(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bootID = id
+	return f.fail
+}
+
 func (f *fakeSystem) SyncDisks() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -196,6 +204,13 @@ func TestMachineOps(t *testing.T) {
 	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindAddEntropy}, seed), "")
 	if !bytes.Equal(sys.entropy, seed) {
 		t.Errorf("entropy = %q; want %q", sys.entropy, seed)
+	}
+
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSetBootID, BootID: "../../etc/passwd"}, nil), "not a lowercase UUID")
+	const id = "0f8fad5b-d9cb-469f-a165-70867728950e"
+	wantErr(t, c.call(&agentproto.Msg{Kind: agentproto.KindSetBootID, BootID: id}, nil), "")
+	if sys.bootID != id {
+		t.Errorf("boot id = %q; want %q", sys.bootID, id)
 	}
 }
 

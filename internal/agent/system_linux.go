@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -114,6 +115,38 @@ func (s *linuxSystem) AddEntropy(seed []byte) error {
 	}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.RNDRESEEDCRNG, 0); errno != 0 {
 		return fmt.Errorf("ioctl RNDRESEEDCRNG: %w", errno)
+	}
+	return nil
+}
+
+// bootIDDir holds the boot id a fork reads, in memory (devtmpfs).
+const bootIDDir = "/dev/.isopod-boot-id"
+
+// SetBootID writes id to a file in memory and bind-mounts it over the
+// kernel's boot id, which the kernel fixed at its first read and which a
+// fork would otherwise share with its parent. A later fork mounts over
+// the earlier one.
+func (s *linuxSystem) SetBootID(id string) error {
+	if err := os.MkdirAll(bootIDDir, 0o755); err != nil {
+		return fmt.Errorf("boot id: %w", err)
+	}
+	f, err := os.CreateTemp(bootIDDir, "boot_id-")
+	if err != nil {
+		return fmt.Errorf("boot id: %w", err)
+	}
+	_, err = f.WriteString(id + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o444)
+	}
+	if err == nil {
+		err = unix.Mount(f.Name(), "/proc/sys/kernel/random/boot_id", "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("boot id: %w", err)
 	}
 	return nil
 }

@@ -169,6 +169,7 @@ const (
 	KindSyncClock    Kind = "sync_clock"    // host -> guest: Clock set
 	KindSetHostname  Kind = "set_hostname"  // host -> guest: Hostname set
 	KindAddEntropy   Kind = "add_entropy"   // host -> guest: payload is random bytes; reseed
+	KindSetBootID    Kind = "set_boot_id"   // host -> guest: BootID set; /proc/sys/kernel/random/boot_id reads it from now on (a fork)
 	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
 	KindFreeze       Kind = "freeze"        // host -> guest: FreezeMS; freeze the scratch filesystem; OK
 	KindThaw         Kind = "thaw"          // host -> guest: end the freeze this connection holds; OK
@@ -209,6 +210,7 @@ type Msg struct {
 	Net      *NetConfig      `json:"net,omitempty"`
 	Clock    *Clock          `json:"clock,omitempty"`
 	Hostname string          `json:"hostname,omitempty"`
+	BootID   string          `json:"boot_id,omitempty"`   // on KindSetBootID: a UUID, lowercase
 	Sync     bool            `json:"sync,omitempty"`      // on KindHalt
 	FreezeMS int64           `json:"freeze_ms,omitempty"` // on KindFreeze: thaw on its own after this long (0: DefaultFreezeMS)
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,8 +19,7 @@ import (
 )
 
 // `isopod session`: a VM that outlives the call that started it, owned by
-// a supervisor process (internal/session). Hidden until pause, resume and
-// fork exist.
+// a supervisor process (internal/session). Hidden for now.
 
 func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.Paths} }
 
@@ -29,19 +27,35 @@ func (e *env) sessions() session.Store { return session.Store{Paths: e.settings.
 const callMargin = 60 * time.Second
 
 func newSessionCmd(e *env) *cobra.Command {
-	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, commit, stop",
+	c := group("session", "VMs that stay up across calls: start, exec, cp, expose, pause, resume, fork, commit, stop",
 		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
-		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionCommitCmd(e), newSessionStopCmd(e), newSessionLsCmd(e))
+		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionCommitCmd(e), newSessionStopCmd(e), newSessionLsCmd(e),
+		newSessionPauseCmd(e), newSessionResumeCmd(e), newSessionForkCmd(e))
 	c.Hidden = true
 	return c
 }
 
-// callSession sends c to the live session ref names, within d (0: no
-// bound), and keeps its answer as the command's result.
-func (e *env) callSession(ctx context.Context, ref string, c session.Call, d time.Duration) (json.RawMessage, error) {
-	res, err := e.sessions().Call(ctx, ref, c, d)
+// callSession sends c to the session ref names, within d (0: no bound),
+// resuming it first when it is paused, and keeps its answer as the
+// command's result (with "resumed": true when it resumed it).
+func (e *env) callSession(cmd *cobra.Command, ref string, c session.Call, d time.Duration) (json.RawMessage, error) {
+	var res json.RawMessage
+	var err error
+	resumed := false
+	if c.Op == session.OpStop {
+		res, err = e.sessions().Call(cmd.Context(), ref, c, d)
+	} else {
+		l, lerr := e.launcher(cmd)
+		if lerr != nil {
+			return nil, lerr
+		}
+		res, resumed, err = l.CallWake(cmd.Context(), e.sessions(), ref, c, d)
+	}
 	if err != nil {
 		return nil, err
+	}
+	if resumed {
+		res = markResumed(res)
 	}
 	e.result = res
 	return res, nil
@@ -69,7 +83,7 @@ func newSessionExecCmd(e *env) *cobra.Command {
 					return err
 				}
 			}
-			_, err := e.callSession(cmd.Context(), args[0], c, time.Duration(max(c.TimeoutS, 120))*time.Second+callMargin)
+			_, err := e.callSession(cmd, args[0], c, time.Duration(max(c.TimeoutS, 120))*time.Second+callMargin)
 			return err
 		},
 	}
@@ -103,7 +117,7 @@ func newSessionJobCmd(e *env) *cobra.Command {
 		Args:  positional(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.Op, c.Job = session.OpJob, args[1]
-			_, err := e.callSession(cmd.Context(), args[0], c, time.Duration(c.WaitS)*time.Second+callMargin)
+			_, err := e.callSession(cmd, args[0], c, time.Duration(c.WaitS)*time.Second+callMargin)
 			return err
 		},
 	}
@@ -116,7 +130,7 @@ func newSessionJobsCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use: "jobs ID|NAME", Short: "List a session's background jobs", Args: positional(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, err := e.callSession(cmd.Context(), args[0], session.Call{Op: session.OpJobs}, callMargin)
+			_, err := e.callSession(cmd, args[0], session.Call{Op: session.OpJobs}, callMargin)
 			return err
 		},
 	}
@@ -134,16 +148,16 @@ func newSessionCpCmd(e *env) *cobra.Command {
 			src, dst := guestSide.FindStringSubmatch(args[0]), guestSide.FindStringSubmatch(args[1])
 			switch {
 			case src == nil && dst != nil:
-				return e.copyIn(cmd.Context(), args[0], dst[1], dst[2])
+				return e.copyIn(cmd, args[0], dst[1], dst[2])
 			case src != nil && dst == nil:
-				return e.copyOut(cmd.Context(), src[1], src[2], args[1])
+				return e.copyOut(cmd, src[1], src[2], args[1])
 			}
 			return fmt.Errorf("cp %s %s: exactly one side must be ID|NAME:/guest/path: %w", args[0], args[1], errdefs.ErrInvalidArgument)
 		},
 	}
 }
 
-func (e *env) copyIn(ctx context.Context, host, ref, guest string) error {
+func (e *env) copyIn(cmd *cobra.Command, host, ref, guest string) error {
 	f, err := hostio.Operator{}.OpenStdinFile(host)
 	if err != nil {
 		return err
@@ -157,20 +171,20 @@ func (e *env) copyIn(ctx context.Context, host, ref, guest string) error {
 	if err != nil {
 		return err
 	}
-	_, err = e.callSession(ctx, ref, session.Call{Op: session.OpPut, Path: guest, Mode: uint32(fi.Mode().Perm()), Data: data}, callMargin)
+	_, err = e.callSession(cmd, ref, session.Call{Op: session.OpPut, Path: guest, Mode: uint32(fi.Mode().Perm()), Data: data}, callMargin)
 	return err
 }
 
 // copyOut writes a guest file to host under run's copy-out rules: the
 // destination's directory is opened and checked first, the file is
 // written beside it and renamed into place.
-func (e *env) copyOut(ctx context.Context, ref, guest, host string) error {
+func (e *env) copyOut(cmd *cobra.Command, ref, guest, host string) error {
 	dir, err := hostio.Operator{}.OpenCopyOut("cp", host)
 	if err != nil {
 		return err
 	}
 	defer dir.Close()
-	res, err := e.callSession(ctx, ref, session.Call{Op: session.OpGet, Path: guest}, callMargin)
+	res, err := e.callSession(cmd, ref, session.Call{Op: session.OpGet, Path: guest}, callMargin)
 	if err != nil {
 		return err
 	}
@@ -234,7 +248,7 @@ func newSessionExposeCmd(e *env) *cobra.Command {
 			if _, err := fmt.Sscanf(args[1], "%d", &port); err != nil || fmt.Sprint(port) != args[1] {
 				return fmt.Errorf("port %q: want a number 1..65535: %w", args[1], errdefs.ErrInvalidArgument)
 			}
-			_, err := e.callSession(cmd.Context(), args[0], session.Call{Op: session.OpExpose, GuestPort: port, HostPort: hostPort}, callMargin)
+			_, err := e.callSession(cmd, args[0], session.Call{Op: session.OpExpose, GuestPort: port, HostPort: hostPort}, callMargin)
 			return err
 		},
 	}
@@ -250,7 +264,13 @@ func newSessionStopCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := e.callSession(cmd.Context(), rec.ID, session.Call{Op: session.OpStop}, callMargin); err != nil {
+			if rec.State == session.StatePaused {
+				// Nothing runs: what the pause kept goes.
+				fin, err := supervisor.StopPaused(e.sessions(), rec)
+				e.result = fin
+				return err
+			}
+			if _, err := e.callSession(cmd, rec.ID, session.Call{Op: session.OpStop}, callMargin); err != nil {
 				return err
 			}
 			// The VM is gone when the answer comes; the supervisor
@@ -265,7 +285,11 @@ func newSessionLsCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use: "ls", Short: "List sessions with the memory and disk each holds (a running one whose supervisor is gone reads lost)", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			e.result = e.sessionList()
+			recs := e.sessions().List()
+			if err := e.checkPaused(cmd, recs); err != nil {
+				return err
+			}
+			e.result = e.sessionList(recs)
 			return nil
 		},
 	}

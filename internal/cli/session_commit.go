@@ -23,7 +23,7 @@ func newSessionCommitCmd(e *env) *cobra.Command {
 			if err := sandbox.CheckLabel("as", label); err != nil {
 				return err
 			}
-			_, err := e.callSession(cmd.Context(), args[0], session.Call{Op: session.OpCommit, Label: label}, commitTimeout)
+			_, err := e.callSession(cmd, args[0], session.Call{Op: session.OpCommit, Label: label}, commitTimeout)
 			return err
 		},
 	}

@@ -31,7 +31,7 @@ type sessionList struct {
 	} `json:"total"`
 }
 
-func (e *env) sessionList() sessionList {
+func (e *env) sessionList(recs []*session.Record) sessionList {
 	st := e.sessions()
 	held := map[string]int{} // a session's place in the ledger, by id
 	entries, _ := ledger.Read(e.settings.Paths.Ledger())
@@ -43,7 +43,7 @@ func (e *env) sessionList() sessionList {
 		}
 	}
 	out := sessionList{OK: true, Sessions: []sessionRow{}}
-	for _, rec := range st.List() {
+	for _, rec := range recs {
 		row := sessionRow{Record: rec, DiskBytes: st.DiskBytes(rec.ID)}
 		if rec.State == session.StateRunning {
 			// A session started before the ledger counts as the ledger

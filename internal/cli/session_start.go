@@ -26,6 +26,7 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	var o runOptions
 	var name string
 	var idleS, maxS int
+	var idleAction string
 	c := &cobra.Command{
 		Use:   "start [flags]",
 		Short: "Boot a VM that stays up for later execs (run's sizing, base, stage, network and workspace flags)",
@@ -43,7 +44,10 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if idleS < 0 || maxS < 0 {
 				return fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
 			}
-			if maxS, err = capLifetime(cmd, maxS, e.settings.SessionMaxLifetimeS); err != nil {
+			if maxS, err = session.CapLifetime(maxS, cmd.Flags().Changed("max-lifetime-s"), e.settings.SessionMaxLifetimeS, "--max-lifetime-s", knobs.SessionMaxLifetimeS); err != nil {
+				return err
+			}
+			if err := session.CheckIdleAction(idleAction); err != nil {
 				return err
 			}
 			if name != "" {
@@ -68,6 +72,12 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			rec, err := st.Create(name, spec, idleS, maxS)
 			if err != nil {
 				return err
+			}
+			if idleAction != session.IdlePause {
+				rec.IdleAction = idleAction
+				if err := st.Write(rec); err != nil {
+					return err
+				}
 			}
 			l, err := e.launcher(cmd)
 			if err != nil {
@@ -94,29 +104,18 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	c.Flags().Lookup("env").Usage = "KEY=VALUE for every exec of the session; repeatable"
 	c.Flags().Lookup("cwd").Usage = "working directory of the session's execs in the guest (default /root)"
 	c.Flags().StringVar(&name, "name", "", "a name for the session, unique among live ones (default: from its id)")
-	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "stop the session after this many seconds without a call")
+	c.Flags().IntVar(&idleS, "idle-timeout-s", session.DefaultIdleTimeoutS, "pause (or stop: --idle-action) the session after this many seconds without a call")
+	c.Flags().StringVar(&idleAction, "idle-action", session.IdlePause, "what the idle timeout does: pause (a later call resumes it) or stop")
 	c.Flags().IntVar(&maxS, "max-lifetime-s", session.DefaultMaxLifetimeS, "stop the session this many seconds after it started")
 	return c
-}
-
-// capLifetime applies the host's cap on a session's lifetime
-// (ISOPOD_SESSION_MAX_LIFETIME_S) to --max-lifetime-s: a larger value given
-// is refused, the default is lowered to it.
-func capLifetime(cmd *cobra.Command, maxS, limit int) (int, error) {
-	if limit <= 0 || maxS <= limit {
-		return maxS, nil
-	}
-	if !cmd.Flags().Changed("max-lifetime-s") {
-		return limit, nil
-	}
-	return 0, fmt.Errorf("--max-lifetime-s %d is over this host's cap of %d s (%s): ask for less, or raise the setting: %w",
-		maxS, limit, knobs.SessionMaxLifetimeS, errdefs.ErrInvalidArgument)
 }
 
 // newSupervisorCmd is the hidden command `session start` runs detached.
 func newSupervisorCmd(e *env) *cobra.Command {
 	var id string
 	var readyFD int
+	var resume bool
+	var forkFrom string
 	c := &cobra.Command{
 		Use:    "session-supervisor --id ID",
 		Short:  "Own one session's VM (started by isopod session start)",
@@ -138,7 +137,8 @@ func newSupervisorCmd(e *env) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
-			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log}
+			o := supervisor.Options{Service: svc, Store: st, ID: id, Request: supervisor.RequestOf(rec.Spec, func(what string) string { return capFlags[what] }), Logger: e.log,
+				Resume: resume, ForkFrom: forkFrom, DiskBudget: e.settings.SessionDiskBudget, BudgetSetting: knobs.SessionDiskBudgetMiB}
 			// The session's VM holds a place among the host's while it
 			// runs; a start waits for one at most its boot timeout.
 			o.Place = func(ctx context.Context) (func(), error) {
@@ -156,6 +156,8 @@ func newSupervisorCmd(e *env) *cobra.Command {
 	}
 	c.Flags().StringVar(&id, "id", "", "the session's id")
 	c.Flags().IntVar(&readyFD, "ready-fd", 0, "a descriptor that gets one line once the VM is ready")
+	c.Flags().BoolVar(&resume, "resume", false, "restore the paused session's VM from its pause instead of starting it")
+	c.Flags().StringVar(&forkFrom, "fork-from", "", "with --resume: first copy this session's VM into the pause (a fork)")
 	return c
 }
 

@@ -29,6 +29,10 @@ import (
 // DefaultWarmPoolDiskMiB is the warm pool's disk budget unless set.
 const DefaultWarmPoolDiskMiB = 8192
 
+// DefaultSessionDiskBudgetMiB is what paused sessions may hold on disk
+// together unless set.
+const DefaultSessionDiskBudgetMiB = 20480
+
 // DefaultReadyVMs is how many paused VMs a long-lived front end keeps
 // ready per hot shape unless set.
 const DefaultReadyVMs = 1
@@ -50,7 +54,7 @@ type Settings struct {
 // coreKnobs are the variables Load reads for the core's settings.
 var coreKnobs = []string{knobs.Home, knobs.Kernel, knobs.QEMU, knobs.VMM, knobs.AgentBin, knobs.Accel,
 	knobs.AllowBaseSkew, knobs.LogLevel, knobs.Jail, knobs.WarmPool, knobs.WarmPoolDisk, knobs.CredentialMaxBodyMiB, knobs.ReadyVMs,
-	knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.DockerConfig, knobs.MaxVMs, knobs.MemoryBudgetMiB, knobs.SessionMaxLifetimeS}
+	knobs.RegistryStallS, knobs.RegistryMinKiBps, knobs.DockerConfig, knobs.MaxVMs, knobs.MemoryBudgetMiB, knobs.SessionMaxLifetimeS, knobs.SessionDiskBudgetMiB}
 
 // Environ is base with the core's settings spelled as the variables s was
 // read from (its state root, kernel and the front end's VM limits
@@ -309,6 +313,14 @@ func parseSizes(raw map[string]string, s *Settings) error {
 			return fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.WarmPoolDisk, v, errdefs.ErrInvalidArgument)
 		}
 		s.WarmPoolBytes = n << 20
+	}
+	s.SessionDiskBudget = DefaultSessionDiskBudgetMiB << 20
+	if v := strings.TrimSpace(raw[knobs.SessionDiskBudgetMiB]); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > 1<<30 {
+			return fmt.Errorf("%s=%q: want a number of MiB (0 for no budget): %w", knobs.SessionDiskBudgetMiB, v, errdefs.ErrInvalidArgument)
+		}
+		s.SessionDiskBudget = n << 20
 	}
 	if v := strings.TrimSpace(raw[knobs.CredentialMaxBodyMiB]); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

@@ -256,3 +256,35 @@ func TestEnviron(t *testing.T) {
 		t.Errorf("settings read back from Environ differ: %+v, %v", again.Settings, err)
 	}
 }
+
+// TestSessionDiskBudget: what paused sessions may hold is read in MiB,
+// 20480 unless set, 0 for no budget.
+func TestSessionDiskBudget(t *testing.T) {
+	home := t.TempDir()
+	for _, tt := range []struct {
+		value string
+		want  int64
+		ok    bool
+	}{
+		{"<unset>", DefaultSessionDiskBudgetMiB << 20, true},
+		{"0", 0, true},
+		{" 100 ", 100 << 20, true},
+		{"-1", 0, false},
+		{"much", 0, false},
+	} {
+		vars := map[string]string{knobs.Home: home}
+		if tt.value != "<unset>" {
+			vars[knobs.SessionDiskBudgetMiB] = tt.value
+		}
+		s, err := Load(env(vars))
+		if !tt.ok {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), knobs.SessionDiskBudgetMiB) {
+				t.Errorf("%q: err %v; want invalid argument naming %s", tt.value, err, knobs.SessionDiskBudgetMiB)
+			}
+			continue
+		}
+		if err != nil || s.SessionDiskBudget != tt.want {
+			t.Errorf("%q: %d, %v; want %d", tt.value, s.SessionDiskBudget, err, tt.want)
+		}
+	}
+}

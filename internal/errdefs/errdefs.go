@@ -20,6 +20,9 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrNotSupported: the host lacks a capability (no KVM for Firecracker).
 	ErrNotSupported = errors.New("not supported")
+	// ErrResourceExhausted: serving the request would go over a budget a
+	// setting sets (the disk paused sessions hold).
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 // Class names the class of err for reports ("invalid_argument", ...), or
@@ -40,6 +43,8 @@ func Class(err error) string {
 		return "unavailable"
 	case errors.Is(err, ErrNotSupported):
 		return "not_supported"
+	case errors.Is(err, ErrResourceExhausted):
+		return "resource_exhausted"
 	}
 	return "internal"
 }
@@ -48,7 +53,7 @@ func Class(err error) string {
 // share errors sends it), or nil for "internal", "" and names it does not
 // know.
 func FromClass(name string) error {
-	for _, e := range []error{ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported} {
+	for _, e := range []error{ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported, ErrResourceExhausted} {
 		if Class(e) == name {
 			return e
 		}

@@ -22,6 +22,7 @@ const (
 	MaxVMs               = "ISOPOD_MAX_VMS"                 // VMs every process under the state root keeps at once (default: from the host)
 	MemoryBudgetMiB      = "ISOPOD_MEMORY_BUDGET_MIB"       // what those VMs may cost together (default: MemTotal less an eighth)
 	SessionMaxLifetimeS  = "ISOPOD_SESSION_MAX_LIFETIME_S"  // the longest --max-lifetime-s a session may ask for (default 86400)
+	SessionDiskBudgetMiB = "ISOPOD_SESSION_DISK_BUDGET_MIB" // what paused sessions may hold on disk together (default 20480; 0: no budget)
 	MCPHostIORoot        = "ISOPOD_MCP_HOST_IO_ROOT"
 	MCPCopyOut           = "ISOPOD_MCP_COPY_OUT"
 	MCPStdinFile         = "ISOPOD_MCP_STDIN_FILE"

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -81,3 +82,41 @@ func (v *Machine) Snapshot(ctx context.Context, dir string, netUp time.Time) err
 type discardAt struct{}
 
 func (discardAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+// SnapshotRunning writes the running VM's snapshot into dir, runs
+// between (the caller's copies of what must match the snapshot, the
+// disks) while the guest is stopped, and lets the guest run on: a fork of
+// a running VM. The VMM must have RAM of its own (a boot's, or a restore
+// with vmm.Config.OwnRAM) and be a vmm.Resumer; else it fails with
+// errdefs.ErrNotSupported and the guest runs on.
+func (v *Machine) SnapshotRunning(ctx context.Context, dir string, between func() error) error {
+	m, _ := v.Current()
+	snapper, ok := m.(vmm.Snapshotter)
+	res, ok2 := m.(vmm.Resumer)
+	if !ok || !ok2 {
+		return fmt.Errorf("the VMM cannot snapshot a running VM: %w", errdefs.ErrNotSupported)
+	}
+	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	err := snapper.Snapshot(sctx, dir)
+	if err == nil {
+		err = between()
+	}
+	// The guest runs on whatever the snapshot's fate.
+	if rerr := res.Resume(context.WithoutCancel(ctx)); rerr != nil {
+		return errors.Join(err, fmt.Errorf("letting the VM run on after its snapshot: %w", rerr))
+	}
+	return err
+}
+
+// SetBootID gives the guest a boot id of its own (a fork's).
+func (v *Machine) SetBootID(ctx context.Context, id string) error {
+	c, err := v.agent()
+	if err != nil {
+		return err
+	}
+	if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindSetBootID, BootID: id}, nil); err != nil {
+		return fmt.Errorf("setting the boot id: %w", err)
+	}
+	return nil
+}

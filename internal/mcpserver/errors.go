@@ -224,6 +224,8 @@ func fixFor(class string) string {
 		return "the VM or a resource did not answer in time; retry, raise timeout_s or mem_mib, and read serial_log_path of the VM in vm_list."
 	case "not_supported":
 		return "this host lacks something isopod needs (named above); it must be fixed on the host, not by a different call."
+	case "resource_exhausted":
+		return "a budget of this host is full (named above): stop or resume paused sessions you no longer need (session_list shows what each holds), or ask the operator to raise the setting named above."
 	}
 	return "this is a host-side isopod failure; retry once, and if it persists read the VM's logs (vm_list) or report it to whoever runs this server."
 }

@@ -158,3 +158,15 @@ func TestSchemaRejectsBadInput(t *testing.T) {
 		t.Errorf("the core saw %d runs", n)
 	}
 }
+
+// Every class the core answers has a fix of its own, never the generic
+// one for a host-side failure.
+func TestEveryClassHasItsFix(t *testing.T) {
+	generic := fixFor("internal")
+	for _, err := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+		errdefs.ErrFailedPrecondition, errdefs.ErrUnavailable, errdefs.ErrNotSupported, errdefs.ErrResourceExhausted} {
+		if c := errdefs.Class(err); fixFor(c) == generic {
+			t.Errorf("class %s gets the generic fix", c)
+		}
+	}
+}

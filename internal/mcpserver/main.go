@@ -13,6 +13,7 @@ import (
 	"isopod/internal/admission"
 	"isopod/internal/config"
 	"isopod/internal/hostio"
+	"isopod/internal/knobs"
 	"isopod/internal/sandbox"
 	sess "isopod/internal/session"
 	"isopod/internal/stages"
@@ -185,7 +186,8 @@ func serveNetwork(ctx context.Context, srv *Server, f Flags, log *slog.Logger, v
 // same state root, their supervisors started from the isopod binary
 // beside this one with this server's settings.
 func sessionConfig(f Flags, settings config.Settings, svc *sandbox.Service, log *slog.Logger) *SessionConfig {
-	sc := &SessionConfig{Store: sess.Store{Paths: settings.Paths}, Check: svc.CheckVM, AllowExpose: f.AllowSessionExpose}
+	sc := &SessionConfig{Store: sess.Store{Paths: settings.Paths}, Check: svc.CheckVM, AllowExpose: f.AllowSessionExpose,
+		MaxLifetimeS: settings.SessionMaxLifetimeS, LifetimeSetting: knobs.SessionMaxLifetimeS}
 	self, _ := os.Executable()
 	bin, err := FindIsopod(self)
 	if err != nil {

@@ -35,7 +35,7 @@ type SessionStartArgs struct {
 	Name         string `json:"name,omitempty" jsonschema:"a name for the session, unique among live sessions: 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not ss- (default: from its id). Other session tools take it in place of session_id"`
 	IdleTimeoutS int    `json:"idle_timeout_s,omitempty" jsonschema:"seconds without a call after which idle_action is taken (default 600)"`
 	MaxLifetimeS int    `json:"max_lifetime_s,omitempty" jsonschema:"seconds after its start at which the session is stopped, whatever it does (default 86400)"`
-	IdleAction   string `json:"idle_action,omitempty" jsonschema:"what the idle timeout does: stop (the default: the VM and what it held are gone) or pause (its memory is kept on disk and the next session_exec resumes it)"`
+	IdleAction   string `json:"idle_action,omitempty" jsonschema:"what the idle timeout does: pause (the default: its memory is kept on disk and the next call resumes it) or stop (the VM and what it held are gone)"`
 }
 
 // sessionRunArgs are the arguments session_start shares with
@@ -63,7 +63,7 @@ func sessionStartSchema() *jsonschema.Schema {
 	sc.Properties["idle_timeout_s"].Default = mustJSON(sess.DefaultIdleTimeoutS)
 	sc.Properties["max_lifetime_s"].Default = mustJSON(sess.DefaultMaxLifetimeS)
 	ia := sc.Properties["idle_action"]
-	ia.Enum, ia.Default = []any{sess.IdleStop, sess.IdlePause}, mustJSON(sess.IdleStop)
+	ia.Enum, ia.Default = []any{sess.IdlePause, sess.IdleStop}, mustJSON(sess.IdlePause)
 	return sc
 }
 
@@ -86,6 +86,15 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest, in 
 	if err == nil {
 		spec, err = supervisor.SpecOf(r)
 	}
+	maxS := in.MaxLifetimeS
+	if err == nil {
+		maxS, err = sess.CapLifetime(maxS, maxS > 0, sc.MaxLifetimeS, "max_lifetime_s", sc.LifetimeSetting)
+	}
+	if err == nil {
+		if in.IdleAction != "" {
+			err = sess.CheckIdleAction(in.IdleAction)
+		}
+	}
 	if err != nil {
 		s.log.Info("tool refused", "tool", ToolSessionStart, "err", err)
 		return nil, errors.New(refusalText(ToolSessionStart, err))
@@ -93,7 +102,7 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest, in 
 	if sc.NoBinary != nil {
 		return nil, s.sessionError(ctx, ToolSessionStart, sc.NoBinary)
 	}
-	rec, err := sc.Store.Create(in.Name, spec, in.IdleTimeoutS, in.MaxLifetimeS)
+	rec, err := sc.Store.Create(in.Name, spec, in.IdleTimeoutS, maxS)
 	if err != nil {
 		return nil, s.sessionError(ctx, ToolSessionStart, err)
 	}

@@ -76,6 +76,10 @@ type SessionConfig struct {
 	// AllowExpose registers session_expose on a network listener (on
 	// stdio it always is): its host port opens on this host's loopback.
 	AllowExpose bool
+	// MaxLifetimeS caps a session's max_lifetime_s (0: no cap); the
+	// setting that raises it is LifetimeSetting.
+	MaxLifetimeS    int
+	LifetimeSetting string
 }
 
 // FindIsopod is the isopod binary a server starts supervisors with: the

@@ -47,6 +47,7 @@ func testSessions(t *testing.T, check func(context.Context, sandbox.Request) err
 func TestSessionStartRefusals(t *testing.T) {
 	core, _ := newFakeCore(t)
 	sc, started := testSessions(t, core.CheckVM)
+	sc.MaxLifetimeS, sc.LifetimeSetting = 100, "ISOPOD_SESSION_MAX_LIFETIME_S"
 	s := connect(t, Config{Core: core, Sessions: sc, NoStartupGC: true, GCEvery: -1})
 	for _, c := range []struct {
 		args map[string]any
@@ -56,6 +57,7 @@ func TestSessionStartRefusals(t *testing.T) {
 		{map[string]any{"name": "ss-x"}, "session_start refused: name: "},
 		{map[string]any{"idle_action": "sleep"}, "session_start refused: idle_action: use stop or pause"},
 		{map[string]any{"idle_timeout_s": 0}, "session_start refused: idle_timeout_s: must be at least 1"},
+		{map[string]any{"max_lifetime_s": 101}, "session_start refused: max_lifetime_s 101 is over this host's cap of 100 s (ISOPOD_SESSION_MAX_LIFETIME_S)"},
 		{map[string]any{"vcpus": 3}, "session_start refused: vcpus"},
 		{map[string]any{"network": false, "allow_hosts": []any{"pypi.org"}}, "session_start refused: network: "},
 		{map[string]any{"env": map[string]any{"A=B": "1"}}, "session_start refused: env: "},

@@ -119,6 +119,7 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 	bootCtx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	tBoot := time.Now()
+	r.vmCfg = cfg
 	err := r.vm.Boot(bootCtx, drv, cfg)
 	m, _ := r.vm.Current() // nil: the VMM did not start
 	if m != nil {

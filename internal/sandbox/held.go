@@ -81,7 +81,7 @@ func (s *Service) StartVM(ctx context.Context, req Request) (_ *Held, retErr err
 	if err != nil {
 		return nil, err
 	}
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
+	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log), ownRAM: true}
 	r.warm = s.warmFor(ctx, req, pl)
 	h := &Held{r: r}
 	defer func() {
@@ -135,13 +135,16 @@ func (h *Held) Done() <-chan struct{} {
 
 // ExecBase is what every exec of a held VM starts from.
 type ExecBase struct {
-	Env    []string // the VM's environment, before the exec's own
-	Cwd    string   // the workspace, else the base's working directory
-	LogDir string   // where exec logs go, beside the VM's record
+	Env    []string `json:"env,omitempty"` // the VM's environment, before the exec's own
+	Cwd    string   `json:"cwd,omitempty"` // the workspace, else the base's working directory
+	LogDir string   `json:"log_dir"`       // where exec logs go, beside the VM's record
 }
 
 // ExecBase is what every exec of the held VM starts from.
 func (h *Held) ExecBase() ExecBase {
+	if p := h.r.resumedFrom; p != nil {
+		return p.Exec
+	}
 	return ExecBase{Env: h.r.spec().ExecEnv(nil), Cwd: cmp.Or(h.r.workspaceDir(), h.r.plan.cwd), LogDir: h.r.dir.Path()}
 }
 

@@ -12,6 +12,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
+	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
 	"isopod/internal/workspace"
 )
@@ -50,6 +51,16 @@ type run struct {
 	// unrecord: the run was refused before its VM started; its directory
 	// goes with the cleanup.
 	unrecord bool
+	// vmCfg is the configuration the VMM was started with; ownRAM asks a
+	// resume from the warm pool for RAM of the VM's own (a held VM's,
+	// which a pause snapshots); paused keeps the disks a pause left for
+	// a later resume (pause.go).
+	vmCfg  vmm.Config
+	ownRAM bool
+	paused bool
+	// resumedFrom is what a pause left of a held VM that ResumeVM
+	// brought back.
+	resumedFrom *PausedVM
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (packing the workspace).
 	uncharged time.Duration
@@ -303,6 +314,10 @@ func (r *run) cleanup() {
 		if c != nil {
 			c.Close()
 		}
+	}
+	if r.paused {
+		r.dir.Pause()
+		return
 	}
 	r.closeWorkspace()
 	if r.ready != nil && r.ready.NIC != nil {

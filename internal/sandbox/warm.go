@@ -257,6 +257,8 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	}
 	cfg := warmConfig(r.warm.in, r.dir.Rec.ID, r.dir.Path(), r.dir.Serial, net, r.runDisks().Slots(ph))
 	cfg.Logger = r.s.log
+	cfg.OwnRAM = r.ownRAM
+	r.vmCfg = cfg
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()

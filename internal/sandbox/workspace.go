@@ -220,7 +220,7 @@ func (r *run) closeWorkspace() {
 		os.Remove(r.wsUpper)
 	}
 	r.req.Workspace.release()
-	if r.req.Workspace != nil && r.dir != nil {
+	if (r.req.Workspace != nil || r.resumedFrom != nil && r.resumedFrom.Workspace) && r.dir != nil {
 		workspace.RemoveWork(r.dir.Rec.ID)
 	}
 }

@@ -88,6 +88,10 @@ func (s Store) Call(ctx context.Context, ref string, c Call, d time.Duration) (j
 	if err != nil {
 		return nil, err
 	}
+	if rec.State == StatePaused {
+		return nil, fmt.Errorf("session %s is paused (%s): resume it first (isopod session resume): %w",
+			rec.ID, rec.Reason, errdefs.ErrFailedPrecondition)
+	}
 	if !rec.Live() {
 		return nil, fmt.Errorf("session %s is %s (%s): start a new one: %w",
 			rec.ID, rec.State, rec.Reason, errdefs.ErrFailedPrecondition)

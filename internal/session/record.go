@@ -33,12 +33,16 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateLost     = "lost"
+	// StatePaused: the VM's memory and device state are on disk in the
+	// session's directory (Store.PauseDir), its disks kept; no process
+	// runs for it until a resume.
+	StatePaused = "paused"
 )
 
-// What a session's idle timeout does.
+// What a session does at its idle timeout.
 const (
-	IdleStop  = "stop"
 	IdlePause = "pause"
+	IdleStop  = "stop"
 )
 
 // Defaults of a session's limits.
@@ -98,9 +102,6 @@ type Record struct {
 	Stopped      time.Time `json:"stopped,omitzero"`
 	IdleTimeoutS int       `json:"idle_timeout_s"`
 	MaxLifetimeS int       `json:"max_lifetime_s"`
-	// IdleAction is what the idle timeout does: IdleStop (the default)
-	// or IdlePause.
-	IdleAction string `json:"idle_action,omitempty"`
 	// SupervisorPID and SupervisorStart (field 22 of /proc/PID/stat) name
 	// the supervisor, so that a reused pid is not taken for it.
 	SupervisorPID   int    `json:"supervisor_pid,omitempty"`
@@ -110,6 +111,28 @@ type Record struct {
 	// Exposed are the guest ports relayed on host ports, for the
 	// session's life.
 	Exposed []Exposed `json:"exposed,omitempty"`
+	// IdleAction is what the idle timeout does: IdlePause ("": the same)
+	// or IdleStop.
+	IdleAction string `json:"idle_action,omitempty"`
+	// Paused, PauseMS, MemoryBytes and DiskBytes describe the last pause:
+	// when, how long it took, and the bytes its snapshot and the VM's
+	// disks hold on disk. ResumeMS is how long the last resume took.
+	Paused      time.Time `json:"paused,omitzero"`
+	PauseMS     int64     `json:"pause_ms,omitempty"`
+	MemoryBytes int64     `json:"memory_bytes,omitempty"`
+	DiskBytes   int64     `json:"disk_bytes,omitempty"`
+	ResumeMS    int64     `json:"resume_ms,omitempty"`
+}
+
+// PausesOnIdle reports whether r's idle timeout pauses it.
+func (r *Record) PausesOnIdle() bool { return r.IdleAction != IdleStop }
+
+// CheckIdleAction refuses what is not an idle action.
+func CheckIdleAction(a string) error {
+	if a != IdlePause && a != IdleStop {
+		return fmt.Errorf("idle action %q: want pause or stop: %w", a, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // Exposed is one guest port relayed on a host address.
@@ -130,6 +153,21 @@ func (s Store) Dir() string { return filepath.Join(s.Paths.Home, "sessions") }
 // SessionDir is session id's directory.
 func (s Store) SessionDir(id string) string { return filepath.Join(s.Dir(), id) }
 
+// PauseDir is where a paused session id's snapshot is.
+func (s Store) PauseDir(id string) string { return filepath.Join(s.SessionDir(id), "paused") }
+
+// PausedBytes is what the paused sessions hold on disk, but for the
+// session except.
+func (s Store) PausedBytes(except string) int64 {
+	var n int64
+	for _, r := range s.List() {
+		if r.State == StatePaused && r.ID != except {
+			n += r.MemoryBytes + r.DiskBytes
+		}
+	}
+	return n
+}
+
 // Socket is session id's control socket.
 func (s Store) Socket(id string) string { return filepath.Join(s.SessionDir(id), "ctl.sock") }
 
@@ -137,6 +175,9 @@ var (
 	idRE   = regexp.MustCompile(`^ss-[0-9a-f]{12}$`)
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 )
+
+// ValidID reports whether id has the form of a session id.
+func ValidID(id string) bool { return idRE.MatchString(id) }
 
 // CheckName refuses a name that is not a session name.
 func CheckName(name string) error {
@@ -164,7 +205,7 @@ func (s Store) Create(name string, spec Spec, idleS, maxS int) (*Record, error) 
 			return nil, err
 		}
 		for _, r := range s.List() {
-			if r.Live() && r.Name == name {
+			if (r.Live() || r.State == StatePaused) && r.Name == name {
 				return nil, fmt.Errorf("session name %q is taken by %s: stop it or choose another name: %w", name, r.ID, errdefs.ErrAlreadyExists)
 			}
 		}
@@ -190,7 +231,12 @@ func (s Store) Create(name string, spec Spec, idleS, maxS int) (*Record, error) 
 
 // lock takes the sessions directory's lock until unlock.
 func (s Store) lock() (unlock func(), err error) {
-	f, err := os.OpenFile(filepath.Join(s.Dir(), ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	return s.lockFile(filepath.Join(s.Dir(), ".lock"))
+}
+
+// lockFile takes the lock on the file at path until unlock.
+func (s Store) lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("locking the sessions directory: %w", err)
 	}
@@ -325,12 +371,12 @@ func (s Store) Resolve(ref string) (*Record, error) {
 }
 
 // Prune removes the directories of the sessions that are over (stopped,
-// or lost with their supervisor) and returns their ids. A live session is
-// kept.
+// or lost with their supervisor) and returns their ids. A live or paused
+// session is kept.
 func (s Store) Prune() []string {
 	var removed []string
 	for _, r := range s.List() {
-		if r.Live() {
+		if r.Live() || r.State == StatePaused {
 			continue
 		}
 		if err := os.RemoveAll(s.SessionDir(r.ID)); err == nil {

@@ -102,9 +102,24 @@ func TestLostAndPrune(t *testing.T) {
 	if _, err := st.Create("a", session.Spec{}, 0, 0); err != nil {
 		t.Errorf("a lost session's name: %v; want it free", err)
 	}
+	paused, err := st.Create("c", session.Spec{}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused.State = session.StatePaused
+	paused.SupervisorPID, paused.SupervisorStart = deadPID(t)
+	if err := st.Write(paused); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Create("c", session.Spec{}, 0, 0); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("a paused session's name: %v; want it taken", err)
+	}
 	removed := st.Prune()
 	if len(removed) != 1 || removed[0] != lost.ID {
 		t.Errorf("pruned %v; want only %s", removed, lost.ID)
+	}
+	if r, err := st.Load(paused.ID); err != nil || r.State != session.StatePaused {
+		t.Errorf("the paused session after prune: %+v, %v; want it kept, paused", r, err)
 	}
 	if _, err := os.Stat(st.SessionDir(live.ID)); err != nil {
 		t.Errorf("the live session's directory: %v", err)

@@ -47,6 +47,9 @@ type Settings struct {
 	// CredentialMaxBody caps a request body sent through the credential
 	// endpoint (ISOPOD_CREDENTIAL_MAX_BODY_MIB); 0: the endpoint's default.
 	CredentialMaxBody int64
+	// SessionDiskBudget caps what paused sessions hold on disk together
+	// (ISOPOD_SESSION_DISK_BUDGET_MIB); 0: no cap.
+	SessionDiskBudget int64
 	// ReadyVMs is how many restored, paused VMs a long-lived front end
 	// keeps for each hot shape (ISOPOD_READY_VMS); 0: none.
 	ReadyVMs int

@@ -82,6 +82,14 @@ type Config struct {
 	// state loaded but no guest code running, until its Resume ([Resumer]).
 	// A driver that cannot do this refuses the config.
 	Paused bool
+	// OwnRAM (Restore only): the Machine's guest RAM is a copy of the
+	// snapshot's, in memory of its own shared with the host as a booted
+	// Machine's is, instead of the snapshot's file mapped copy-on-write.
+	// It costs a copy of the snapshot's RAM at restore and leaves the
+	// snapshot free to be removed; the Machine can be snapshotted again
+	// ([Snapshotter]), which a session's pause needs. A driver that cannot
+	// do this refuses the config.
+	OwnRAM bool
 }
 
 // Validate checks what a driver cannot do without.

@@ -49,7 +49,7 @@ func startFiltered(cfg Config) (*Network, error) {
 		return nil, err
 	}
 	n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(cfg.Dir, EgressLogName), Start: cfg.Start,
-		Mode: flightrec.ModeFiltered, Rules: cfg.Rules, Logger: cfg.Logger})
+		Mode: flightrec.ModeFiltered, Rules: cfg.Rules, Logger: cfg.Logger, Continue: cfg.Continue})
 	if err != nil {
 		return nil, err
 	}

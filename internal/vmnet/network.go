@@ -138,6 +138,9 @@ type Config struct {
 	// credential.DefaultMaxBody.
 	CredentialMaxBody int64
 	Logger            *slog.Logger // nil: discard
+	// Continue: the VM resumes after a pause, and its flow log goes on
+	// (appended to, filtered or not).
+	Continue bool
 }
 
 // StartNetwork starts a VM's stack under cfg.Rules: NAT, or filtered
@@ -164,7 +167,7 @@ func Start(cfg Config) (*Network, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(cfg.Dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: cfg.Start, Logger: cfg.Logger}); err != nil {
+	if n.rec, err = flightrec.Open(flightrec.Config{Path: filepath.Join(cfg.Dir, "net.jsonl"), Mode: flightrec.ModeNAT, Start: cfg.Start, Logger: cfg.Logger, Continue: cfg.Continue}); err != nil {
 		return nil, err
 	}
 	hostAddrs, err := netstack.HostAddrs()

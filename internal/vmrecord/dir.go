@@ -75,3 +75,33 @@ func (d *Dir) End(exitCode *int) {
 	d.Rec.ExitCode = exitCode
 	d.Save()
 }
+
+// Pause closes the console log and marks the record paused: its VM's
+// disks stay for a resume (Reopen), and nothing prunes it meanwhile.
+func (d *Dir) Pause() {
+	d.Serial.Close()
+	d.Rec.Paused = true
+	d.Rec.VMMPID, d.Rec.VMMStartTime = 0, 0
+	d.Save()
+}
+
+// Reopen takes over the paused VM directory path for this process: its
+// record owned by it and no longer paused, its console log appended to.
+func Reopen(path string) (*Dir, error) {
+	rec, err := Read(path)
+	if err != nil {
+		return nil, err
+	}
+	con, err := os.OpenFile(filepath.Join(path, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening console log: %w", err)
+	}
+	d := &Dir{path: path, Rec: rec, Serial: machine.NewCappedWriter(con, machine.SerialLogCap)}
+	rec.Paused, rec.Finished = false, false
+	rec.OwnerPID, rec.OwnerStartTime = os.Getpid(), ProcStartTime(os.Getpid())
+	if err := d.Save(); err != nil {
+		con.Close()
+		return nil, err
+	}
+	return d, nil
+}

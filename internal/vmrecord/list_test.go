@@ -106,3 +106,33 @@ func TestSweepSocketDirs(t *testing.T) {
 		t.Errorf("a fresh socket directory was removed: %v", err)
 	}
 }
+
+// TestPausedIsKept: a paused session's VM is busy, so gc neither cleans
+// nor prunes it, whoever owned it.
+func TestPausedIsKept(t *testing.T) {
+	rs := newRecords(t)
+	d, err := NewDir(rs.Paths, []string{"(session)"}, "base-min", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Rec.Created = time.Now().Add(-time.Hour)
+	d.Rec.OwnerPID, d.Rec.OwnerStartTime = 1, 1 // gone
+	d.Pause()
+	scratch := filepath.Join(rs.Paths.VM(d.Rec.ID), "scratch.ext4")
+	if err := os.WriteFile(scratch, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pr := rs.Prune(rs.List(), 0, time.Now(), slog.New(slog.DiscardHandler), rs.CleanLeftovers)
+	if len(pr.Removed) != 0 || !rs.Busy(d.Rec.ID) {
+		t.Errorf("pruned %+v, busy %v; want the paused VM kept", pr, rs.Busy(d.Rec.ID))
+	}
+	if _, err := os.Stat(scratch); err != nil {
+		t.Errorf("the paused VM's scratch disk: %v", err)
+	}
+	if _, err := Reopen(d.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := Read(d.Path()); r.Paused || r.OwnerPID != os.Getpid() {
+		t.Errorf("reopened record %+v; want this process's, not paused", r)
+	}
+}

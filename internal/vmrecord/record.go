@@ -33,6 +33,9 @@ type Record struct {
 	VMMStartTime   uint64 `json:"vmm_start_time,omitempty"`
 
 	Finished bool `json:"finished"`
+	// Paused: a paused session holds the VM (its disks, its snapshot) for
+	// a later resume; nothing removes it meanwhile.
+	Paused   bool `json:"paused,omitempty"`
 	ExitCode *int `json:"exit_code,omitempty"`
 	// Staging lists copy-out staging files while they exist, so that
 	// `isopod vm gc` can remove them if this run's process dies.
@@ -129,11 +132,11 @@ func (r *Record) VMMRunning() bool {
 	return Alive(r.VMMPID, r.VMMStartTime)
 }
 
-// Busy reports whether r still belongs to a run: its VMM runs, or it is
+// Busy reports whether r still belongs to a run: it is paused, its VMM runs, or it is
 // unfinished and its owner lives (a run between boots, or one whose VMM
 // has not started yet).
 func (r *Record) Busy() bool {
-	return r.VMMRunning() || (!r.Finished && Alive(r.OwnerPID, r.OwnerStartTime))
+	return r.Paused || r.VMMRunning() || (!r.Finished && Alive(r.OwnerPID, r.OwnerStartTime))
 }
 
 // Prunable reports whether r may be removed past keep-last: nothing runs

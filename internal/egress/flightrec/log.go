@@ -43,6 +43,9 @@ type Config struct {
 	// 0 means DefaultMaxEvents.
 	MaxEvents int
 	Logger    *slog.Logger
+	// Continue appends to the file in either mode: the VM resumes after a
+	// pause and its log goes on.
+	Continue bool
 }
 
 // Validate checks c.
@@ -120,7 +123,7 @@ func Open(cfg Config) (*Log, error) {
 	}
 	cfg = cfg.Defaults()
 	flag := os.O_APPEND
-	if cfg.Mode == ModeFiltered {
+	if cfg.Mode == ModeFiltered && !cfg.Continue {
 		flag = os.O_TRUNC
 	}
 	out, err := openJSONL(cfg.Path, flag, cfg.MaxEvents, cfg.Logger)

@@ -260,3 +260,29 @@ func TestDNSNeverTheGateway(t *testing.T) {
 		}
 	}
 }
+
+// TestLogContinue: a filtered log starts afresh, unless it continues a VM
+// resumed after a pause.
+func TestLogContinue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	write := func(cont bool) {
+		t.Helper()
+		l, err := Open(Config{Path: path, Mode: ModeFiltered, Continue: cont})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Record(Event{Proto: egress.ProtoTCP, Dst: netip.MustParseAddr("203.0.113.10"), Port: 443, Reason: egress.ReasonNotAllowed})
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(false)
+	write(true)
+	if n := len(readEvents(t, path)); n != 2 {
+		t.Errorf("%d lines after a continued log; want 2", n)
+	}
+	write(false)
+	if n := len(readEvents(t, path)); n != 1 {
+		t.Errorf("%d lines after a fresh log; want 1", n)
+	}
+}

@@ -41,6 +41,10 @@ func (s *sup) call(ctx context.Context, c session.Call) (any, error) {
 		return s.expose(c)
 	case session.OpCommit:
 		return s.commit(ctx, c)
+	case session.OpPause:
+		return s.pauseCall()
+	case session.OpFork:
+		return s.forkCall(ctx, c)
 	case session.OpStop:
 		s.requestStop("stopped by a stop call")
 		<-s.ended
@@ -210,17 +214,23 @@ func (s *sup) expose(c session.Call) (any, error) {
 		return nil, fmt.Errorf("listening on host port %d: %w: %w", c.HostPort, err, errdefs.ErrFailedPrecondition)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
+	s.relay(c.GuestPort, ln)
+	return session.Reply{OK: true, SessionID: s.o.ID, GuestPort: c.GuestPort, HostPort: port, Address: ln.Addr().String()}, nil
+}
+
+// relay relays connections accepted on ln to guestPort for the session's
+// life, and lists it in the record.
+func (s *sup) relay(guestPort int, ln net.Listener) {
 	s.mu.Lock()
-	s.rec.Exposed = append(s.rec.Exposed, session.Exposed{GuestPort: c.GuestPort, Address: ln.Addr().String()})
+	s.rec.Exposed = append(s.rec.Exposed, session.Exposed{GuestPort: guestPort, Address: ln.Addr().String()})
 	s.mu.Unlock()
 	s.exposes.Add(1)
 	go func() {
 		defer s.exposes.Done()
-		if err := s.vm.Expose(s.exposeCtx, c.GuestPort, &busyListener{Listener: ln, s: s}); err != nil {
-			s.log.Warn("exposing a guest port", "port", c.GuestPort, "err", err)
+		if err := s.vm.Expose(s.exposeCtx, guestPort, &busyListener{Listener: ln, s: s}); err != nil {
+			s.log.Warn("exposing a guest port", "port", guestPort, "err", err)
 		}
 	}()
-	return session.Reply{OK: true, SessionID: s.o.ID, GuestPort: c.GuestPort, HostPort: port, Address: ln.Addr().String()}, nil
 }
 
 // busyListener counts each connection it accepts as a call in progress

@@ -45,6 +45,18 @@ type Options struct {
 	// boot timeout while other processes hold them; release gives it
 	// back once the VM is gone. A paused session holds none.
 	Place func(ctx context.Context) (release func(), err error)
+	// Resume restores the session's VM from its pause snapshot instead of
+	// starting it.
+	Resume bool
+	// ForkFrom (with Resume) names the session whose VM this one's is a
+	// copy of: its pause is copied, or its running VM snapshotted, into
+	// this session's pause directory first (fork.go).
+	ForkFrom string
+	// DiskBudget caps what paused sessions hold on disk together (bytes;
+	// 0: no cap): a pause over it is refused, an idle pause over it stops
+	// the session instead. BudgetSetting names the setting that raises it.
+	DiskBudget    int64
+	BudgetSetting string
 }
 
 // sup is one running supervisor.
@@ -60,6 +72,13 @@ type sup struct {
 	lastUsed time.Time
 	stopWhy  string
 	release  func() // gives the VM's place back; nil: none held
+	// ending: the session is about to end (a stop, a pause, the idle
+	// timeout); calls that come now are turned away (enter).
+	ending bool
+	// pause: the session ends paused, not stopped (pause.go); pauseErr
+	// is why a pause failed.
+	pause    bool
+	pauseErr error
 
 	stop     chan struct{} // closed by requestStop
 	stopOnce sync.Once
@@ -86,6 +105,11 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	s := &sup{o: o, log: log, rec: rec, t0: time.Now(), lastUsed: time.Now(), stop: make(chan struct{}), ended: make(chan struct{})}
+	if o.Resume && o.ForkFrom == "" {
+		// The maximum lifetime counts from the session's start, pauses
+		// included.
+		s.t0 = rec.Created
+	}
 	rec.SupervisorPID = os.Getpid()
 	rec.SupervisorStart = vmrecord.ProcStartTime(rec.SupervisorPID)
 	if err := o.Store.Write(rec); err != nil {
@@ -93,22 +117,28 @@ func Run(ctx context.Context, o Options) error {
 	}
 	ln, err := s.start(ctx)
 	if err != nil {
-		s.finish(session.StateStopped, "the VM could not start: "+err.Error())
+		s.notStarted(err)
 		s.ready(err)
 		return err
 	}
 	s.ready(nil)
 	s.exposeCtx, s.exposeCancel = context.WithCancel(context.Background())
+	s.reexpose()
 	go s.serve(ln)
 	why := s.wait(ctx)
 	ln.Close()
 	s.exposeCancel()
-	s.vm.Close()
+	state := session.StateStopped
+	if s.pausing() {
+		state, why = s.pauseVM(why)
+	} else {
+		s.vm.Close()
+	}
 	s.exposes.Wait()
 	o.Service.Wait()
 	s.releasePlace()
 	os.Remove(o.Store.Socket(o.ID))
-	s.finish(session.StateStopped, why)
+	s.finish(state, why)
 	close(s.ended)
 	// A stop call answers with the final state: let it go out.
 	waitBounded(&s.handlers, 5*time.Second)
@@ -141,11 +171,19 @@ func (s *sup) start(ctx context.Context) (_ net.Listener, retErr error) {
 			s.releasePlace()
 		}
 	}()
-	h, err := s.o.Service.StartVM(ctx, s.o.Request)
+	var h *sandbox.Held
+	var err error
+	if s.o.Resume {
+		h, err = s.resumeVM(ctx)
+	} else {
+		h, err = s.o.Service.StartVM(ctx, s.o.Request)
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.vm = NewVM(h)
+	// Exec logs are numbered on across a pause.
+	s.vm.execs = s.rec.Execs
 	sock := s.o.Store.Socket(s.o.ID)
 	os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
@@ -233,9 +271,10 @@ func (s *sup) wait(ctx context.Context) string {
 			}
 			s.mu.Lock()
 			quiet := s.active == 0 && now.Sub(s.lastUsed) >= idle
+			s.ending = s.ending || quiet
 			s.mu.Unlock()
 			if quiet {
-				return fmt.Sprintf("idle for %d s (its idle timeout)", s.rec.IdleTimeoutS)
+				return s.idleEnd()
 			}
 		}
 	}
@@ -245,7 +284,7 @@ func (s *sup) wait(ctx context.Context) string {
 func (s *sup) requestStop(why string) {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()
-		s.stopWhy = why
+		s.stopWhy, s.ending = why, true
 		s.mu.Unlock()
 		close(s.stop)
 	})
@@ -255,7 +294,10 @@ func (s *sup) requestStop(why string) {
 func (s *sup) finish(state, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rec.State, s.rec.Reason, s.rec.Stopped = state, why, time.Now().UTC()
+	s.rec.State, s.rec.Reason = state, why
+	if state != session.StatePaused {
+		s.rec.Stopped = time.Now().UTC()
+	}
 	if s.vm != nil {
 		s.rec.Execs = s.vm.Execs()
 	}
@@ -306,6 +348,19 @@ func (s *sup) busy() {
 	s.mu.Unlock()
 }
 
+// enter counts a call in progress, as busy, unless the session is about
+// to end: a call that comes while it pauses or stops is turned away
+// (unavailable) rather than cut short.
+func (s *sup) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ending {
+		return false
+	}
+	s.active++
+	return true
+}
+
 // idle ends what busy counted and notes the session's last use.
 func (s *sup) idle() {
 	s.mu.Lock()
@@ -329,8 +384,11 @@ func (s *sup) handle(conn net.Conn) {
 		return
 	}
 	conn.SetReadDeadline(time.Time{})
-	s.busy()
-	defer s.idle()
+	if !s.enter() {
+		session.WriteAnswer(conn, nil, fmt.Errorf("session %s is pausing or stopping: call again once it has (a call resumes a paused session): %w",
+			s.o.ID, errdefs.ErrUnavailable))
+		return
+	}
 	// A call ends when the VM does; the caller going away ends it too.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -345,5 +403,8 @@ func (s *sup) handle(conn net.Conn) {
 	if err != nil {
 		s.log.Debug("call failed", "op", c.Op, "err", err)
 	}
+	// The call is over before its caller hears of it: a pause the caller
+	// sends next finds no call in progress.
+	s.idle()
 	session.WriteAnswer(conn, res, err)
 }

@@ -32,6 +32,8 @@ type started struct {
 	rec   *session.Record
 	done  chan error
 	drv   *vmmfake.Driver
+	svc   *sandbox.Service
+	opts  func(*supervisor.Options)
 }
 
 // start runs a supervisor for a new session with idle timeout idleS and
@@ -43,6 +45,13 @@ func start(t *testing.T, idleS int) *started {
 
 // startLimits is start with a maximum lifetime too.
 func startLimits(t *testing.T, idleS, maxS int) *started {
+	t.Helper()
+	return startWith(t, idleS, maxS, nil)
+}
+
+// startWith is startLimits with the supervisor's options set by opts
+// (nil: none) and the record by rec.
+func startWith(t *testing.T, idleS, maxS int, opts func(*supervisor.Options), recOpts ...func(*session.Record)) *started {
 	t.Helper()
 	p, kernel := sandboxtest.Root(t, image.FlavorBaseMin)
 	d, err := vmmfake.New(vmmfake.Config{})
@@ -58,16 +67,13 @@ func startLimits(t *testing.T, idleS, maxS int) *started {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
+	for _, o := range recOpts {
+		o(rec)
+	}
+	if err := st.Write(rec); err != nil {
 		t.Fatal(err)
 	}
-	defer pr.Close()
-	s := &started{store: st, rec: rec, done: make(chan error, 1), drv: d}
-	go func() {
-		s.done <- supervisor.Run(context.Background(), supervisor.Options{Service: svc, Store: st, ID: rec.ID,
-			Request: sandbox.Request{NoNetwork: true}, Ready: pw})
-	}()
+	s := &started{store: st, rec: rec, done: make(chan error, 1), drv: d, svc: svc, opts: opts}
 	t.Cleanup(func() {
 		s.call(t, session.Call{Op: session.OpStop})
 		select {
@@ -85,13 +91,34 @@ func startLimits(t *testing.T, idleS, maxS int) *started {
 			}
 		}
 	})
+	if a := s.run(t, false); !a.OK {
+		t.Fatalf("ready: %+v", a)
+	}
+	return s
+}
+
+// run runs the session's supervisor (resuming its VM when resume is set)
+// and returns its ready answer.
+func (s *started) run(t *testing.T, resume bool) session.Answer {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	o := supervisor.Options{Service: s.svc, Store: s.store, ID: s.rec.ID,
+		Request: sandbox.Request{NoNetwork: true}, Ready: pw, Resume: resume}
+	if s.opts != nil {
+		s.opts(&o)
+	}
+	go func() { s.done <- supervisor.Run(context.Background(), o) }()
 	pr.SetReadDeadline(time.Now().Add(30 * time.Second))
 	line, err := bufio.NewReader(pr).ReadBytes('\n')
 	var a session.Answer
-	if err != nil || json.Unmarshal(line, &a) != nil || !a.OK {
+	if err != nil || json.Unmarshal(line, &a) != nil {
 		t.Fatalf("ready: %q, %v", line, err)
 	}
-	return s
+	return a
 }
 
 func (s *started) call(t *testing.T, c session.Call) (json.RawMessage, error) {
@@ -195,15 +222,24 @@ func TestSupervisor(t *testing.T) {
 	}
 }
 
-// A session nobody calls stops at its idle timeout.
+// A session nobody calls pauses at its idle timeout, or stops when its
+// idle action says so.
 func TestSupervisorIdleTimeout(t *testing.T) {
 	s := start(t, 1)
+	s.endsIn(t, session.StatePaused, "idle")
+	s = startWith(t, 1, 0, nil, func(r *session.Record) { r.IdleAction = session.IdleStop })
 	s.endsBy(t, "idle")
 }
 
 // endsBy waits for the supervisor to end by itself and checks the reason
 // its record gives.
 func (s *started) endsBy(t *testing.T, reason string) {
+	t.Helper()
+	s.endsIn(t, session.StateStopped, reason)
+}
+
+// endsIn is endsBy with the final state given.
+func (s *started) endsIn(t *testing.T, state, reason string) {
 	t.Helper()
 	select {
 	case err := <-s.done:
@@ -212,8 +248,8 @@ func (s *started) endsBy(t *testing.T, reason string) {
 		t.Fatalf("the session did not end (want: %s)", reason)
 	}
 	r, err := s.store.Load(s.rec.ID)
-	if err != nil || r.State != session.StateStopped || !strings.Contains(r.Reason, reason) {
-		t.Errorf("record: %+v, %v; want stopped, %s", r, err, reason)
+	if err != nil || r.State != state || !strings.Contains(r.Reason, reason) {
+		t.Errorf("record: %+v, %v; want %s, %s", r, err, state, reason)
 	}
 }
 
@@ -263,7 +299,7 @@ func TestSupervisorExposedConnIsNotIdle(t *testing.T) {
 	}
 	c.Close()
 	guest.Close()
-	s.endsBy(t, "idle")
+	s.endsIn(t, session.StatePaused, "idle")
 }
 
 // A connection that never sends its call is dropped, and does not keep
@@ -280,7 +316,7 @@ func TestSupervisorSilentConnection(t *testing.T) {
 	if _, err := io.ReadAll(conn); err != nil {
 		t.Errorf("the silent connection was not ended by the supervisor: %v", err)
 	}
-	s.endsBy(t, "idle")
+	s.endsIn(t, session.StatePaused, "idle")
 }
 
 // A commit call answers the stage the session's filesystem was stored as;

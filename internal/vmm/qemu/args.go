@@ -34,6 +34,9 @@ type launch struct {
 	// share it copy-on-write.
 	memPath  string
 	restored bool
+	// ownRAM (a restore, vmm.Config.OwnRAM): memPath is the host's memfd
+	// holding a copy of the snapshot's RAM, shared like a boot's.
+	ownRAM bool
 	// romOff (a restore) maps memPath, opened read-only, as writable
 	// private RAM: readonly=on,rom=off (QEMU 8.2 and later).
 	romOff bool
@@ -154,8 +157,8 @@ func buildArgs(cfg *vmm.Config, l launch) []string {
 	}
 	a = append(a, "-smp", strconv.Itoa(cfg.VCPUs))
 	mem := fmt.Sprintf("memory-backend-file,id=mem0,size=%dM,mem-path=%s,share=%s",
-		cfg.MemMiB, escapeOpt(l.memPath), onOff(!l.restored))
-	if l.restored && l.romOff {
+		cfg.MemMiB, escapeOpt(l.memPath), onOff(!l.restored || l.ownRAM))
+	if l.restored && !l.ownRAM && l.romOff {
 		mem += ",readonly=on,rom=off"
 	}
 	a = append(a,

@@ -264,3 +264,47 @@ func TestSealedCacheStart(t *testing.T) {
 		t.Errorf("a replaced file: same copy %v, size %d; want a new copy of 4096 bytes", os.SameFile(st, other), other.Size())
 	}
 }
+
+// TestOwnRAM: a restore with RAM of its own maps a memfd the host filled
+// with the snapshot's RAM, shared (so it can be snapshotted again), never
+// the snapshot's file, jailed or not; a snapshot of another size is
+// refused.
+func TestOwnRAM(t *testing.T) {
+	dir := t.TempDir()
+	cfg := baseConfig()
+	size := int64(cfg.MemMiB) << 20
+	path := filepath.Join(dir, "memory")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(size)
+	f.WriteAt([]byte("guest page"), 1<<20)
+	f.Close()
+	cfg.OwnRAM = true
+	l := launch{restored: true, romOff: true}
+	mf := &machineFiles{}
+	defer mf.closeAll()
+	if err := ownRAM(&cfg, &l, mf, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := mf.waitRAM(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 10)
+	mf.mem.ReadAt(got, 1<<20)
+	st, _ := os.Stat(path)
+	mst, _ := mf.mem.Stat()
+	if string(got) != "guest page" || os.SameFile(st, mst) || mf.mem == nil {
+		t.Errorf("own RAM reads %q (the file itself: %v); want a copy of the snapshot's", got, os.SameFile(st, mst))
+	}
+	argv := strings.Join(buildArgs(&cfg, l), " ")
+	if !strings.Contains(argv, "mem-path=/proc/self/fd/") || !strings.Contains(argv, ",share=on") || strings.Contains(argv, "rom=off") {
+		t.Errorf("argv %s; want the memfd, shared, writable", argv)
+	}
+	small := cfg
+	small.MemMiB = cfg.MemMiB * 2
+	if err := ownRAM(&small, &launch{restored: true}, &machineFiles{}, path); err == nil {
+		t.Error("a snapshot of another size was taken as RAM")
+	}
+}

@@ -25,6 +25,8 @@ type State struct {
 	EntropyCalls int `json:"entropy_calls"`
 	// LastSeed is the last entropy the host added (not kept in snapshots).
 	LastSeed []byte `json:"-"`
+	// BootID is the last boot id the host set ("": the boot's own).
+	BootID string `json:"boot_id,omitempty"`
 	// Syncs counts disk syncs (a Halt with Sync).
 	Syncs int `json:"syncs"`
 	// Mount is the root the host asked for (nil: not yet).
@@ -106,6 +108,13 @@ func (s *System) AddEntropy(seed []byte) error {
 	s.st.EntropyBytes += len(seed)
 	s.st.LastSeed = append([]byte(nil), seed...)
 	s.st.EntropyCalls++
+	return nil
+}
+
+func (s *System) SetBootID(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.BootID = id
 	return nil
 }
 
