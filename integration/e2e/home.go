@@ -398,6 +398,9 @@ func userStateRoot() (string, error) {
 	return s.Paths.Home, nil
 }
 
+// testMaxVMs is the VM places of a test binary's private home.
+const testMaxVMs = 16
+
 // PrivateHome runs m with $ISOPOD_HOME, for the test process and every
 // process it starts, set to a private [Home] linked to the user's state
 // root, and returns the exit code. A test package that runs isopod, in
@@ -420,6 +423,12 @@ func privateHome(m *testing.M, prep func() error) int {
 	}
 	HomeDir, SourceHome = h.Dir, h.Source
 	os.Setenv(knobs.Home, h.Dir)
+	// A package's tests run their VMs side by side, more of them than the
+	// host's default VM places (one per core under TCG); the tests of the
+	// places themselves set their own limit.
+	if _, ok := os.LookupEnv(knobs.MaxVMs); !ok {
+		os.Setenv(knobs.MaxVMs, strconv.Itoa(testMaxVMs))
+	}
 	code := 1
 	if prep != nil {
 		if err := prep(); err != nil {
