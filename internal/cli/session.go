@@ -1,19 +1,21 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
-	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/machine"
 	"isopod/internal/session"
 	"isopod/internal/session/supervisor"
 )
@@ -31,7 +33,6 @@ func newSessionCmd(e *env) *cobra.Command {
 		newSessionStartCmd(e), newSessionExecCmd(e), newSessionJobCmd(e), newSessionJobsCmd(e),
 		newSessionCpCmd(e), newSessionExposeCmd(e), newSessionCommitCmd(e), newSessionStopCmd(e), newSessionLsCmd(e),
 		newSessionPauseCmd(e), newSessionResumeCmd(e), newSessionForkCmd(e))
-	c.Hidden = true
 	return c
 }
 
@@ -64,6 +65,7 @@ func (e *env) callSession(cmd *cobra.Command, ref string, c session.Call, d time
 func newSessionExecCmd(e *env) *cobra.Command {
 	var c session.Call
 	var stdinFile string
+	var copyOuts []string
 	cmd := &cobra.Command{
 		Use:   "exec ID|NAME [flags] -- ARGV...",
 		Short: "Run a command in a session (what it leaves running stays); --detach starts a background job",
@@ -83,11 +85,19 @@ func newSessionExecCmd(e *env) *cobra.Command {
 					return err
 				}
 			}
-			_, err := e.callSession(cmd, args[0], c, time.Duration(max(c.TimeoutS, 120))*time.Second+callMargin)
-			return err
+			pairs, err := copyOutPairs(copyOuts, c.Detach)
+			if err != nil {
+				return err
+			}
+			res, err := e.callSession(cmd, args[0], c, time.Duration(max(c.TimeoutS, 120))*time.Second+callMargin)
+			if err != nil || len(pairs) == 0 {
+				return err
+			}
+			return e.execCopyOuts(cmd, args[0], res, pairs)
 		},
 	}
 	f := cmd.Flags()
+	f.StringArrayVar(&copyOuts, "copy-out", nil, "GUEST:HOST: after the command (unless it timed out), copy a guest file to the host as run's --copy-out does (at most 64 MiB each); repeatable")
 	f.IntVar(&c.TimeoutS, "timeout-s", 120, "seconds before the guest kills the command: 1 to 3600 (a detached job: none unless set)")
 	f.StringArrayVar(&c.Env, "env", nil, "KEY=VALUE for the command; repeatable")
 	f.StringVar(&c.Cwd, "cwd", "", "working directory in the guest (default: the session's)")
@@ -95,6 +105,54 @@ func newSessionExecCmd(e *env) *cobra.Command {
 	f.BoolVar(&c.Detach, "detach", false, "start a background job and print its job_id (see isopod session job)")
 	f.BoolVar(&c.Shell, "shell", false, "ARGV is one shell command line for /bin/sh -c")
 	return cmd
+}
+
+// copyOutPairs checks exec's --copy-out values before anything runs: each
+// GUEST:HOST with an absolute guest path and a host destination that can
+// be written.
+func copyOutPairs(vals []string, detach bool) ([][2]string, error) {
+	if detach && len(vals) > 0 {
+		return nil, fmt.Errorf("--copy-out copies after the command, which --detach does not wait for: copy with isopod session cp once the job ended: %w", errdefs.ErrInvalidArgument)
+	}
+	var pairs [][2]string
+	for _, v := range vals {
+		g, h, ok := strings.Cut(v, ":")
+		if !ok || !strings.HasPrefix(g, "/") || h == "" {
+			return nil, fmt.Errorf("--copy-out %q: want GUEST:HOST with an absolute guest path: %w", v, errdefs.ErrInvalidArgument)
+		}
+		if err := (hostio.Operator{}).CheckCopyOut("--copy-out", h); err != nil {
+			return nil, err
+		}
+		pairs = append(pairs, [2]string{g, h})
+	}
+	return pairs, nil
+}
+
+// execCopyOuts copies an exec's --copy-out files once it ended (not when
+// it timed out), and adds them to its report as copy_out.
+func (e *env) execCopyOuts(cmd *cobra.Command, ref string, res json.RawMessage, pairs [][2]string) error {
+	var rep struct {
+		TimedOut bool `json:"timed_out"`
+	}
+	if err := json.Unmarshal(res, &rep); err != nil {
+		return fmt.Errorf("reading the exec's report: %w", err)
+	}
+	if rep.TimedOut {
+		e.result = res
+		return nil
+	}
+	copies := []copiedOut{}
+	for _, p := range pairs {
+		c, err := e.copyOut(cmd, ref, p[0], p[1])
+		if err != nil {
+			return fmt.Errorf("--copy-out %s:%s (the command ran): %w", p[0], p[1], err)
+		}
+		copies = append(copies, c)
+	}
+	b, _ := json.Marshal(copies)
+	body := bytes.TrimRight(res, " \n")
+	e.result = json.RawMessage(append(append(append(body[:len(body)-1:len(body)-1], []byte(`,"copy_out":`)...), b...), '}'))
+	return nil
 }
 
 // readCapped reads r whole, refusing more than session.MaxFileBytes.
@@ -150,7 +208,14 @@ func newSessionCpCmd(e *env) *cobra.Command {
 			case src == nil && dst != nil:
 				return e.copyIn(cmd, args[0], dst[1], dst[2])
 			case src != nil && dst == nil:
-				return e.copyOut(cmd, src[1], src[2], args[1])
+				c, err := e.copyOut(cmd, src[1], src[2], args[1])
+				if err == nil {
+					e.result = struct {
+						OK bool `json:"ok"`
+						copiedOut
+					}{true, c}
+				}
+				return err
 			}
 			return fmt.Errorf("cp %s %s: exactly one side must be ID|NAME:/guest/path: %w", args[0], args[1], errdefs.ErrInvalidArgument)
 		},
@@ -175,66 +240,51 @@ func (e *env) copyIn(cmd *cobra.Command, host, ref, guest string) error {
 	return err
 }
 
+// copiedOut is one copy of a guest file to the host.
+type copiedOut struct {
+	Guest string `json:"guest"`
+	Host  string `json:"host"`
+	Bytes int    `json:"bytes"`
+}
+
 // copyOut writes a guest file to host under run's copy-out rules: the
-// destination's directory is opened and checked first, the file is
-// written beside it and renamed into place.
-func (e *env) copyOut(cmd *cobra.Command, ref, guest, host string) error {
+// destination's directory is opened and checked first; a regular file is
+// written beside it and renamed into place, a character device or FIFO
+// written through, never replaced.
+func (e *env) copyOut(cmd *cobra.Command, ref, guest, host string) (copiedOut, error) {
+	out := copiedOut{Guest: guest, Host: host}
 	dir, err := hostio.Operator{}.OpenCopyOut("cp", host)
 	if err != nil {
-		return err
+		return out, err
 	}
 	defer dir.Close()
 	res, err := e.callSession(cmd, ref, session.Call{Op: session.OpGet, Path: guest}, callMargin)
 	if err != nil {
-		return err
+		return out, err
 	}
 	var got supervisor.GetResult
 	if err := json.Unmarshal(res, &got); err != nil {
-		return fmt.Errorf("reading the supervisor's answer: %w", err)
+		return out, fmt.Errorf("reading the supervisor's answer: %w", err)
 	}
 	mode := fs.FileMode(got.Mode).Perm()
 	if mode == 0 {
 		mode = 0o644
 	}
-	if err := writeAt(dir, filepath.Base(host), got.Data, mode); err != nil {
-		return fmt.Errorf("writing %s: %w", host, err)
-	}
-	e.result = struct {
-		OK    bool   `json:"ok"`
-		Guest string `json:"guest"`
-		Host  string `json:"host"`
-		Bytes int    `json:"bytes"`
-	}{true, guest, host, len(got.Data)}
-	return nil
-}
-
-// writeAt writes data to name in dir through a temporary file renamed
-// into place, so that the destination is whole or untouched.
-func writeAt(dir interface{ Fd() uintptr }, name string, data []byte, mode fs.FileMode) error {
-	dfd := int(dir.Fd())
-	tmp := ".isopod-cp-" + name
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
+	ctx, cancel := context.WithTimeout(cmd.Context(), callMargin)
+	defer cancel()
+	d, err := machine.Stage(ctx, machine.GetFile{Guest: guest, Host: host, HostDir: dir})
 	if err != nil {
-		return err
+		return out, err
 	}
-	for b := data; len(b) > 0; {
-		n, err := unix.Write(fd, b)
-		if err != nil {
-			unix.Close(fd)
-			unix.Unlinkat(dfd, tmp, 0)
-			return err
-		}
-		b = b[n:]
+	if _, err := d.WriteAt(got.Data, 0); err != nil {
+		d.Abort()
+		return out, fmt.Errorf("writing %s: %w", host, err)
 	}
-	if err := unix.Close(fd); err != nil {
-		unix.Unlinkat(dfd, tmp, 0)
-		return err
+	if err := d.Commit(int64(len(got.Data)), mode); err != nil {
+		return out, fmt.Errorf("writing %s: %w", host, err)
 	}
-	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
-		unix.Unlinkat(dfd, tmp, 0)
-		return err
-	}
-	return nil
+	out.Bytes = len(got.Data)
+	return out, nil
 }
 
 func newSessionExposeCmd(e *env) *cobra.Command {
