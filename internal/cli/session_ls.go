@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"time"
 
 	"isopod/internal/admission"
 	"isopod/internal/ledger"
@@ -17,6 +18,10 @@ type sessionRow struct {
 	*session.Record
 	MemoryMiB int   `json:"memory_mib"`
 	DiskBytes int64 `json:"disk_bytes"`
+	// AgeS is the seconds since the session started; IdleS since its
+	// last call.
+	AgeS  int64 `json:"age_s"`
+	IdleS int64 `json:"idle_s"`
 }
 
 // sessionList is `isopod session ls`'s answer: every session, and what
@@ -43,8 +48,10 @@ func (e *env) sessionList(recs []*session.Record) sessionList {
 		}
 	}
 	out := sessionList{OK: true, Sessions: []sessionRow{}}
+	now := time.Now()
 	for _, rec := range recs {
-		row := sessionRow{Record: rec, DiskBytes: st.DiskBytes(rec.ID)}
+		row := sessionRow{Record: rec, DiskBytes: st.DiskBytes(rec.ID),
+			AgeS: int64(now.Sub(rec.Created).Seconds()), IdleS: int64(now.Sub(cmp.Or(rec.LastUsed, rec.Created)).Seconds())}
 		if rec.State == session.StateRunning {
 			// A session started before the ledger counts as the ledger
 			// would count it.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"isopod/internal/ledger"
 	"isopod/internal/paths"
@@ -11,7 +12,8 @@ import (
 )
 
 // session ls gives each session the memory its running VM holds (the
-// ledger's count) and the disk its directory takes, and their totals.
+// ledger's count), the disk its directory takes, its age and idle time,
+// and their totals.
 func TestSessionLsHolds(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("ISOPOD_HOME", home)
@@ -22,6 +24,7 @@ func TestSessionLsHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	running.State, running.SupervisorPID = session.StateRunning, os.Getpid()
+	running.Created, running.LastUsed = time.Now().Add(-time.Hour), time.Now().Add(-time.Minute)
 	running.SupervisorStart = ledger.ProcStart(os.Getpid())
 	if err := st.Write(running); err != nil {
 		t.Fatal(err)
@@ -60,6 +63,9 @@ func TestSessionLsHolds(t *testing.T) {
 	}
 	if got := byName["up"]["memory_mib"]; got != float64(1024) {
 		t.Errorf("a running session holds %v MiB; want 1024 (256 + the VMM's 768)", got)
+	}
+	if age, idle := byName["up"]["age_s"].(float64), byName["up"]["idle_s"].(float64); age < 3600 || age > 3700 || idle < 60 || idle > 160 {
+		t.Errorf("age_s %v, idle_s %v; want about 3600 and 60", age, idle)
 	}
 	if got := byName["down"]["memory_mib"]; got != float64(0) {
 		t.Errorf("a stopped session holds %v MiB; want 0", got)
