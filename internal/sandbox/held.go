@@ -160,6 +160,11 @@ func (h *Held) Died(ctx context.Context, err error) (bool, string) {
 	return true, h.r.vm.Died(h.r.rep.SerialLogPath)
 }
 
+// Egress is the held VM's egress summary (a filtered VM's: its counts
+// since it started or resumed, and its egress record, which a resumed
+// session's VM continues), once Close returned; nil without one.
+func (h *Held) Egress() any { return h.r.rep.Egress }
+
 // Close kills the VMM and tears the VM down (in the background when the
 // Service was told to; Service.Wait waits for it). Idempotent.
 func (h *Held) Close() {

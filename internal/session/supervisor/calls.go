@@ -64,14 +64,20 @@ type Final struct {
 	VMID      string  `json:"vm_id"`
 	LifetimeS float64 `json:"lifetime_s"`
 	Execs     int     `json:"execs"`
+	// Egress is a filtered session's egress summary, as a run reports it.
+	Egress any `json:"egress,omitempty"`
 }
 
 func (s *sup) final() Final {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.rec
-	return Final{OK: true, SessionID: r.ID, Name: r.Name, State: r.State, Reason: r.Reason, VMID: r.VMID,
+	f := Final{OK: true, SessionID: r.ID, Name: r.Name, State: r.State, Reason: r.Reason, VMID: r.VMID,
 		LifetimeS: r.Stopped.Sub(r.Created).Seconds(), Execs: r.Execs}
+	if s.vm != nil {
+		f.Egress = s.vm.Egress()
+	}
+	return f
 }
 
 // snapshot is the session's record now.
