@@ -41,19 +41,8 @@ func newSessionStartCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if idleS < 0 || maxS < 0 {
-				return fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
-			}
-			if maxS, err = session.CapLifetime(maxS, cmd.Flags().Changed("max-lifetime-s"), e.settings.SessionMaxLifetimeS, "--max-lifetime-s", knobs.SessionMaxLifetimeS); err != nil {
+			if maxS, err = e.checkStart(cmd, idleS, maxS, idleAction, name); err != nil {
 				return err
-			}
-			if err := session.CheckIdleAction(idleAction); err != nil {
-				return err
-			}
-			if name != "" {
-				if err := session.CheckName(name); err != nil {
-					return err
-				}
 			}
 			spec, err := supervisor.SpecOf(o.req)
 			if err != nil {
@@ -108,6 +97,27 @@ func newSessionStartCmd(e *env) *cobra.Command {
 	c.Flags().StringVar(&idleAction, "idle-action", session.IdlePause, "what the idle timeout does: pause (a later call resumes it) or stop")
 	c.Flags().IntVar(&maxS, "max-lifetime-s", session.DefaultMaxLifetimeS, "stop the session this many seconds after it started")
 	return c
+}
+
+// checkStart refuses session start's own flags that can never work and
+// returns the maximum lifetime under this host's cap.
+func (e *env) checkStart(cmd *cobra.Command, idleS, maxS int, idleAction, name string) (int, error) {
+	if idleS < 0 || maxS < 0 {
+		return 0, fmt.Errorf("--idle-timeout-s and --max-lifetime-s are positive seconds: %w", errdefs.ErrInvalidArgument)
+	}
+	maxS, err := session.CapLifetime(maxS, cmd.Flags().Changed("max-lifetime-s"), e.settings.SessionMaxLifetimeS, "--max-lifetime-s", knobs.SessionMaxLifetimeS)
+	if err != nil {
+		return 0, err
+	}
+	if err := session.CheckIdleAction(idleAction); err != nil {
+		return 0, err
+	}
+	if name != "" {
+		if err := session.CheckName(name); err != nil {
+			return 0, err
+		}
+	}
+	return maxS, nil
 }
 
 // newSupervisorCmd is the hidden command `session start` runs detached.
