@@ -63,7 +63,9 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	if err != nil {
 		return nil, err
 	}
-	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "ready"}, base, "")
+	// Its record reads "isopod warming" until it waits for a claim, then
+	// "isopod ready".
+	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "warming"}, base, "")
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +110,8 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	if err := warmUp(ctx, rv.VM, d.Rec.Name, machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}); err != nil {
 		return nil, err
 	}
+	d.Rec.Argv = []string{"isopod", "ready"}
+	d.Save()
 	rv.Made = time.Now()
 	return rv, nil
 }
