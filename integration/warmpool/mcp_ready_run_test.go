@@ -17,7 +17,7 @@ const filesCmd = "find / /tmp /run /dev/shm -xdev | sort | md5sum; date -r / +%s
 // A ready VM has run before its claim: its root was assembled before the
 // call, yet the run sees the files a plain resume sees (nothing the
 // warm-up could have made), and a boot id and random bytes of its own
-// (clones.check), claim after claim.
+// (clones.check), claim after claim; a waiting one idles.
 func TestMCPReadyVMsHaveRun(t *testing.T) {
 	e2e.RequireVM(t)
 	env := warmHome(t)
@@ -51,5 +51,16 @@ func TestMCPReadyVMsHaveRun(t *testing.T) {
 		if err != nil || secs >= before.Unix() {
 			t.Errorf("%s: root assembled at %q, not before the call (%d): the ready VM had not run", what, root, before.Unix())
 		}
+	}
+
+	// A waiting ready VM idles: its QEMU takes a sliver of a core (a guest
+	// spinning or a busy timer would take most of one).
+	waitFor(t, "ready VM", 3*time.Minute, func() bool { return s.readyVMs(t) >= 1 })
+	pids := e2e.VMMsOf(s.home)
+	if len(pids) != 1 {
+		t.Fatalf("%d VMMs with one ready VM waiting", len(pids))
+	}
+	if pct := idleCost(t, pids[0], 5*time.Second); pct >= 10 {
+		t.Errorf("a waiting ready VM's QEMU takes %.1f %% of a core; want it idle", pct)
 	}
 }
