@@ -50,8 +50,8 @@ type ReadySpec struct {
 	Shape  Shape
 	Layers []string // the layer files, root first
 	MemMiB int      // the guest memory, for its place
-	// Make restores a VM of the shape and readies it, in place (which a failure
-	// releases).
+	// Make restores a VM of the shape and readies it, in place (which a
+	// failure releases).
 	Make func(ctx context.Context, place *admission.Ticket) (*Ready, error)
 }
 

@@ -52,8 +52,8 @@ func (r *run) readySpecFor() (machine.ReadySpec, bool) {
 
 // makeReady restores a VM of shape sh from its snapshot, with its disks
 // backed and its NIC's socket parked, and warms it up (warmUp), in place
-// (which a failure releases). It gets a VM directory and record like a run, so that `isopod
-// vm gc` finds its VMM should this process die.
+// (which a failure releases). It gets a VM directory and record like a
+// run, so that `isopod vm gc` finds its VMM should this process die.
 func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs, layers []string, base string, place *admission.Ticket) (_ *machine.Ready, retErr error) {
 	r, err := s.restorer(ctx)
 	if err != nil {
