@@ -18,7 +18,7 @@ const (
 	WarmPool             = "ISOPOD_WARM_POOL"               // 0|off: every run boots cold and no snapshot is built
 	WarmPoolDisk         = "ISOPOD_WARM_POOL_DISK_MIB"      // the snapshots' disk budget; least recently used go first
 	CredentialMaxBodyMiB = "ISOPOD_CREDENTIAL_MAX_BODY_MIB" // the largest request body through the credential endpoint (default 256)
-	ReadyVMs             = "ISOPOD_READY_VMS"               // isopod-mcp: paused VMs kept ready per hot shape (default 1; 0 off)
+	ReadyVMs             = "ISOPOD_READY_VMS"               // isopod-mcp: running VMs kept ready per hot shape (default 1; 0 off)
 	MaxVMs               = "ISOPOD_MAX_VMS"                 // VMs every process under the state root keeps at once (default: from the host)
 	MemoryBudgetMiB      = "ISOPOD_MEMORY_BUDGET_MIB"       // what those VMs may cost together (default: MemTotal less an eighth)
 	SessionMaxLifetimeS  = "ISOPOD_SESSION_MAX_LIFETIME_S"  // the longest --max-lifetime-s a session may ask for (default 86400)

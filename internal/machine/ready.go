@@ -12,13 +12,14 @@ import (
 )
 
 // Ready VMs, for a front end that lives long (the MCP server). A warm run
-// still starts its VMM and loads the snapshot's device state inside the
-// call; a ready VM has done both before the call: it is restored from its
-// shape's snapshot, paused (no guest code runs), with its disks already
-// backed: the base, a stage chain's layers and a fresh scratch disk. A
-// Claim resumes it and does only what makes it the run's own, as after any
-// resume: fresh entropy, clock, hostname, network, then the root and the
-// command. Everything per-clone still happens after the resume.
+// still starts its VMM, loads the snapshot's device state and assembles
+// its root inside the call, and under TCG its VMM translates the guest's
+// paths afresh; a ready VM has done all of it before the call: it is
+// restored from its shape's snapshot with its disks backed (the base, a
+// stage chain's layers and a fresh scratch disk), has assembled its root
+// and run a warm-up command that writes nothing, and runs on with idle
+// vCPUs. A claim does only what makes it the run's own (fresh entropy,
+// clock, hostname, network, a boot id of its own), then the command.
 //
 // A shape is hot once a run of it resumed from a snapshot; the pool keeps
 // its count of ready VMs for each of the most recently used shapes and
@@ -49,8 +50,8 @@ type ReadySpec struct {
 	Shape  Shape
 	Layers []string // the layer files, root first
 	MemMiB int      // the guest memory, for its place
-	// Make restores a VM of the shape, paused, in place (which a failure
-	// releases).
+	// Make restores a VM of the shape and readies it, in place (which a
+	// failure releases).
 	Make func(ctx context.Context, place *admission.Ticket) (*Ready, error)
 }
 

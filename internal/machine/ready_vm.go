@@ -12,7 +12,7 @@ import (
 	"isopod/internal/vmnet"
 )
 
-// Ready is one restored, paused VM waiting for a claim. The core makes it
+// Ready is one restored, running VM waiting for a claim. The core makes it
 // (ReadySpec.Make) and, once claimed, adopts it as its run's VM.
 type Ready struct {
 	Shape   Shape

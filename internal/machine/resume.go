@@ -52,6 +52,13 @@ func (v *Machine) Greet(ctx context.Context) error {
 // independent and go out together. It returns the guest's address on the
 // network ("" without one).
 func (v *Machine) MakeOwn(ctx context.Context, hostname string) (guestIP string, err error) {
+	return v.MakeOwnBoot(ctx, hostname, "")
+}
+
+// MakeOwnBoot is MakeOwn that also gives the guest the boot id bootID
+// (a UUID; "" leaves the kernel's), with the other requests: for a clone
+// whose guest ran before it was made its own (a ready VM).
+func (v *Machine) MakeOwnBoot(ctx context.Context, hostname, bootID string) (guestIP string, err error) {
 	c, err := v.agent()
 	if err != nil {
 		return "", err
@@ -67,6 +74,9 @@ func (v *Machine) MakeOwn(ctx context.Context, hostname string) (guestIP string,
 		{"adding entropy", &agentproto.Msg{Kind: agentproto.KindAddEntropy}, entropy},
 		{"setting the guest clock", &agentproto.Msg{Kind: agentproto.KindSyncClock, Clock: &agentproto.Clock{UnixNano: time.Now().UnixNano()}}, nil},
 		{"setting the hostname", &agentproto.Msg{Kind: agentproto.KindSetHostname, Hostname: hostname}, nil},
+	}
+	if bootID != "" {
+		calls = append(calls, call{"setting the boot id", &agentproto.Msg{Kind: agentproto.KindSetBootID, BootID: bootID}, nil})
 	}
 	if n := v.Net; n != nil {
 		calls = append(calls, call{"configuring the guest network", &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: n.AgentConfig()}, nil})

@@ -152,6 +152,9 @@ func (r *run) bootCold(ctx context.Context, drv vmm.Driver, cfg vmm.Config) erro
 // configure sends the clock and the network to a cold-booted guest; a
 // resumed one gets more (configureResumed).
 func (r *run) configure(ctx context.Context) error {
+	if r.ready != nil {
+		return nil // made its own at its claim, its root assembled before
+	}
 	if r.resumed {
 		err := r.configureResumed(ctx)
 		if err == nil {

@@ -80,7 +80,7 @@ func TestReadyVMsNeedRoom(t *testing.T) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	if n := pausedMachines(d); n != 0 {
+	if n := waitingMachines(d); n != 0 {
 		t.Errorf("%d ready VMs made without room", n)
 	}
 }
@@ -93,17 +93,17 @@ func (noRoom) Freed() <-chan struct{}                                 { return n
 func (noRoom) CanHold(int) bool                                       { return true }
 
 // readyIn counts the ready VMs that wait in the pool (made, and their
-// places lendable), -1 while that differs from the paused machines.
+// places lendable), -1 while that differs from the waiting machines.
 func readyIn(a *admission.Admission, d *vmmfake.Driver) int {
-	if n := a.Stats().Lendable; n == pausedMachines(d) {
+	if n := a.Stats().Lendable; n == waitingMachines(d) {
 		return n
 	}
 	return -1
 }
 
-// pausedMachines counts the restored machines that never ran a command
-// and still wait.
-func pausedMachines(d *vmmfake.Driver) int {
+// waitingMachines counts the restored machines that still run, their
+// root assembled, and that no run claimed (none gave them a boot id).
+func waitingMachines(d *vmmfake.Driver) int {
 	n := 0
 	for _, m := range d.Machines() {
 		select {
@@ -111,7 +111,7 @@ func pausedMachines(d *vmmfake.Driver) int {
 			continue
 		default:
 		}
-		if m.Restored() && m.State().Mount == nil {
+		if st := m.State(); m.Restored() && st.Mount != nil && st.BootID == "" {
 			n++
 		}
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"isopod/internal/admission"
-	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/vmnet"
@@ -20,6 +20,20 @@ import (
 // server): the pool keeps, hands out and ends them; the core decides what
 // a run's shape is and makes a VM of it. Runs with a workspace never use
 // one (their disks are only known at the call).
+//
+// A ready VM has run: restored from its shape's snapshot and let run, it
+// got entropy, a clock and a hostname of its own, assembled its root from
+// its disks (the run's layers, a fresh scratch disk) and ran readyWarmUp,
+// so that its VMM has translated the guest's common paths before the
+// call (under TCG each VMM process translates them afresh). A claim makes
+// it the run's own (fresh entropy with a CRNG reseed, the clock, the
+// hostname, the run's network and a boot id of its own) and runs the
+// command.
+
+// readyWarmUp is the command a ready VM runs before its claim: it writes
+// nothing (no file, in a cwd and an environment of nothing), and its
+// process is gone before the claim.
+var readyWarmUp = []string{"/bin/sh", "-c", "true"}
 
 // readySpecFor is the shape a run would claim, ok false when it cannot
 // use a ready VM.
@@ -36,10 +50,10 @@ func (r *run) readySpecFor() (machine.ReadySpec, bool) {
 		}}, true
 }
 
-// makeReady restores a VM of shape sh from its snapshot, paused, with
-// its disks backed and its NIC's socket parked, in place (which a failure
-// releases). It gets a VM directory and record like a run, so that `isopod
-// vm gc` finds its VMM should this process die.
+// makeReady restores a VM of shape sh from its snapshot, with its disks
+// backed and its NIC's socket parked, and warms it up (warmUp), in place
+// (which a failure releases). It gets a VM directory and record like a
+// run, so that `isopod vm gc` finds its VMM should this process die.
 func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs, layers []string, base string, place *admission.Ticket) (_ *machine.Ready, retErr error) {
 	r, err := s.restorer(ctx)
 	if err != nil {
@@ -49,7 +63,9 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	if err != nil {
 		return nil, err
 	}
-	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "ready"}, base, "")
+	// Its record reads "isopod warming" until it waits for a claim, then
+	// "isopod ready".
+	d, err := vmrecord.NewDir(s.opts.Paths, []string{"isopod", "warming"}, base, "")
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +95,7 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	}
 	disks := machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}.Slots(ph)
 	cfg := warmConfig(in, d.Rec.ID, d.Path(), d.Serial, net, disks)
-	cfg.Logger, cfg.Paused = s.log, true
+	cfg.Logger = s.log
 	unuse, err := s.warm.Use(ctx, meta.Key)
 	if err != nil {
 		return nil, err
@@ -91,8 +107,41 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	}
 	rv.VM.Attach(m)
 	d.Started(m)
+	if err := warmUp(ctx, rv.VM, d.Rec.Name, machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}); err != nil {
+		return nil, err
+	}
+	d.Rec.Argv = []string{"isopod", "ready"}
+	d.Save()
 	rv.Made = time.Now()
 	return rv, nil
+}
+
+// warmUp readies a restored VM for its claim: entropy, clock and
+// hostname (no network: its NIC is parked until a run takes it), the root
+// assembled from disks, and readyWarmUp run in it.
+func warmUp(ctx context.Context, vm *machine.Machine, hostname string, disks machine.Disks) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(time.Minute)
+	}
+	if err := vm.Greet(ctx); err != nil {
+		return fmt.Errorf("greeting a ready VM: %w", err)
+	}
+	if _, err := vm.MakeOwn(ctx, hostname); err != nil {
+		return err
+	}
+	if err := vm.Mount(ctx, disks, "", true, deadline); err != nil {
+		return fmt.Errorf("assembling a ready VM's root: %w", err)
+	}
+	res, err := vm.Exec(ctx, machine.Exec{Argv: readyWarmUp, Cwd: "/", Timeout: time.Until(deadline),
+		Stdout: io.Discard, Stderr: io.Discard})
+	if err != nil {
+		return fmt.Errorf("warming a ready VM up: %w", err)
+	}
+	if res.ExitCode == nil || *res.ExitCode != 0 || res.TimedOut {
+		return fmt.Errorf("warming a ready VM up: %q did not exit 0", readyWarmUp)
+	}
+	return nil
 }
 
 // adoptReady makes the claimed ready VM the run's: its directory, record,
@@ -107,33 +156,37 @@ func (r *run) adoptReady() {
 	rv.Place.Release()
 }
 
-// resumeReady lets the claimed ready VM run and makes it the run's root.
-// A failure the ready VM may cause is wrapped in errWarmUnusable, with its
-// VMM gone: the run then resumes or boots another.
-func (r *run) resumeReady(ctx context.Context) error {
+// claimReady makes the claimed ready VM, running with its root
+// assembled, the run's own machine: fresh entropy with a CRNG reseed, the
+// clock, the hostname, the run's network and a boot id of its own (the
+// guest ran before the claim). A failure the ready VM may cause is
+// wrapped in errWarmUnusable, with its VMM gone: the run then resumes or
+// boots another.
+func (r *run) claimReady(ctx context.Context) error {
 	rv := r.ready
 	m, _ := r.vm.Current()
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()
-	if err := r.vm.Unpause(rctx); err != nil {
-		if ctx.Err() != nil && !errors.Is(err, errdefs.ErrNotSupported) {
+	ip, err := r.vm.MakeOwnBoot(rctx, r.dir.Rec.Name, newBootID())
+	if err != nil {
+		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		r.vm.Drop()
 		return fmt.Errorf("%w: %w", errWarmUnusable, err)
 	}
-	r.rep.Accel, r.rep.VMM = m.Accel(), rv.VMM
-	if err := r.greetResumed(ctx, rctx, rv.Shape.Key, t); err != nil {
-		return err
-	}
-	r.rep.ReadyVM = true
+	r.s.warm.Used(rv.Shape.Key)
+	ms := time.Since(t).Milliseconds()
+	r.rep.Accel, r.rep.VMM, r.rep.GuestIP, r.rep.ResumeMS = m.Accel(), rv.VMM, ip, &ms
+	r.rep.Path, r.resumed, r.rep.ReadyVM = "warm", true, true
 	return nil
 }
 
 // bootReady is boot's path for a run that claimed a ready VM; done is
 // false when the run must resume or boot another VM instead.
 func (r *run) bootReady(ctx context.Context) (done bool, err error) {
-	err = r.resumeReady(ctx)
+	err = r.claimReady(ctx)
 	if err == nil {
 		return true, nil
 	}
