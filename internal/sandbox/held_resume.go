@@ -2,27 +2,28 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/pausefile"
+	"isopod/internal/vmm"
 	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
 )
 
-// ResumeVM brings back the held VM a pause left in dir (Held.Pause): req
-// is admitted again (its network rules, its credentials resolved anew;
-// its workspace is not copied again: the VM keeps its copy), the same
-// network is made again for the same VM, and the VM is restored with
-// RAM of its own, its clock set to the host's and its network
-// configured. The caller must Close or Pause the result. A VM whose
-// VMM, kernel, initramfs or agent changed since the pause is refused,
-// wrapping ErrChanged and errdefs.ErrFailedPrecondition.
+// ResumeVM brings back the held VM a pause left in dir
+// (machine.Machine.Pause): req is admitted again (its network rules, its
+// credentials resolved anew; its workspace is not copied again: the VM
+// keeps its copy), the same network is made again for the same VM, and
+// the VM is restored with RAM of its own (machine.Machine.ResumePaused).
+// The caller must Close or pause the result. A VM whose VMM, kernel,
+// initramfs or agent changed since the pause is refused, wrapping
+// pausefile.ErrChanged and errdefs.ErrFailedPrecondition.
 func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Held, retErr error) {
 	t0 := time.Now()
-	p, err := ReadPaused(dir)
+	p, err := pausefile.Read(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -30,8 +31,8 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if err != nil {
 		return nil, err
 	}
-	if why := changed(p.Identity, now); why != "" {
-		return nil, fmt.Errorf("%s: %w: %w", why, ErrChanged, errdefs.ErrFailedPrecondition)
+	if why := p.Identity.Changed(now); why != "" {
+		return nil, fmt.Errorf("%s: %w: %w", why, pausefile.ErrChanged, errdefs.ErrFailedPrecondition)
 	}
 	if err := checkHeld(req); err != nil {
 		return nil, err
@@ -66,9 +67,8 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 }
 
 // restorePaused starts the network and the VMM from the snapshot in dir
-// and makes the guest current: its clock, its network, its connection a
-// session's.
-func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error {
+// and makes the guest current.
+func (r *run) restorePaused(ctx context.Context, p *pausefile.Paused, dir string) error {
 	if p.NIC != !r.req.NoNetwork {
 		return fmt.Errorf("the paused VM's network (%v) is not the request's: %w", p.NIC, errdefs.ErrInvalidArgument)
 	}
@@ -93,40 +93,14 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 	bound := time.Duration(max(r.req.TimeoutS, 1)) * time.Second
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	t := time.Now()
-	m, err := r.vm.Restore(rctx, drv, cfg, dir)
+	restore, greet, err := r.vm.ResumePaused(rctx, drv, cfg, dir, p.Fork, r.dir.Rec.Name, func(m vmm.Machine) {
+		r.rep.Accel = m.Accel()
+		r.dir.Started(m)
+	})
 	if err != nil {
-		return fmt.Errorf("restoring the paused VM: %w", err)
-	}
-	tRestore := time.Since(t)
-	r.rep.Accel = m.Accel()
-	r.dir.Started(m)
-	if err := r.vm.Greet(rctx); err != nil {
-		return fmt.Errorf("greeting the resumed VM: %w", err)
-	}
-	// The clock jumps to the host's; entropy is mixed in; the network
-	// (its proxies' credentials anew) is configured again.
-	if _, err := r.vm.MakeOwn(rctx, r.dir.Rec.Name); err != nil {
 		return err
 	}
-	if p.Fork {
-		if err := r.vm.SetBootID(rctx, newBootID()); err != nil {
-			return err
-		}
-	}
-	if err := r.vm.Session(rctx); err != nil {
-		return fmt.Errorf("marking the VM's connection a session's: %w", err)
-	}
 	r.s.log.Debug("paused VM resumed", "since_start_ms", time.Since(r.t0).Milliseconds(),
-		"restore_ms", tRestore.Milliseconds(), "greet_configure_ms", (time.Since(t) - tRestore).Milliseconds())
+		"restore_ms", restore.Milliseconds(), "greet_configure_ms", greet.Milliseconds())
 	return nil
-}
-
-// newBootID is a random (version 4) UUID, as the kernel makes a boot id.
-func newBootID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -32,7 +32,7 @@ func (s *sup) forkFrom(ctx context.Context, dir string) error {
 	}
 	switch {
 	case parent.State == session.StatePaused:
-		return s.o.Service.ForkPaused(s.o.Store.PauseDir(parent.ID), dir)
+		return forkPaused(s.o.Store.Paths, s.o.Store.PauseDir(parent.ID), dir)
 	case parent.Live():
 		fctx, cancel := context.WithTimeout(ctx, forkTimeout)
 		defer cancel()
@@ -59,7 +59,7 @@ func (s *sup) forkCall(ctx context.Context, c session.Call) (any, error) {
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
 		return nil, fmt.Errorf("fork: session %s's pause directory is not new and empty: %w", child.ID, errdefs.ErrFailedPrecondition)
 	}
-	if err := s.vm.Fork(ctx, dir); err != nil {
+	if err := s.vm.Fork(ctx, s.o.Store.Paths, dir); err != nil {
 		return nil, err
 	}
 	return session.Reply{OK: true, SessionID: s.o.ID}, nil

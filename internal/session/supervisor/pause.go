@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/pausefile"
 	"isopod/internal/sandbox"
 	"isopod/internal/session"
 )
 
 // A pause ends the supervisor as a stop does, but the VM's memory and
 // device state are written to the session's pause directory first and its
-// disks kept (sandbox.Held.Pause); the record reads paused. A supervisor
+// disks kept (VM.Pause); the record reads paused. A supervisor
 // started with Options.Resume restores the VM from there
 // (sandbox.Service.ResumeVM) and relays the exposed ports again.
 
@@ -174,7 +175,7 @@ func (s *sup) notStarted(err error) {
 	case s.o.ForkFrom != "":
 		discard(s.o.Store, s.o.ID)
 		s.finish(session.StateStopped, "the fork could not start: "+err.Error())
-	case errors.Is(err, sandbox.ErrChanged):
+	case errors.Is(err, pausefile.ErrChanged):
 		discard(s.o.Store, s.o.ID)
 		s.finish(session.StateLost, "it cannot be resumed: "+err.Error())
 	default:
@@ -206,7 +207,9 @@ func (s *sup) reexpose() {
 // disks.
 func discard(st session.Store, id string) {
 	dir := st.PauseDir(id)
-	sandbox.DiscardPaused(dir)
+	if p, err := pausefile.Read(dir); err == nil {
+		discardPaused(p)
+	}
 	os.RemoveAll(dir)
 }
 
