@@ -114,11 +114,12 @@ func (v *Machine) Unpause(ctx context.Context) error {
 // ResumePaused restores a paused VM (pausefile) from the snapshot in dir
 // with cfg (RAM of its own: vmm.Config.OwnRAM) and makes the guest
 // current: its clock, entropy, hostname and network (MakeOwn), a boot id
-// of its own for a fork, its connection a session's. started is told of the VMM as
-// soon as it runs. It returns how long the restore and the guest's
-// making current took.
+// of its own for a fork, its connection a session's. started is told of
+// the VMM as soon as it runs. It returns how long the restore and the
+// hello took (a warm run's resume_ms spans the same), and the restore
+// alone.
 func (v *Machine) ResumePaused(ctx context.Context, drv vmm.Restorer, cfg vmm.Config, dir string, fork bool,
-	hostname string, started func(vmm.Machine)) (restore, greet time.Duration, err error) {
+	hostname string, started func(vmm.Machine)) (resumed, restore time.Duration, err error) {
 	t := time.Now()
 	m, err := v.Restore(ctx, drv, cfg, dir)
 	if err != nil {
@@ -126,22 +127,22 @@ func (v *Machine) ResumePaused(ctx context.Context, drv vmm.Restorer, cfg vmm.Co
 	}
 	restore = time.Since(t)
 	started(m)
-	t = time.Now()
 	if err := v.Greet(ctx); err != nil {
-		return restore, 0, fmt.Errorf("greeting the resumed VM: %w", err)
+		return 0, restore, fmt.Errorf("greeting the resumed VM: %w", err)
 	}
+	resumed = time.Since(t)
 	if _, err := v.MakeOwn(ctx, hostname); err != nil {
-		return restore, 0, err
+		return 0, restore, err
 	}
 	if fork {
 		if err := v.SetBootID(ctx, newBootID()); err != nil {
-			return restore, 0, err
+			return 0, restore, err
 		}
 	}
 	if err := v.Session(ctx); err != nil {
-		return restore, 0, fmt.Errorf("marking the VM's connection a session's: %w", err)
+		return 0, restore, fmt.Errorf("marking the VM's connection a session's: %w", err)
 	}
-	return restore, time.Since(t), nil
+	return resumed, restore, nil
 }
 
 // newBootID is a random (version 4) UUID, as the kernel makes a boot id.

@@ -33,6 +33,7 @@ type HeldInfo struct {
 	Path         string   `json:"path"` // "cold" or "warm"
 	BootMS       *int64   `json:"boot_ms,omitempty"`
 	ResumeMS     *int64   `json:"resume_ms,omitempty"`
+	TotalMS      int64    `json:"total_ms,omitempty"` // a resume's whole call (ResumeVM)
 	GuestIP      string   `json:"guest_ip,omitempty"`
 	RootfsFlavor string   `json:"rootfs_flavor"`
 	Warnings     []string `json:"warnings,omitempty"`
@@ -119,7 +120,7 @@ func heldBootErr(err error) error {
 // Info describes the held VM.
 func (h *Held) Info() HeldInfo {
 	rep := h.r.rep
-	return HeldInfo{VMID: rep.VMID, Name: rep.Name, Path: rep.Path, BootMS: rep.BootMS, ResumeMS: rep.ResumeMS,
+	return HeldInfo{VMID: rep.VMID, Name: rep.Name, Path: rep.Path, BootMS: rep.BootMS, ResumeMS: rep.ResumeMS, TotalMS: rep.TotalMS,
 		GuestIP: rep.GuestIP, RootfsFlavor: rep.RootfsFlavor, Warnings: rep.Warnings, SerialLog: rep.SerialLogPath}
 }
 

@@ -18,7 +18,9 @@ import (
 // credentials resolved anew; its workspace is not copied again: the VM
 // keeps its copy), the same network is made again for the same VM, and
 // the VM is restored with RAM of its own (machine.Machine.ResumePaused).
-// The caller must Close or pause the result. A VM whose VMM, kernel,
+// The caller must Close or pause the result. Its Info's ResumeMS spans
+// the restore and the guest's hello, as a warm run's resume_ms does;
+// TotalMS the whole call. A VM whose VMM, kernel,
 // initramfs or agent changed since the pause is refused, wrapping
 // pausefile.ErrChanged and errdefs.ErrFailedPrecondition.
 func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Held, retErr error) {
@@ -61,8 +63,7 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if err := r.restorePaused(ctx, p, dir); err != nil {
 		return nil, err
 	}
-	ms := time.Since(t0).Milliseconds()
-	r.rep.ResumeMS = &ms
+	r.rep.TotalMS = time.Since(t0).Milliseconds()
 	return h, nil
 }
 
@@ -93,14 +94,16 @@ func (r *run) restorePaused(ctx context.Context, p *pausefile.Paused, dir string
 	bound := time.Duration(max(r.req.TimeoutS, 1)) * time.Second
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	restore, greet, err := r.vm.ResumePaused(rctx, drv, cfg, dir, p.Fork, r.dir.Rec.Name, func(m vmm.Machine) {
+	resumed, restore, err := r.vm.ResumePaused(rctx, drv, cfg, dir, p.Fork, r.dir.Rec.Name, func(m vmm.Machine) {
 		r.rep.Accel = m.Accel()
 		r.dir.Started(m)
 	})
 	if err != nil {
 		return err
 	}
+	ms := resumed.Milliseconds()
+	r.rep.ResumeMS = &ms
 	r.s.log.Debug("paused VM resumed", "since_start_ms", time.Since(r.t0).Milliseconds(),
-		"restore_ms", restore.Milliseconds(), "greet_configure_ms", greet.Milliseconds())
+		"restore_ms", restore.Milliseconds(), "resume_ms", ms)
 	return nil
 }

@@ -146,6 +146,7 @@ func (s *sup) pauseVM(why string) (string, string) {
 // resumeVM restores the session's VM from its pause directory, which
 // goes once the VM runs (it holds RAM of its own).
 func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
+	t := time.Now()
 	dir := s.o.Store.PauseDir(s.o.ID)
 	if s.o.ForkFrom != "" {
 		if err := s.forkFrom(ctx, dir); err != nil {
@@ -161,6 +162,7 @@ func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	if ms := h.Info().ResumeMS; ms != nil {
 		s.rec.ResumeMS = *ms
 	}
+	s.rec.ResumeTotalMS = time.Since(t).Milliseconds()
 	s.mu.Unlock()
 	return h, nil
 }
