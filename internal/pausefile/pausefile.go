@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"syscall"
 
 	"isopod/internal/errdefs"
@@ -88,20 +90,30 @@ func (was Identity) Changed(now Identity) string {
 	return ""
 }
 
-// Sync flushes the pause in dir (its snapshot and descriptor) and the
-// VM's writable disks to disk: a pause outlives the host's page cache.
+// Sync flushes the pause in dir (its snapshot and descriptor, and dir
+// itself) and the VM's writable disks to disk, all at once: a pause
+// outlives the host's page cache.
 func (p *Paused) Sync(dir string) error {
-	if err := syncDir(dir); err != nil {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
 		return err
 	}
+	paths := []string{dir}
+	for _, e := range ents {
+		paths = append(paths, filepath.Join(dir, e.Name()))
+	}
 	for _, d := range p.Config.Disks {
-		if !d.ReadOnly {
-			if err := syncFile(d.Path); err != nil {
-				return err
-			}
+		if !d.ReadOnly && !slices.Contains(paths, d.Path) {
+			paths = append(paths, d.Path)
 		}
 	}
-	return nil
+	errs := make([]error, len(paths))
+	var wg sync.WaitGroup
+	for i, path := range paths {
+		wg.Go(func() { errs[i] = syncFile(path) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Bytes are what the pause in dir holds on disk: its snapshot's files,
@@ -152,24 +164,6 @@ func Read(dir string) (*Paused, error) {
 		return nil, fmt.Errorf("reading the paused VM's descriptor: %w", err)
 	}
 	return &p, nil
-}
-
-// syncDir flushes the files in dir and dir itself to disk.
-func syncDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range append(ents, nil) {
-		path := dir
-		if e != nil {
-			path = filepath.Join(dir, e.Name())
-		}
-		if err := syncFile(path); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // syncFile flushes the file or directory at path to disk.
