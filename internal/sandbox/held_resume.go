@@ -20,11 +20,54 @@ import (
 // the VM is restored with RAM of its own (machine.Machine.ResumePaused).
 // The caller must Close or pause the result. Its Info's ResumeMS spans
 // the restore and the guest's hello, as a warm run's resume_ms does;
-// TotalMS the whole call. A VM whose VMM, kernel,
-// initramfs or agent changed since the pause is refused, wrapping
-// pausefile.ErrChanged and errdefs.ErrFailedPrecondition.
-func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Held, retErr error) {
+// TotalMS the whole call. A VM whose VMM, kernel, initramfs or agent
+// changed since the pause is refused, wrapping pausefile.ErrChanged and
+// errdefs.ErrFailedPrecondition, before anything else is.
+func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (*Held, error) {
 	t0 := time.Now()
+	p, err := s.pausedVM(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	// The RAM's copy overlaps the admission and the network.
+	defer s.prefillRAM(ctx, p, dir)()
+	a, err := s.AdmitResume(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	a.t0 = t0
+	return a.Resume(ctx, dir)
+}
+
+// Resuming is a resume admitted before its pause is there: a fork's,
+// admitted while its parent's VM is copied.
+type Resuming struct {
+	s   *Service
+	req Request
+	pl  *plan
+	t0  time.Time
+}
+
+// AdmitResume admits req for a resume (as ResumeVM does) and makes ready
+// what does not depend on the pause: the VMM's identity, asked once.
+func (s *Service) AdmitResume(ctx context.Context, req Request) (*Resuming, error) {
+	t0 := time.Now()
+	if err := checkHeld(req); err != nil {
+		return nil, err
+	}
+	req.Argv, req.Workspace = heldArgv, nil
+	req, pl, _, err := s.admit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if rs, err := s.restorer(ctx); err == nil {
+		rs.SnapshotIdentity(ctx)
+	}
+	return &Resuming{s: s, req: req, pl: pl, t0: t0}, nil
+}
+
+// pausedVM reads the pause in dir, refusing one whose identity changed.
+func (s *Service) pausedVM(ctx context.Context, dir string) (*pausefile.Paused, error) {
 	p, err := pausefile.Read(dir)
 	if err != nil {
 		return nil, err
@@ -36,22 +79,36 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if why := p.Identity.Changed(now); why != "" {
 		return nil, fmt.Errorf("%s: %w: %w", why, pausefile.ErrChanged, errdefs.ErrFailedPrecondition)
 	}
-	if err := checkHeld(req); err != nil {
-		return nil, err
+	return p, nil
+}
+
+// prefillRAM starts copying the RAM of the pause in dir into the VM's
+// own memory ahead of its restore where the VMM can (vmm.RAMPrefiller);
+// the function it returns drops a copy no restore took.
+func (s *Service) prefillRAM(ctx context.Context, p *pausefile.Paused, dir string) func() {
+	rs, err := s.restorer(ctx)
+	if pf, ok := rs.(vmm.RAMPrefiller); err == nil && ok {
+		return pf.PrefillRAM(dir, p.Config.MemMiB)
 	}
-	req.Argv, req.Workspace = heldArgv, nil
-	req, pl, _, err := s.admit(ctx, req)
+	return func() {}
+}
+
+// Resume restores the held VM a pause left in dir, as ResumeVM does.
+func (a *Resuming) Resume(ctx context.Context, dir string) (_ *Held, retErr error) {
+	s := a.s
+	p, err := s.pausedVM(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
+	defer s.prefillRAM(ctx, p, dir)()
 	d, err := vmrecord.Reopen(p.Dir)
 	if err != nil {
 		return nil, err
 	}
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log), dir: d, scratch: p.Scratch,
+	r := &run{s: s, req: a.req, t0: a.t0, plan: a.pl, vm: machine.New(s.log), dir: d, scratch: p.Scratch,
 		wsUpper: p.WorkspaceUpper, resumedFrom: p}
 	r.rep = &Report{OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Path: p.Path, GuestIP: p.GuestIP,
-		SerialLogPath: d.ConsolePath(), Warnings: append(append([]string(nil), pl.warnings...), s.jailReport()...)}
+		SerialLogPath: d.ConsolePath(), Warnings: append(append([]string(nil), a.pl.warnings...), s.jailReport()...)}
 	h := &Held{r: r}
 	defer func() {
 		if retErr != nil {
@@ -63,7 +120,7 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if err := r.restorePaused(ctx, p, dir); err != nil {
 		return nil, err
 	}
-	r.rep.TotalMS = time.Since(t0).Milliseconds()
+	r.rep.TotalMS = time.Since(a.t0).Milliseconds()
 	return h, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
 	"isopod/internal/session"
 )
 
@@ -40,6 +41,29 @@ func (s *sup) forkFrom(ctx context.Context, dir string) error {
 		return err
 	}
 	return fmt.Errorf("session %s is %s: only a running or paused session forks: %w", parent.ID, parent.State, errdefs.ErrFailedPrecondition)
+}
+
+// resumeFork fills dir with a copy of the parent's VM (forkFrom) while
+// the resume is admitted, then resumes the copy.
+func (s *sup) resumeFork(ctx context.Context, dir string) (*sandbox.Held, error) {
+	type admitted struct {
+		a   *sandbox.Resuming
+		err error
+	}
+	ch := make(chan admitted, 1)
+	go func() {
+		a, err := s.o.Service.AdmitResume(ctx, s.o.Request)
+		ch <- admitted{a, err}
+	}()
+	err := s.forkFrom(ctx, dir)
+	ad := <-ch
+	if err != nil {
+		return nil, err
+	}
+	if ad.err != nil {
+		return nil, ad.err
+	}
+	return ad.a.Resume(ctx, dir)
 }
 
 // forkCall snapshots the running VM into the pause directory of the fork

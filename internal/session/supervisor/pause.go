@@ -144,16 +144,18 @@ func (s *sup) pauseVM(why string) (string, string) {
 }
 
 // resumeVM restores the session's VM from its pause directory, which
-// goes once the VM runs (it holds RAM of its own).
+// goes once the VM runs (it holds RAM of its own). A fork's resume is
+// admitted while the parent's VM is copied into the directory.
 func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	t := time.Now()
 	dir := s.o.Store.PauseDir(s.o.ID)
+	var h *sandbox.Held
+	var err error
 	if s.o.ForkFrom != "" {
-		if err := s.forkFrom(ctx, dir); err != nil {
-			return nil, err
-		}
+		h, err = s.resumeFork(ctx, dir)
+	} else {
+		h, err = s.o.Service.ResumeVM(ctx, s.o.Request, dir)
 	}
-	h, err := s.o.Service.ResumeVM(ctx, s.o.Request, dir)
 	if err != nil {
 		return nil, err
 	}
