@@ -159,7 +159,7 @@ func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	if err != nil {
 		return nil, err
 	}
-	os.RemoveAll(dir)
+	s.removeAside(dir)
 	s.mu.Lock()
 	if ms := h.Info().ResumeMS; ms != nil {
 		s.rec.ResumeMS = *ms
@@ -167,6 +167,18 @@ func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	s.rec.ResumeTotalMS = time.Since(t).Milliseconds()
 	s.mu.Unlock()
 	return h, nil
+}
+
+// removeAside moves dir, a pause directory the resumed VM no longer
+// needs, out of the way at once and removes it in the background (its
+// RAM file takes a while to free); Run waits for the removal.
+func (s *sup) removeAside(dir string) {
+	gone := fmt.Sprintf("%s.gone-%d", dir, time.Now().UnixNano())
+	if err := os.Rename(dir, gone); err != nil {
+		os.RemoveAll(dir)
+		return
+	}
+	s.removals.Go(func() { os.RemoveAll(gone) })
 }
 
 // notStarted writes why the VM did not start: a resume that failed keeps
