@@ -84,13 +84,17 @@ func (v *Machine) Snapshot(ctx context.Context, dir string, netUp time.Time) err
 // descriptor and the VM's writable disks to disk (pausefile.Paused.Sync).
 // On failure the caller tears the VM down.
 func (v *Machine) Pause(ctx context.Context, dir string, p *pausefile.Paused) error {
+	t := time.Now()
 	if err := v.Snapshot(ctx, dir, time.Time{}); err != nil {
 		return err
 	}
+	tSnap := time.Since(t)
 	if err := pausefile.Write(dir, p); err != nil {
 		return err
 	}
-	return p.Sync(dir)
+	err := p.Sync(dir)
+	v.log.Debug("VM paused", "snapshot_ms", tSnap.Milliseconds(), "flush_ms", (time.Since(t) - tSnap).Milliseconds())
+	return err
 }
 
 // discardAt is an io.WriterAt that keeps nothing.

@@ -139,7 +139,7 @@ func (s *sup) pauseVM(why string) (string, string) {
 	s.rec.Paused, s.rec.PauseMS = time.Now().UTC(), time.Since(t).Milliseconds()
 	s.rec.MemoryBytes, s.rec.DiskBytes = res.MemoryBytes, res.DiskBytes
 	s.mu.Unlock()
-	s.log.Info("session paused", "id", s.o.ID, "pause_ms", s.rec.PauseMS, "memory_bytes", res.MemoryBytes, "disk_bytes", res.DiskBytes)
+	s.log.Info("session paused", "id", s.o.ID, "pause_ms", s.rec.PauseMS, "memory_bytes", res.MemoryBytes, "disk_bytes", res.DiskBytes, "close_ms", res.closeMS)
 	return session.StatePaused, why
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"isopod/internal/machine"
 	"isopod/internal/paths"
@@ -22,6 +23,7 @@ import (
 type pauseResult struct {
 	MemoryBytes int64
 	DiskBytes   int64
+	closeMS     int64 // the VM's teardown after its snapshot
 }
 
 // Pause writes the VM's state into dir (new and empty), ends its VMM and
@@ -37,9 +39,11 @@ func (v *VM) Pause(ctx context.Context, dir string) (*pauseResult, error) {
 		v.Close()
 		return nil, fmt.Errorf("pausing the VM: %w", err)
 	}
+	t := time.Now()
 	v.ClosePaused()
+	closeMS := time.Since(t).Milliseconds()
 	mem, disks := p.Bytes(dir)
-	return &pauseResult{MemoryBytes: mem, DiskBytes: disks}, nil
+	return &pauseResult{MemoryBytes: mem, DiskBytes: disks, closeMS: closeMS}, nil
 }
 
 // Fork snapshots the running VM into dir (new and empty) for a copy,
