@@ -70,6 +70,14 @@ func TestSupervisorPauseResume(t *testing.T) {
 	if !strings.HasSuffix(ex.StdoutLogPath, "exec-2.stdout.log") {
 		t.Errorf("exec after resume logs to %s; want exec-2", ex.StdoutLogPath)
 	}
+	// The pause directory, moved aside at the resume, is gone once the
+	// supervisor ends.
+	s.call(t, session.Call{Op: session.OpStop})
+	s.waitEnd(t)
+	s.done <- nil // for the cleanup's wait
+	if left, _ := filepath.Glob(s.store.PauseDir(s.rec.ID) + "*"); len(left) != 0 {
+		t.Errorf("left after the session ended: %v", left)
+	}
 }
 
 // A pause that would take paused sessions over the disk budget is
