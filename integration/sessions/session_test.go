@@ -41,6 +41,8 @@ type record struct {
 	SupervisorStart uint64 `json:"supervisor_start_time"`
 	Path            string `json:"path"`
 	GuestIP         string `json:"guest_ip"`
+	ResumeMS        int64  `json:"resume_ms"`
+	ResumeTotalMS   int64  `json:"resume_total_ms"`
 }
 
 func readRecord(t *testing.T, id string) record {

@@ -162,6 +162,12 @@ func TestImportRules(t *testing.T) {
 				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !frontEnd(imp) &&
 					imp != mod+"internal/config" && !under("internal/vmm")(imp)
 			}},
+		{"a paused VM's files import neither the core, the machine layer, a session, a front end, config, nor a VMM driver",
+			under("internal/pausefile"),
+			func(_, imp string) bool {
+				return !under("internal/sandbox")(imp) && !under("internal/machine")(imp) && !under("internal/session")(imp) &&
+					!frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
+			}},
 		{"a session's supervisor imports no front end, nor config, nor a VMM driver: it gets its VM from the core",
 			under("internal/session/supervisor"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp) }},

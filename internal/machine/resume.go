@@ -120,3 +120,46 @@ func (v *Machine) Unpause(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ResumePaused restores a paused VM (pausefile) from the snapshot in dir
+// with cfg (RAM of its own: vmm.Config.OwnRAM) and makes the guest
+// current: its clock, entropy, hostname and network (MakeOwn), a boot id
+// of its own for a fork, its connection a session's. started is told of
+// the VMM as soon as it runs. It returns how long the restore and the
+// hello took (a warm run's resume_ms spans the same), and the restore
+// alone.
+func (v *Machine) ResumePaused(ctx context.Context, drv vmm.Restorer, cfg vmm.Config, dir string, fork bool,
+	hostname string, started func(vmm.Machine)) (resumed, restore time.Duration, err error) {
+	t := time.Now()
+	m, err := v.Restore(ctx, drv, cfg, dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("restoring the paused VM: %w", err)
+	}
+	restore = time.Since(t)
+	started(m)
+	if err := v.Greet(ctx); err != nil {
+		return 0, restore, fmt.Errorf("greeting the resumed VM: %w", err)
+	}
+	resumed = time.Since(t)
+	if _, err := v.MakeOwn(ctx, hostname); err != nil {
+		return 0, restore, err
+	}
+	if fork {
+		if err := v.SetBootID(ctx, NewBootID()); err != nil {
+			return 0, restore, err
+		}
+	}
+	if err := v.Session(ctx); err != nil {
+		return 0, restore, fmt.Errorf("marking the VM's connection a session's: %w", err)
+	}
+	return resumed, restore, nil
+}
+
+// NewBootID is a random (version 4) UUID, as the kernel makes a boot id.
+func NewBootID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/pausefile"
 )
 
 // A held VM is one that outlives the call that started it (a session's):
@@ -32,6 +33,7 @@ type HeldInfo struct {
 	Path         string   `json:"path"` // "cold" or "warm"
 	BootMS       *int64   `json:"boot_ms,omitempty"`
 	ResumeMS     *int64   `json:"resume_ms,omitempty"`
+	TotalMS      int64    `json:"total_ms,omitempty"` // a resume's whole call (ResumeVM)
 	GuestIP      string   `json:"guest_ip,omitempty"`
 	RootfsFlavor string   `json:"rootfs_flavor"`
 	Warnings     []string `json:"warnings,omitempty"`
@@ -118,7 +120,7 @@ func heldBootErr(err error) error {
 // Info describes the held VM.
 func (h *Held) Info() HeldInfo {
 	rep := h.r.rep
-	return HeldInfo{VMID: rep.VMID, Name: rep.Name, Path: rep.Path, BootMS: rep.BootMS, ResumeMS: rep.ResumeMS,
+	return HeldInfo{VMID: rep.VMID, Name: rep.Name, Path: rep.Path, BootMS: rep.BootMS, ResumeMS: rep.ResumeMS, TotalMS: rep.TotalMS,
 		GuestIP: rep.GuestIP, RootfsFlavor: rep.RootfsFlavor, Warnings: rep.Warnings, SerialLog: rep.SerialLogPath}
 }
 
@@ -133,19 +135,12 @@ func (h *Held) Done() <-chan struct{} {
 	return m.Done()
 }
 
-// ExecBase is what every exec of a held VM starts from.
-type ExecBase struct {
-	Env    []string `json:"env,omitempty"` // the VM's environment, before the exec's own
-	Cwd    string   `json:"cwd,omitempty"` // the workspace, else the base's working directory
-	LogDir string   `json:"log_dir"`       // where exec logs go, beside the VM's record
-}
-
 // ExecBase is what every exec of the held VM starts from.
-func (h *Held) ExecBase() ExecBase {
+func (h *Held) ExecBase() pausefile.ExecBase {
 	if p := h.r.resumedFrom; p != nil {
 		return p.Exec
 	}
-	return ExecBase{Env: h.r.spec().ExecEnv(nil), Cwd: cmp.Or(h.r.workspaceDir(), h.r.plan.cwd), LogDir: h.r.dir.Path()}
+	return pausefile.ExecBase{Env: h.r.spec().ExecEnv(nil), Cwd: cmp.Or(h.r.workspaceDir(), h.r.plan.cwd), LogDir: h.r.dir.Path()}
 }
 
 // Machine is the held VM, for its execs and the other agent calls.

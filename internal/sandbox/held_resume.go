@@ -2,37 +2,56 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/pausefile"
+	"isopod/internal/vmm"
 	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
 )
 
-// ResumeVM brings back the held VM a pause left in dir (Held.Pause): req
-// is admitted again (its network rules, its credentials resolved anew;
-// its workspace is not copied again: the VM keeps its copy), the same
-// network is made again for the same VM, and the VM is restored with
-// RAM of its own, its clock set to the host's and its network
-// configured. The caller must Close or Pause the result. A VM whose
-// VMM, kernel, initramfs or agent changed since the pause is refused,
-// wrapping ErrChanged and errdefs.ErrFailedPrecondition.
-func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Held, retErr error) {
+// ResumeVM brings back the held VM a pause left in dir
+// (machine.Machine.Pause): req is admitted again (its network rules, its
+// credentials resolved anew; its workspace is not copied again: the VM
+// keeps its copy), the same network is made again for the same VM, and
+// the VM is restored with RAM of its own (machine.Machine.ResumePaused).
+// The caller must Close or pause the result. Its Info's ResumeMS spans
+// the restore and the guest's hello, as a warm run's resume_ms does;
+// TotalMS the whole call. A VM whose VMM, kernel, initramfs or agent
+// changed since the pause is refused, wrapping pausefile.ErrChanged and
+// errdefs.ErrFailedPrecondition, before anything else is.
+func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (*Held, error) {
 	t0 := time.Now()
-	p, err := ReadPaused(dir)
+	p, err := s.pausedVM(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	now, err := s.identity(ctx, p.Config)
+	// The RAM's copy overlaps the admission and the network.
+	defer s.prefillRAM(ctx, p, dir)()
+	a, err := s.AdmitResume(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if why := changed(p.Identity, now); why != "" {
-		return nil, fmt.Errorf("%s: %w: %w", why, ErrChanged, errdefs.ErrFailedPrecondition)
-	}
+	a.t0 = t0
+	return a.Resume(ctx, dir)
+}
+
+// Resuming is a resume admitted before its pause is there: a fork's,
+// admitted while its parent's VM is copied.
+type Resuming struct {
+	s   *Service
+	req Request
+	pl  *plan
+	t0  time.Time
+}
+
+// AdmitResume admits req for a resume (as ResumeVM does) and makes ready
+// what does not depend on the pause: the VMM's identity, asked once.
+func (s *Service) AdmitResume(ctx context.Context, req Request) (*Resuming, error) {
+	t0 := time.Now()
 	if err := checkHeld(req); err != nil {
 		return nil, err
 	}
@@ -41,14 +60,55 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if err != nil {
 		return nil, err
 	}
+	if rs, err := s.restorer(ctx); err == nil {
+		rs.SnapshotIdentity(ctx)
+	}
+	return &Resuming{s: s, req: req, pl: pl, t0: t0}, nil
+}
+
+// pausedVM reads the pause in dir, refusing one whose identity changed.
+func (s *Service) pausedVM(ctx context.Context, dir string) (*pausefile.Paused, error) {
+	p, err := pausefile.Read(dir)
+	if err != nil {
+		return nil, err
+	}
+	now, err := s.identity(ctx, p.Config)
+	if err != nil {
+		return nil, err
+	}
+	if why := p.Identity.Changed(now); why != "" {
+		return nil, fmt.Errorf("%s: %w: %w", why, pausefile.ErrChanged, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}
+
+// prefillRAM starts copying the RAM of the pause in dir into the VM's
+// own memory ahead of its restore where the VMM can (vmm.RAMPrefiller);
+// the function it returns drops a copy no restore took.
+func (s *Service) prefillRAM(ctx context.Context, p *pausefile.Paused, dir string) func() {
+	rs, err := s.restorer(ctx)
+	if pf, ok := rs.(vmm.RAMPrefiller); err == nil && ok {
+		return pf.PrefillRAM(dir, p.Config.MemMiB)
+	}
+	return func() {}
+}
+
+// Resume restores the held VM a pause left in dir, as ResumeVM does.
+func (a *Resuming) Resume(ctx context.Context, dir string) (_ *Held, retErr error) {
+	s := a.s
+	p, err := s.pausedVM(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer s.prefillRAM(ctx, p, dir)()
 	d, err := vmrecord.Reopen(p.Dir)
 	if err != nil {
 		return nil, err
 	}
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log), dir: d, scratch: p.Scratch,
+	r := &run{s: s, req: a.req, t0: a.t0, plan: a.pl, vm: machine.New(s.log), dir: d, scratch: p.Scratch,
 		wsUpper: p.WorkspaceUpper, resumedFrom: p}
 	r.rep = &Report{OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Path: p.Path, GuestIP: p.GuestIP,
-		SerialLogPath: d.ConsolePath(), Warnings: append(append([]string(nil), pl.warnings...), s.jailReport()...)}
+		SerialLogPath: d.ConsolePath(), Warnings: append(append([]string(nil), a.pl.warnings...), s.jailReport()...)}
 	h := &Held{r: r}
 	defer func() {
 		if retErr != nil {
@@ -60,15 +120,13 @@ func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (_ *Hel
 	if err := r.restorePaused(ctx, p, dir); err != nil {
 		return nil, err
 	}
-	ms := time.Since(t0).Milliseconds()
-	r.rep.ResumeMS = &ms
+	r.rep.TotalMS = time.Since(a.t0).Milliseconds()
 	return h, nil
 }
 
 // restorePaused starts the network and the VMM from the snapshot in dir
-// and makes the guest current: its clock, its network, its connection a
-// session's.
-func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error {
+// and makes the guest current.
+func (r *run) restorePaused(ctx context.Context, p *pausefile.Paused, dir string) error {
 	if p.NIC != !r.req.NoNetwork {
 		return fmt.Errorf("the paused VM's network (%v) is not the request's: %w", p.NIC, errdefs.ErrInvalidArgument)
 	}
@@ -93,40 +151,16 @@ func (r *run) restorePaused(ctx context.Context, p *PausedVM, dir string) error 
 	bound := time.Duration(max(r.req.TimeoutS, 1)) * time.Second
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	t := time.Now()
-	m, err := r.vm.Restore(rctx, drv, cfg, dir)
+	resumed, restore, err := r.vm.ResumePaused(rctx, drv, cfg, dir, p.Fork, r.dir.Rec.Name, func(m vmm.Machine) {
+		r.rep.Accel = m.Accel()
+		r.dir.Started(m)
+	})
 	if err != nil {
-		return fmt.Errorf("restoring the paused VM: %w", err)
-	}
-	tRestore := time.Since(t)
-	r.rep.Accel = m.Accel()
-	r.dir.Started(m)
-	if err := r.vm.Greet(rctx); err != nil {
-		return fmt.Errorf("greeting the resumed VM: %w", err)
-	}
-	// The clock jumps to the host's; entropy is mixed in; the network
-	// (its proxies' credentials anew) is configured again.
-	if _, err := r.vm.MakeOwn(rctx, r.dir.Rec.Name); err != nil {
 		return err
 	}
-	if p.Fork {
-		if err := r.vm.SetBootID(rctx, newBootID()); err != nil {
-			return err
-		}
-	}
-	if err := r.vm.Session(rctx); err != nil {
-		return fmt.Errorf("marking the VM's connection a session's: %w", err)
-	}
+	ms := resumed.Milliseconds()
+	r.rep.ResumeMS = &ms
 	r.s.log.Debug("paused VM resumed", "since_start_ms", time.Since(r.t0).Milliseconds(),
-		"restore_ms", tRestore.Milliseconds(), "greet_configure_ms", (time.Since(t) - tRestore).Milliseconds())
+		"restore_ms", restore.Milliseconds(), "resume_ms", ms)
 	return nil
-}
-
-// newBootID is a random (version 4) UUID, as the kernel makes a boot id.
-func newBootID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -168,7 +168,7 @@ func (r *run) claimReady(ctx context.Context) error {
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()
 	t := time.Now()
-	ip, err := r.vm.MakeOwnBoot(rctx, r.dir.Rec.Name, newBootID())
+	ip, err := r.vm.MakeOwnBoot(rctx, r.dir.Rec.Name, machine.NewBootID())
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

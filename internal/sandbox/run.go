@@ -12,6 +12,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
+	"isopod/internal/pausefile"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
 	"isopod/internal/workspace"
@@ -54,13 +55,13 @@ type run struct {
 	// vmCfg is the configuration the VMM was started with; ownRAM asks a
 	// resume from the warm pool for RAM of the VM's own (a held VM's,
 	// which a pause snapshots); paused keeps the disks a pause left for
-	// a later resume (pause.go).
+	// a later resume (held_pause.go).
 	vmCfg  vmm.Config
 	ownRAM bool
 	paused bool
 	// resumedFrom is what a pause left of a held VM that ResumeVM
 	// brought back.
-	resumedFrom *PausedVM
+	resumedFrom *pausefile.Paused
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (packing the workspace).
 	uncharged time.Duration

@@ -13,29 +13,32 @@ import (
 
 // Summary is what start, resume and fork answer of a session.
 type Summary struct {
-	OK           bool     `json:"ok"`
-	SessionID    string   `json:"session_id"`
-	Name         string   `json:"name"`
-	State        string   `json:"state"`
-	VMID         string   `json:"vm_id,omitempty"`
-	Path         string   `json:"path,omitempty"`
-	GuestIP      string   `json:"guest_ip,omitempty"`
-	IdleTimeoutS int      `json:"idle_timeout_s"`
-	MaxLifetimeS int      `json:"max_lifetime_s"`
-	Resumed      bool     `json:"resumed,omitempty"`
-	ResumeMS     *int64   `json:"resume_ms,omitempty"`
-	Warnings     []string `json:"warnings,omitempty"`
+	OK           bool   `json:"ok"`
+	SessionID    string `json:"session_id"`
+	Name         string `json:"name"`
+	State        string `json:"state"`
+	VMID         string `json:"vm_id,omitempty"`
+	Path         string `json:"path,omitempty"`
+	GuestIP      string `json:"guest_ip,omitempty"`
+	IdleTimeoutS int    `json:"idle_timeout_s"`
+	MaxLifetimeS int    `json:"max_lifetime_s"`
+	Resumed      bool   `json:"resumed,omitempty"`
+	ResumeMS     *int64 `json:"resume_ms,omitempty"`
+	// ResumeTotalMS is the whole resume or fork, ResumeMS its restore and
+	// the guest's hello.
+	ResumeTotalMS int64    `json:"resume_total_ms,omitempty"`
+	Warnings      []string `json:"warnings,omitempty"`
 }
 
 // Summary is r as start, resume and fork answer it: resumed, with the
 // resume's time, when its VM came from a pause snapshot.
 func (r *Record) Summary() Summary {
 	var resumeMS *int64
-	if r.ResumeMS > 0 {
+	if r.ResumeMS > 0 || r.ResumeTotalMS > 0 {
 		ms := r.ResumeMS
 		resumeMS = &ms
 	}
-	return Summary{OK: true, Resumed: resumeMS != nil, ResumeMS: resumeMS, SessionID: r.ID, Name: r.Name, State: r.State, VMID: r.VMID, Path: r.Path,
+	return Summary{OK: true, Resumed: resumeMS != nil, ResumeMS: resumeMS, ResumeTotalMS: r.ResumeTotalMS, SessionID: r.ID, Name: r.Name, State: r.State, VMID: r.VMID, Path: r.Path,
 		GuestIP: r.GuestIP, IdleTimeoutS: r.IdleTimeoutS, MaxLifetimeS: r.MaxLifetimeS, Warnings: r.Warnings}
 }
 

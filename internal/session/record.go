@@ -116,12 +116,16 @@ type Record struct {
 	IdleAction string `json:"idle_action,omitempty"`
 	// Paused, PauseMS, MemoryBytes and DiskBytes describe the last pause:
 	// when, how long it took, and the bytes its snapshot and the VM's
-	// disks hold on disk. ResumeMS is how long the last resume took.
-	Paused      time.Time `json:"paused,omitzero"`
-	PauseMS     int64     `json:"pause_ms,omitempty"`
-	MemoryBytes int64     `json:"memory_bytes,omitempty"`
-	DiskBytes   int64     `json:"disk_bytes,omitempty"`
-	ResumeMS    int64     `json:"resume_ms,omitempty"`
+	// disks hold on disk. ResumeMS is how long the last resume's restore
+	// and the guest's hello took (what a warm run's resume_ms spans),
+	// ResumeTotalMS its whole (a fork's copy of its parent's VM, the
+	// admission, the network, the guest made current).
+	Paused        time.Time `json:"paused,omitzero"`
+	PauseMS       int64     `json:"pause_ms,omitempty"`
+	MemoryBytes   int64     `json:"memory_bytes,omitempty"`
+	DiskBytes     int64     `json:"disk_bytes,omitempty"`
+	ResumeMS      int64     `json:"resume_ms,omitempty"`
+	ResumeTotalMS int64     `json:"resume_total_ms,omitempty"`
 }
 
 // PausesOnIdle reports whether r's idle timeout pauses it.

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/sandbox"
 	"isopod/internal/session"
 )
 
@@ -32,7 +33,7 @@ func (s *sup) forkFrom(ctx context.Context, dir string) error {
 	}
 	switch {
 	case parent.State == session.StatePaused:
-		return s.o.Service.ForkPaused(s.o.Store.PauseDir(parent.ID), dir)
+		return forkPaused(s.o.Store.Paths, s.o.Store.PauseDir(parent.ID), dir)
 	case parent.Live():
 		fctx, cancel := context.WithTimeout(ctx, forkTimeout)
 		defer cancel()
@@ -40,6 +41,29 @@ func (s *sup) forkFrom(ctx context.Context, dir string) error {
 		return err
 	}
 	return fmt.Errorf("session %s is %s: only a running or paused session forks: %w", parent.ID, parent.State, errdefs.ErrFailedPrecondition)
+}
+
+// resumeFork fills dir with a copy of the parent's VM (forkFrom) while
+// the resume is admitted, then resumes the copy.
+func (s *sup) resumeFork(ctx context.Context, dir string) (*sandbox.Held, error) {
+	type admitted struct {
+		a   *sandbox.Resuming
+		err error
+	}
+	ch := make(chan admitted, 1)
+	go func() {
+		a, err := s.o.Service.AdmitResume(ctx, s.o.Request)
+		ch <- admitted{a, err}
+	}()
+	err := s.forkFrom(ctx, dir)
+	ad := <-ch
+	if err != nil {
+		return nil, err
+	}
+	if ad.err != nil {
+		return nil, ad.err
+	}
+	return ad.a.Resume(ctx, dir)
 }
 
 // forkCall snapshots the running VM into the pause directory of the fork
@@ -59,7 +83,7 @@ func (s *sup) forkCall(ctx context.Context, c session.Call) (any, error) {
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
 		return nil, fmt.Errorf("fork: session %s's pause directory is not new and empty: %w", child.ID, errdefs.ErrFailedPrecondition)
 	}
-	if err := s.vm.Fork(ctx, dir); err != nil {
+	if err := s.vm.Fork(ctx, s.o.Store.Paths, dir); err != nil {
 		return nil, err
 	}
 	return session.Reply{OK: true, SessionID: s.o.ID}, nil

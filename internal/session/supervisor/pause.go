@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/pausefile"
 	"isopod/internal/sandbox"
 	"isopod/internal/session"
 )
 
 // A pause ends the supervisor as a stop does, but the VM's memory and
 // device state are written to the session's pause directory first and its
-// disks kept (sandbox.Held.Pause); the record reads paused. A supervisor
+// disks kept (VM.Pause); the record reads paused. A supervisor
 // started with Options.Resume restores the VM from there
 // (sandbox.Service.ResumeVM) and relays the exposed ports again.
 
@@ -138,30 +139,46 @@ func (s *sup) pauseVM(why string) (string, string) {
 	s.rec.Paused, s.rec.PauseMS = time.Now().UTC(), time.Since(t).Milliseconds()
 	s.rec.MemoryBytes, s.rec.DiskBytes = res.MemoryBytes, res.DiskBytes
 	s.mu.Unlock()
-	s.log.Info("session paused", "id", s.o.ID, "pause_ms", s.rec.PauseMS, "memory_bytes", res.MemoryBytes, "disk_bytes", res.DiskBytes)
+	s.log.Info("session paused", "id", s.o.ID, "pause_ms", s.rec.PauseMS, "memory_bytes", res.MemoryBytes, "disk_bytes", res.DiskBytes, "close_ms", res.closeMS)
 	return session.StatePaused, why
 }
 
 // resumeVM restores the session's VM from its pause directory, which
-// goes once the VM runs (it holds RAM of its own).
+// goes once the VM runs (it holds RAM of its own). A fork's resume is
+// admitted while the parent's VM is copied into the directory.
 func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
+	t := time.Now()
 	dir := s.o.Store.PauseDir(s.o.ID)
+	var h *sandbox.Held
+	var err error
 	if s.o.ForkFrom != "" {
-		if err := s.forkFrom(ctx, dir); err != nil {
-			return nil, err
-		}
+		h, err = s.resumeFork(ctx, dir)
+	} else {
+		h, err = s.o.Service.ResumeVM(ctx, s.o.Request, dir)
 	}
-	h, err := s.o.Service.ResumeVM(ctx, s.o.Request, dir)
 	if err != nil {
 		return nil, err
 	}
-	os.RemoveAll(dir)
+	s.removeAside(dir)
 	s.mu.Lock()
 	if ms := h.Info().ResumeMS; ms != nil {
 		s.rec.ResumeMS = *ms
 	}
+	s.rec.ResumeTotalMS = time.Since(t).Milliseconds()
 	s.mu.Unlock()
 	return h, nil
+}
+
+// removeAside moves dir, a pause directory the resumed VM no longer
+// needs, out of the way at once and removes it in the background (its
+// RAM file takes a while to free); Run waits for the removal.
+func (s *sup) removeAside(dir string) {
+	gone := fmt.Sprintf("%s.gone-%d", dir, time.Now().UnixNano())
+	if err := os.Rename(dir, gone); err != nil {
+		os.RemoveAll(dir)
+		return
+	}
+	s.removals.Go(func() { os.RemoveAll(gone) })
 }
 
 // notStarted writes why the VM did not start: a resume that failed keeps
@@ -174,7 +191,7 @@ func (s *sup) notStarted(err error) {
 	case s.o.ForkFrom != "":
 		discard(s.o.Store, s.o.ID)
 		s.finish(session.StateStopped, "the fork could not start: "+err.Error())
-	case errors.Is(err, sandbox.ErrChanged):
+	case errors.Is(err, pausefile.ErrChanged):
 		discard(s.o.Store, s.o.ID)
 		s.finish(session.StateLost, "it cannot be resumed: "+err.Error())
 	default:
@@ -206,7 +223,9 @@ func (s *sup) reexpose() {
 // disks.
 func discard(st session.Store, id string) {
 	dir := st.PauseDir(id)
-	sandbox.DiscardPaused(dir)
+	if p, err := pausefile.Read(dir); err == nil {
+		discardPaused(p)
+	}
 	os.RemoveAll(dir)
 }
 

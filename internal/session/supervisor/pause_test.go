@@ -55,8 +55,13 @@ func TestSupervisorPauseResume(t *testing.T) {
 		t.Fatalf("resume: %+v", a)
 	}
 	r, err = s.store.Load(s.rec.ID)
-	if err != nil || r.State != session.StateRunning || r.ResumeMS <= 0 || !r.Summary().Resumed {
+	if err != nil || r.State != session.StateRunning || r.ResumeMS < 0 || !r.Summary().Resumed {
 		t.Errorf("record after resume: %+v, %v; want running, resumed", r, err)
+	}
+	// resume_ms is the restore and the hello, as a warm run's; the whole
+	// resume is resume_total_ms.
+	if sm := r.Summary(); sm.ResumeTotalMS < r.ResumeMS || sm.ResumeTotalMS <= 0 {
+		t.Errorf("resume_total_ms %d, resume_ms %d; want the whole resume, at least its restore", sm.ResumeTotalMS, r.ResumeMS)
 	}
 	if _, err := os.Stat(s.store.PauseDir(s.rec.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pause directory after resume: %v; want it removed", err)
@@ -64,6 +69,14 @@ func TestSupervisorPauseResume(t *testing.T) {
 	s.must(t, session.Call{Op: session.OpExec, Argv: []string{"true"}}, &ex)
 	if !strings.HasSuffix(ex.StdoutLogPath, "exec-2.stdout.log") {
 		t.Errorf("exec after resume logs to %s; want exec-2", ex.StdoutLogPath)
+	}
+	// The pause directory, moved aside at the resume, is gone once the
+	// supervisor ends.
+	s.call(t, session.Call{Op: session.OpStop})
+	s.waitEnd(t)
+	s.done <- nil // for the cleanup's wait
+	if left, _ := filepath.Glob(s.store.PauseDir(s.rec.ID) + "*"); len(left) != 0 {
+		t.Errorf("left after the session ended: %v", left)
 	}
 }
 

@@ -90,6 +90,9 @@ type sup struct {
 	exposeCtx    context.Context
 	exposeCancel context.CancelFunc
 	exposes      sync.WaitGroup
+	// removals are the removals of what a resume no longer needs
+	// (removeAside).
+	removals sync.WaitGroup
 }
 
 // Run supervises session o.ID until it ends; ctx's end (a signal) ends it
@@ -135,6 +138,7 @@ func Run(ctx context.Context, o Options) error {
 		s.vm.Close()
 	}
 	s.exposes.Wait()
+	s.removals.Wait()
 	o.Service.Wait()
 	s.releasePlace()
 	os.Remove(o.Store.Socket(o.ID))

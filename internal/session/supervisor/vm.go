@@ -15,6 +15,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/pausefile"
 	"isopod/internal/sandbox"
 )
 
@@ -23,7 +24,7 @@ import (
 // safe for concurrent use; they share the VM's one agent connection.
 type VM struct {
 	*sandbox.Held
-	base  sandbox.ExecBase
+	base  pausefile.ExecBase
 	mu    sync.Mutex // guards execs
 	execs int
 	// commitMu lets one commit run at a time.

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -155,7 +154,7 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		l.memPath = fdPath(mf.add(f))
 		l.ramFrom = "memfd"
 	case cfg.OwnRAM:
-		return ownRAM(cfg, l, mf, snapshotRAM)
+		return d.ownRAM(cfg, l, mf, snapshotRAM)
 	case d.jail == nil:
 		l.memPath = snapshotRAM
 		l.ramFrom = "snapshot file"
@@ -167,59 +166,6 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		mf.ramReady = ready
 		l.memPath = fdPath(mf.add(f))
 	}
-	return nil
-}
-
-// ownRAM gives a restored machine RAM of its own (vmm.Config.OwnRAM): a
-// fresh memfd, mapped shared as a boot's, filled with the snapshot's RAM
-// in the background while QEMU starts (as a sealed copy is; ready waits
-// for it before the incoming migration). A jailed QEMU sees only the
-// memfd, as at a boot.
-func ownRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotRAM string) error {
-	src, err := os.Open(snapshotRAM)
-	if err != nil {
-		return fmt.Errorf("qemu: %w: %w", err, errdefs.ErrNotFound)
-	}
-	st, err := src.Stat()
-	size := int64(cfg.MemMiB) << 20
-	if err == nil && st.Size() != size {
-		err = fmt.Errorf("the snapshot's RAM is %d bytes, not %d: %w", st.Size(), size, errdefs.ErrInvalidArgument)
-	}
-	var f, fill *os.File
-	if err == nil {
-		var fd int
-		if fd, err = unix.MemfdCreate("isopod-guest-ram", unix.MFD_CLOEXEC); err == nil {
-			f = os.NewFile(uintptr(fd), "guest-ram")
-			err = f.Truncate(size)
-		}
-	}
-	if err == nil {
-		// The filler's own open file, whose offset nobody else moves.
-		fill, err = os.OpenFile(fdPath(int(f.Fd())), os.O_RDWR|unix.O_CLOEXEC, 0)
-	}
-	if err != nil && f != nil {
-		f.Close()
-	}
-	if err != nil {
-		src.Close()
-		return fmt.Errorf("qemu: guest memory: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		defer src.Close()
-		defer fill.Close()
-		done <- copyData(fill, src, size)
-	}()
-	var once sync.Once
-	var ferr error
-	mf.ramReady = func() error {
-		once.Do(func() { ferr = <-done })
-		return ferr
-	}
-	mf.mem = f
-	l.memPath = fdPath(mf.add(f))
-	l.ownRAM, l.romOff = true, false
-	l.ramFrom = "own copy"
 	return nil
 }
 

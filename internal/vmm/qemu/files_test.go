@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -285,7 +286,7 @@ func TestOwnRAM(t *testing.T) {
 	l := launch{restored: true, romOff: true}
 	mf := &machineFiles{}
 	defer mf.closeAll()
-	if err := ownRAM(&cfg, &l, mf, path); err != nil {
+	if err := (&Driver{}).ownRAM(&cfg, &l, mf, path); err != nil {
 		t.Fatal(err)
 	}
 	if err := mf.waitRAM(); err != nil {
@@ -304,7 +305,64 @@ func TestOwnRAM(t *testing.T) {
 	}
 	small := cfg
 	small.MemMiB = cfg.MemMiB * 2
-	if err := ownRAM(&small, &launch{restored: true}, &machineFiles{}, path); err == nil {
+	if err := (&Driver{}).ownRAM(&small, &launch{restored: true}, &machineFiles{}, path); err == nil {
 		t.Error("a snapshot of another size was taken as RAM")
+	}
+}
+
+// TestPrefillRAM: a restore with RAM of its own takes the copy PrefillRAM
+// started for its snapshot, unless the snapshot's RAM file changed since;
+// release drops a copy no restore took.
+func TestPrefillRAM(t *testing.T) {
+	dir := t.TempDir()
+	cfg := baseConfig()
+	cfg.OwnRAM = true
+	size := int64(cfg.MemMiB) << 20
+	path := filepath.Join(dir, snapMemory)
+	write := func(s string, mtime time.Time) {
+		t.Helper()
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(size)
+		f.WriteAt([]byte(s), 1<<20)
+		f.Close()
+		os.Chtimes(path, mtime, mtime)
+	}
+	restore := func(d *Driver) (string, string) {
+		t.Helper()
+		l := launch{restored: true}
+		mf := &machineFiles{}
+		t.Cleanup(mf.closeAll)
+		if err := d.ownRAM(&cfg, &l, mf, path); err != nil {
+			t.Fatal(err)
+		}
+		if err := mf.waitRAM(); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 5)
+		mf.mem.ReadAt(got, 1<<20)
+		return string(got), l.ramFrom
+	}
+	d := &Driver{}
+	write("first", time.Unix(1_700_000_000, 0))
+	release := d.PrefillRAM(dir, cfg.MemMiB)
+	if got, from := restore(d); got != "first" || from != "own copy, filled ahead" {
+		t.Errorf("restore after a prefill reads %q from %q; want the copy filled ahead", got, from)
+	}
+	release() // taken: nothing to drop
+
+	release = d.PrefillRAM(dir, cfg.MemMiB)
+	write("other", time.Unix(1_700_000_100, 0))
+	if got, from := restore(d); got != "other" || from != "own copy" {
+		t.Errorf("restore of a changed file reads %q from %q; want a copy made now", got, from)
+	}
+	release()
+
+	release = d.PrefillRAM(dir, cfg.MemMiB)
+	release()
+	if n := len(d.pre.m); n != 0 {
+		t.Errorf("%d copies kept after release", n)
 	}
 }

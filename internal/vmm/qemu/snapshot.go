@@ -59,6 +59,7 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if m.files.mem == nil {
 		return fmt.Errorf("qemu snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
 	}
+	t0 := time.Now()
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
@@ -76,9 +77,11 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
+	t1 := time.Now()
 	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
+	m.log.Debug("qemu snapshot", "stop_state_ms", ms(t1.Sub(t0)), "memory_ms", ms(time.Since(t1)))
 	stateSum, err := digestFile(filepath.Join(dir, snapState))
 	if err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)

@@ -1,7 +1,6 @@
-package sandbox
+package pausefile
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,105 +9,50 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"isopod/internal/vmrecord"
 )
 
-// Forking a held VM makes a paused copy of it for another session to
-// resume (ResumeVM): its snapshot (RAM and device state) and, in a VM
-// directory of its own, copies of what the VM writes or what goes with
-// it (its scratch disk, its workspace's copy and layer, its slots'
-// placeholders), each a reflink where the file system allows and a
-// sparse copy otherwise. The read-only layers below (the base and the
-// stages) are shared, as between any two runs. The copy's resume gives it
-// a boot id of its own besides every resume's fresh entropy, clock and
-// network, and its own hostname (its VM's name).
+// A fork of a VM is a paused copy of it: its snapshot (RAM and device
+// state) and, in a VM directory of its own, copies of what the VM writes
+// or what goes with it (its scratch disk, its workspace's copy and layer,
+// its slots' placeholders), each a reflink where the file system allows
+// and a sparse copy otherwise. The read-only layers below (the base and
+// the stages) are shared, as between any two runs. The copy's resume
+// gives it a boot id of its own besides every resume's fresh entropy,
+// clock and network, and its own hostname (its VM's name).
 
-// Fork snapshots the running held VM into dir (new and empty) for a
-// copy, which ResumeVM brings up; the VM is stopped while its RAM and
-// disks are copied, then runs on.
-func (h *Held) Fork(ctx context.Context, dir string) error {
-	r := h.r
-	id, err := r.s.identity(ctx, r.vmCfg)
+// CopySnapshot copies the snapshot files of the pause in from (all but
+// its descriptor) into to, new and empty.
+func CopySnapshot(to, from string) error {
+	ents, err := os.ReadDir(from)
 	if err != nil {
 		return err
-	}
-	p := h.descriptor(id)
-	err = r.vm.SnapshotRunning(ctx, dir, func() error {
-		child, err := r.s.copyVM(&p)
-		if err != nil {
-			return err
-		}
-		return writeCopy(dir, child)
-	})
-	if err != nil {
-		return fmt.Errorf("forking the VM: %w", err)
-	}
-	return nil
-}
-
-// ForkPaused copies the pause in parentDir (Held.Pause) into dir (new and
-// empty) for a copy of that VM, which ResumeVM brings up.
-func (s *Service) ForkPaused(parentDir, dir string) error {
-	p, err := ReadPaused(parentDir)
-	if err != nil {
-		return err
-	}
-	ents, err := os.ReadDir(parentDir)
-	if err != nil {
-		return fmt.Errorf("forking the paused VM: %w", err)
 	}
 	for _, e := range ents {
-		if e.Name() == pausedFile || !e.Type().IsRegular() {
+		if e.Name() == File || !e.Type().IsRegular() {
 			continue
 		}
-		if err := copyFile(filepath.Join(dir, e.Name()), filepath.Join(parentDir, e.Name())); err != nil {
-			return fmt.Errorf("forking the paused VM: %w", err)
+		if err := copyFile(filepath.Join(to, e.Name()), filepath.Join(from, e.Name())); err != nil {
+			return err
 		}
-	}
-	child, err := s.copyVM(p)
-	if err != nil {
-		return err
-	}
-	return writeCopy(dir, child)
-}
-
-// writeCopy writes the descriptor of the copy c into dir, or removes
-// what was copied for it.
-func writeCopy(dir string, c *PausedVM) error {
-	if err := writePaused(dir, c); err != nil {
-		discard(c)
-		os.RemoveAll(c.Dir)
-		return fmt.Errorf("forking the VM: %w", err)
 	}
 	return nil
 }
 
-// copyVM makes the VM directory of a copy of the VM p describes, with
-// copies of the files that go with it, and returns the copy's
-// descriptor.
-func (s *Service) copyVM(p *PausedVM) (_ *PausedVM, retErr error) {
-	rec, err := vmrecord.Read(p.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("forking the VM: %w", err)
-	}
-	d, err := vmrecord.NewDir(s.opts.Paths, heldArgv, rec.Base, rec.Stage)
-	if err != nil {
-		return nil, err
-	}
+// CopyFiles copies the files that go with the paused VM p into the VM
+// directory dir of its copy, whose id is id, and returns the copy's
+// descriptor. What it copied goes again when it fails.
+func (p *Paused) CopyFiles(id, dir string) (_ *Paused, retErr error) {
+	c := *p
+	c.VMID, c.Dir, c.Fork = id, dir, true
+	c.Exec.LogDir = dir
 	var made []string
 	defer func() {
-		d.Pause()
 		if retErr != nil {
 			for _, f := range made {
 				os.Remove(f)
 			}
-			os.RemoveAll(d.Path())
 		}
 	}()
-	c := *p
-	c.VMID, c.Dir, c.Fork = d.Rec.ID, d.Path(), true
-	c.Exec.LogDir = d.Path()
 	// A path of the VM's own names its id as a directory: its VM
 	// directory, its workspace's work directory.
 	own := func(path string) (string, bool) {
@@ -134,6 +78,7 @@ func (s *Service) copyVM(p *PausedVM) (_ *PausedVM, retErr error) {
 		made = append(made, to)
 		return to, copyFile(to, path)
 	}
+	var err error
 	c.Config.Disks = append(c.Config.Disks[:0:0], p.Config.Disks...)
 	for i := range c.Config.Disks {
 		if c.Config.Disks[i].Path, err = cp(p.Config.Disks[i].Path); err != nil {
