@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
-# What a session saves against warm runs, side by side in one process of
-# this script, each call a new isopod process as a CLI user's are:
+# What an exec in a running session costs against a warm run, side by
+# side in one process of this script, each call a new isopod process as a
+# CLI user's are:
 #
 #   exec     `session exec S -- true` (exec_ms, CLI wall) against a warm
 #            `run -- true` (total_ms, CLI wall), interleaved;
-#   pause    pause of a 512 MiB session (pause_ms, per GiB of guest
-#            memory, disk held) and its resume (resume_ms) against a warm
-#            run's resume_ms, interleaved;
-#   fork     fork of a running session (total_ms, CLI wall) against a
-#            warm run's total_ms;
 #   idle     the CPU an idle running session's QEMU uses over 30 s.
+#
+# A session's pause, resume and fork: scripts/bench-session-pause.sh.
 #
 #   ./scripts/bench-sessions.sh          N=10 samples per series
 #   ./scripts/bench-sessions.sh -n 20
 #   KEEP=1 ./scripts/bench-sessions.sh   keep the samples
 #
 # Targets: exec_ms p50 <= 0.15x warm total_ms p50; exec wall <= 0.35x run
-# wall; pause <= 500 ms per GiB; resume_ms <= 1.2x warm resume_ms; fork
-# total <= warm total_ms; idle <= 2 % of one core.
+# wall; idle <= 2 % of one core.
 #
 # Uses bin/isopod (ISOPOD=path to override), the state root isopod would
 # use ($ISOPOD_HOME), base-min (BASE=... to change), jq and python3.
@@ -86,7 +83,7 @@ done
 
 echo "bench-sessions: idle" >&2
 vm=$(jq -r .vm_id <<<"$(jq -c 'select(.series=="start") | .r' "$SAMPLES" | tail -1)")
-pid=$("$ISOPOD" vm ls | jq -r --arg v "$vm" '.vms[] | select(.vm_id==$v) | .vmm_pid // empty')
+pid=$(pgrep -f "qemu-system.*$vm" | head -1 || true)
 idle_pct=null
 if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ]; then
   sleep 5
@@ -97,22 +94,6 @@ if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ]; then
   idle_pct=$(python3 -c "print(round(($c1-$c0)/$tick/30*100, 3))")
 fi
 "$ISOPOD" session stop bench-exec >/dev/null
-
-echo "bench-sessions: pause" >&2
-start bench-pause --no-network --mem-mib 512
-call discard session exec bench-pause -- true
-for _ in $(seq "$N"); do
-  call pause session pause bench-pause
-  call resume session resume bench-pause
-  call run_resume "${RUN[@]}"
-done
-
-echo "bench-sessions: fork" >&2
-for i in $(seq "$N"); do
-  call fork session fork bench-pause --name "bench-fork-$i"
-  "$ISOPOD" session stop "bench-fork-$i" >/dev/null
-  call run_fork "${RUN[@]}"
-done
 
 python3 - "$SAMPLES" "$N" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$idle_pct" <<'PY'
 import json, os, platform, statistics, sys
@@ -127,24 +108,16 @@ def p50(series, key):
     return statistics.median(v) if v else None
 def ratio(a, b):
     return round(a / b, 3) if a is not None and b else None
-pause_ms, mem = p50("pause", "pause_ms"), 512
 out = {
     "n": int(n), "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
     "load_before": load0, "load_after": load1,
     "exec_ms_p50": p50("exec", "exec_ms"), "exec_wall_p50": p50("exec", "wall_ms"),
     "run_total_ms_p50": p50("run_exec", "total_ms"), "run_wall_p50": p50("run_exec", "wall_ms"),
-    "pause_ms_p50": pause_ms, "pause_ms_per_gib": round(pause_ms * 1024 / mem) if pause_ms is not None else None,
-    "paused_disk_bytes": [s["r"].get("disk_bytes") for s in by.get("pause", [])][-1:] or None,
-    "resume_ms_p50": p50("resume", "resume_ms"), "run_resume_ms_p50": p50("run_resume", "resume_ms"),
-    "fork_total_ms_p50": p50("fork", "total_ms"), "fork_wall_p50": p50("fork", "wall_ms"),
-    "run_fork_total_ms_p50": p50("run_fork", "total_ms"),
     "idle_cpu_pct_of_core_30s": None if idle == "null" else float(idle),
 }
 out["ratios"] = {
     "exec_ms_over_warm_total": ratio(out["exec_ms_p50"], out["run_total_ms_p50"]),
     "exec_wall_over_run_wall": ratio(out["exec_wall_p50"], out["run_wall_p50"]),
-    "resume_over_warm_resume": ratio(out["resume_ms_p50"], out["run_resume_ms_p50"]),
-    "fork_total_over_warm_total": ratio(out["fork_total_ms_p50"], out["run_fork_total_ms_p50"]),
 }
 print(json.dumps(out, indent=2))
 PY
