@@ -295,45 +295,40 @@ func connect(t *testing.T, url, token string) *mcp.ClientSession {
 	return cs
 }
 
-// TestSessionMCPPauseForkCommit: over MCP a paused session is resumed by
-// the next exec (resumed true) with its server still up; a fork runs
-// beside it; a commit makes a stage. Each step skips where the host's
-// sessions answer not_supported.
+// TestSessionMCPPauseForkCommit: over MCP a paused session outlives its
+// server and is resumed by the next server's exec (resumed true); a fork
+// runs beside it; a commit makes a stage.
 func TestSessionMCPPauseForkCommit(t *testing.T) {
 	e2e.RequireVM(t)
-	cs := e2e.StartMCP(t, "sessions-e2e-pause", "", nil, cold...)
+	cs, proc := e2e.StartMCPProcess(t, "sessions-e2e-pause", "", nil, cold...)
+	outer := t
 	id := startMCPSession(t, cs, "")
 	call(t, cs, "session_exec", map[string]any{"session_id": id, "background": true,
 		"cmd": "echo kept > /tmp/index.html; exec busybox httpd -f -p 8000 -h /tmp"})
-	supported := func(name string, res *mcp.CallToolResult) bool {
+	must := func(name string, res *mcp.CallToolResult) {
 		t.Helper()
-		if text := e2e.ToolText(res); res.IsError {
-			if strings.Contains(text, "(not_supported)") {
-				t.Logf("%s: not supported here: %s", name, text)
-				return false
-			}
-			t.Fatalf("%s: %s", name, text)
+		if res.IsError {
+			t.Fatalf("%s: %s", name, e2e.ToolText(res))
 		}
-		return true
 	}
 	t.Run("pause", func(t *testing.T) {
 		res := callRaw(t, cs, "session_pause", map[string]any{"session_id": id})
-		if !supported("session_pause", res) {
-			t.Skip("session_pause answers not_supported")
-		}
+		must("session_pause", res)
 		if st, _ := res.StructuredContent.(map[string]any)["state"]; st != "paused" {
 			t.Errorf("session_pause: %s; want state paused", e2e.ToolText(res))
 		}
+		// The paused session outlives the server: a new one resumes it.
+		proc.Signal(syscall.SIGKILL)
+		cs.Close()
+		cs = e2e.StartMCP(outer, "sessions-e2e-pause-2", "", nil, cold...)
 		r := call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": serveAndFetch})
 		if r["resumed"] != true || r["stdout"] != "kept\n" {
-			t.Errorf("the exec after a pause: %v", r)
+			t.Errorf("the exec after a pause and a new server: %v", r)
 		}
 	})
 	t.Run("fork", func(t *testing.T) {
 		res := callRaw(t, cs, "session_fork", map[string]any{"session_id": id})
-		if !supported("session_fork", res) {
-			t.Skip("session_fork answers not_supported")
-		}
+		must("session_fork", res)
 		var child map[string]any
 		raw, _ := json.Marshal(res.StructuredContent)
 		json.Unmarshal(raw, &child)
@@ -347,9 +342,7 @@ func TestSessionMCPPauseForkCommit(t *testing.T) {
 	t.Run("commit", func(t *testing.T) {
 		call(t, cs, "session_exec", map[string]any{"session_id": id, "cmd": "echo committed > /root/mark"})
 		res := callRaw(t, cs, "session_commit", map[string]any{"session_id": id, "label": "mcpsess/mark"})
-		if !supported("session_commit", res) {
-			t.Skip("session_commit answers not_supported")
-		}
+		must("session_commit", res)
 		r := call(t, cs, "sandbox_run", map[string]any{"cmd": "cat /root/mark", "stage": "mcpsess/mark", "network": false})
 		if r["stdout"] != "committed\n" {
 			t.Errorf("a run on the committed stage: %v", r)
