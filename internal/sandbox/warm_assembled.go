@@ -135,6 +135,7 @@ func (r *run) resumeAssembled(ctx context.Context, drv vmm.Driver, meta *warmpoo
 	}
 	r.rootAssembled = true
 	r.rep.RootAssembled = true
+	r.s.warm.Touch(r.warm.in.key.ID())
 	return nil
 }
 

@@ -2,6 +2,7 @@ package warmpool
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"time"
 
@@ -101,6 +102,10 @@ func (c *Catalog) Remove(key string, all bool) (*RemoveResult, error) {
 			res.Removed = append(res.Removed, k)
 			res.FreedBytes += freed
 		}
+	}
+	if all {
+		// Forgotten with the snapshots: shapes recur anew.
+		os.RemoveAll(c.shapeUses())
 	}
 	if !all && len(res.Removed) == 0 {
 		return nil, fmt.Errorf("warmpool rm %s: no such snapshot (see `isopod warmpool list`): %w", key, errdefs.ErrNotFound)

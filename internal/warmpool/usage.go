@@ -86,15 +86,29 @@ func (c *Catalog) Enforce(maxBytes int64, keep string) []string {
 	return retired
 }
 
-// shapeUsesDir (under the snapshots directory, not a key's name) counts
-// the runs of shapes that may get an assembled snapshot, whether or not
-// they have one: one byte a run, like usesFile.
-const shapeUsesDir = ".shape-uses"
+// shapeUsesDir (under the state root) counts the runs of shapes that may
+// get an assembled snapshot, whether or not they have one: one byte a run,
+// like usesFile, in a file named by the assembled snapshot's key.
+const shapeUsesDir = "warmpool-uses"
+
+func (c *Catalog) shapeUses() string { return filepath.Join(c.p.Home, shapeUsesDir) }
+
+// Touch marks key id's snapshot used now without counting a resume: a
+// plain snapshot is the fallback of the assembled snapshots of its shape,
+// and stays as recently used as they are.
+func (c *Catalog) Touch(id string) {
+	p := filepath.Join(c.Dir(id), usesFile)
+	if f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o600); err == nil {
+		f.Close()
+		now := time.Now()
+		os.Chtimes(p, now, now)
+	}
+}
 
 // NoteShape records one run of the shape whose assembled snapshot would
 // be key id and returns how many runs of it were recorded before this one.
 func (c *Catalog) NoteShape(id string) int64 {
-	dir := filepath.Join(c.p.Snapshots(), shapeUsesDir)
+	dir := c.shapeUses()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0
 	}
@@ -113,7 +127,7 @@ func (c *Catalog) NoteShape(id string) int64 {
 
 // ShapeUses is how many runs of key id's shape NoteShape recorded.
 func (c *Catalog) ShapeUses(id string) int64 {
-	st, err := os.Stat(filepath.Join(c.p.Snapshots(), shapeUsesDir, id))
+	st, err := os.Stat(filepath.Join(c.shapeUses(), id))
 	if err != nil {
 		return 0
 	}
@@ -131,7 +145,7 @@ func (c *Catalog) RetireOrphans() []string {
 			continue
 		}
 		if ok, _ := c.Retire(id, ""); ok {
-			os.Remove(filepath.Join(c.p.Snapshots(), shapeUsesDir, id))
+			os.Remove(filepath.Join(c.shapeUses(), id))
 			retired = append(retired, id)
 			c.log.Info("warm pool: removed the assembled snapshot of a removed stage", "key", id)
 		}
