@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"isopod/integration/e2e"
 )
@@ -102,4 +103,28 @@ func TestAssembledRoot(t *testing.T) {
 			t.Errorf("snapshots %v; want only the one just built", d)
 		}
 	})
+}
+
+// The MCP server builds a recurring shape's assembled snapshot in the
+// background after its second call; the third resumes from it (no ready
+// VMs here: they would serve it first).
+func TestMCPAssembledRoot(t *testing.T) {
+	e2e.RequireVM(t)
+	env := append(warmHome(t), "ISOPOD_READY_VMS=0")
+	s := startMCP(t, env)
+	c := newClones()
+	rep, _ := s.run(t, c, "first call", nil, "true")
+	if rep["path"] != "cold" {
+		t.Errorf("first call: path %v; want cold, its snapshot built after it", rep["path"])
+	}
+	waitFor(t, "the plain snapshot", 5*time.Minute, func() bool { return len(listSnapshots(t, env)) == 1 })
+	rep, _ = s.run(t, c, "second call", nil, "true")
+	if rep["path"] != "warm" || rep["snapshot_built"] == true || rep["root_assembled"] == true {
+		t.Errorf("second call: path %v snapshot_built %v root_assembled %v; want a plain resume", rep["path"], rep["snapshot_built"], rep["root_assembled"])
+	}
+	waitFor(t, "the assembled snapshot", 5*time.Minute, func() bool { return len(assembledKeys(t, env)) == 1 })
+	rep, out := s.run(t, c, "third call", nil, "echo x > /root/x; cat /root/x")
+	if rep["path"] != "warm" || rep["root_assembled"] != true || out != "x\n" {
+		t.Errorf("third call: path %v root_assembled %v stdout %q; want a resume with the root assembled", rep["path"], rep["root_assembled"], out)
+	}
 }

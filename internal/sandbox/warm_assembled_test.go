@@ -70,4 +70,3 @@ func assembledEntry(t *testing.T, s *sandbox.Service) *warmpool.Entry {
 	}
 	return nil
 }
-
