@@ -126,9 +126,7 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 func (r *run) resumeAssembled(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) error {
 	scratch := filepath.Join(r.dir.Path(), "scratch.ext4")
 	if err := image.CopySparse(scratch, filepath.Join(r.s.warm.Dir(meta.Key), warmpool.ScratchFile)); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			err = fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
-		}
+		// Retired only if it is still the build tried (bootAssembled).
 		return fmt.Errorf("%w: the snapshot's scratch disk: %w", errWarmUnusable, err)
 	}
 	r.scratch = scratch

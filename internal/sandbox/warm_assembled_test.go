@@ -4,9 +4,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"isopod/internal/sandbox"
+	"isopod/internal/settings"
+	"isopod/internal/stages"
 	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 )
@@ -69,4 +72,66 @@ func assembledEntry(t *testing.T, s *sandbox.Service) *warmpool.Entry {
 		}
 	}
 	return nil
+}
+
+// An assembled snapshot that cannot be resumed (here its scratch image is
+// gone) is retired with a warning, and the run resumes from the plain one.
+func TestUnusableAssembledSnapshotFallsBack(t *testing.T) {
+	s, _ := newFakeService(t, vmmfake.Config{})
+	if _, err := s.WarmBuild(context.Background(), sandbox.WarmBuildOptions{Stage: sandbox.BaseStage}); err != nil {
+		t.Fatal(err)
+	}
+	e := assembledEntry(t, s)
+	if e == nil {
+		t.Fatal("warmpool build --stage base built no assembled snapshot")
+	}
+	if err := os.Remove(filepath.Join(e.Path, warmpool.ScratchFile)); err != nil {
+		t.Fatal(err)
+	}
+	rep := run(t, s, sandbox.Request{Argv: []string{"echo", "hi"}, TimeoutS: 60})
+	if rep.RootAssembled || rep.Path != "warm" || rep.Stdout != "hi\n" || !strings.Contains(strings.Join(rep.Warnings, "\n"), "could not be resumed") {
+		t.Errorf("path %s root_assembled %v stdout %q warnings %q; want a plain resume and a warning", rep.Path, rep.RootAssembled, rep.Stdout, rep.Warnings)
+	}
+	if assembledEntry(t, s) != nil {
+		t.Error("the unusable assembled snapshot is still listed")
+	}
+}
+
+// A removed stage takes its assembled snapshots along: at once through
+// the stage store's hook, and in `vm gc` when the store had none.
+func TestRemovedStagesAssembledSnapshot(t *testing.T) {
+	var set settings.Settings
+	s, _ := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) { set = o.Settings })
+	ctx := context.Background()
+	for _, hook := range []bool{true, false} {
+		label := map[bool]string{true: "hooked", false: "gc"}[hook]
+		opts := stages.Options{Settings: set, Version: "test"}
+		if hook {
+			opts.Removed = func() { warmpool.New(set.Paths, nil).RetireOrphans() }
+		}
+		st := stages.New(opts)
+		if rep := run(t, s, sandbox.Request{Argv: []string{"true"}, CommitAs: label}); rep.StageID == "" {
+			t.Fatalf("not committed: %s", rep.CommitError)
+		}
+		if _, err := s.WarmBuild(ctx, sandbox.WarmBuildOptions{Stage: label}); err != nil {
+			t.Fatal(err)
+		}
+		if assembledEntry(t, s) == nil {
+			t.Fatalf("%s: no assembled snapshot", label)
+		}
+		if _, err := st.StageRemove(ctx, label); err != nil {
+			t.Fatal(err)
+		}
+		if !hook {
+			if e := assembledEntry(t, s); e == nil || !e.Stale {
+				t.Errorf("%s: the removed stage's snapshot %+v; want it listed stale", label, e)
+			}
+			if _, err := s.VMGC(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if e := assembledEntry(t, s); e != nil {
+			t.Errorf("%s: the removed stage's assembled snapshot is still there: %+v", label, e)
+		}
+	}
 }
