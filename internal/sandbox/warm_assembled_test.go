@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"isopod/internal/sandbox"
 	"isopod/internal/settings"
@@ -133,5 +134,38 @@ func TestRemovedStagesAssembledSnapshot(t *testing.T) {
 		if e := assembledEntry(t, s); e != nil {
 			t.Errorf("%s: the removed stage's assembled snapshot is still there: %+v", label, e)
 		}
+	}
+}
+
+// A run of a shape with an assembled snapshot mounts nothing after its
+// resume (the fake guest's state is the snapshot VM's: its mount, not
+// flushed, as a mount after a resume is); a run with a workspace, and a
+// session's VM, resume from the plain snapshot and mount their root.
+func TestWhoResumesAssembled(t *testing.T) {
+	s, d := newFakeService(t, vmmfake.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, o := range []sandbox.WarmBuildOptions{{}, {Stage: sandbox.BaseStage}} {
+		if _, err := s.WarmBuild(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := run(t, s, sandbox.Request{Argv: []string{"true"}})
+	if st := machineOf(t, d, rep.VMID).State(); !rep.RootAssembled || st.Mount == nil || st.Mount.Flush {
+		t.Errorf("a plain run: root_assembled %v, mount %+v; want the assembled snapshot's mount and none after the resume", rep.RootAssembled, st.Mount)
+	}
+	tree := t.TempDir()
+	rep = run(t, s, sandbox.Request{Argv: []string{"true"}, Workspace: &sandbox.Workspace{Host: tree, Guest: "/src"}})
+	if st := machineOf(t, d, rep.VMID).State(); rep.RootAssembled || rep.Path != "warm" || st.Mount == nil || !st.Mount.Flush {
+		t.Errorf("a workspace run: path %s root_assembled %v, mount %+v; want a plain resume and a mount", rep.Path, rep.RootAssembled, st.Mount)
+	}
+	h, err := s.StartVM(ctx, sandbox.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ms := d.Machines()
+	if st := ms[len(ms)-1].State(); h.Info().Path != "warm" || st.Mount == nil || !st.Mount.Flush {
+		t.Errorf("a session's VM: path %s, mount %+v; want a plain resume and a mount", h.Info().Path, st.Mount)
 	}
 }
