@@ -32,7 +32,7 @@ type WarmResult struct {
 	WarmTotalP50 int64 `json:"warm_total_p50_ms"`
 	ResumeP50    int64 `json:"resume_p50_ms"`
 	QEMUFloorP50 int64 `json:"qemu_floor_p50_ms"`
-	// WarmOverCold is warm total p50 / cold total p50 (target <= 0.2);
+	// WarmOverCold is warm total p50 / cold total p50 (target <= 0.12);
 	// ResumeOverFloor is resume p50 / QEMU floor p50 (target <= 1.5).
 	WarmOverCold    float64 `json:"warm_over_cold"`
 	ResumeOverFloor float64 `json:"resume_over_floor"`
