@@ -92,15 +92,7 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 		case before < assembledAfter:
 			return false, nil
 		}
-		unlock, ok := r.s.warm.TryBuild(key)
-		if !ok {
-			return false, nil
-		}
-		meta, err := r.s.warm.Read(key)
-		if err != nil {
-			meta, err = r.buildInline(ctx, drv, in)
-		}
-		unlock()
+		meta, err := r.buildAssembled(ctx, drv, in)
 		if meta == nil || err != nil {
 			return false, err
 		}
@@ -118,6 +110,39 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 		r.s.log.Warn("warm pool: unusable assembled snapshot retired", "key", key, "err", err)
 	}
 	return false, nil
+}
+
+// buildAssembled builds in's assembled snapshot inside the run, as
+// buildInline builds a plain one (half of what is left of the run's
+// timeout), unless another builder holds it or the time is too short: the
+// run then does without, silently, since it resumes from the plain
+// snapshot instead.
+func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs) (*warmpool.Meta, error) {
+	budget := min(snapshotBuildTimeout, time.Until(r.deadline())/2)
+	if budget < inlineBuildMin {
+		return nil, nil
+	}
+	unlock, ok := r.s.warm.TryBuild(in.key.ID())
+	if !ok {
+		return nil, nil
+	}
+	defer unlock()
+	if meta, err := r.s.warm.Read(in.key.ID()); err == nil {
+		return meta, nil
+	}
+	deadline := time.Now().Add(budget)
+	meta, _, err := r.s.buildWarm(ctx, drv, in, warmBuild{dir: r.dir, vm: r.vm, deadline: deadline})
+	switch {
+	case err == nil:
+		r.rep.SnapshotBuilt = true
+		r.rep.SnapshotBuildMS = &meta.BuildMS
+		return meta, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot of this shape with its root assembled failed "+
+		"(%v); this run resumed or booted as before", err))
+	return nil, nil
 }
 
 // resumeAssembled gives the run a copy of the snapshot's scratch image and

@@ -169,3 +169,20 @@ func TestWhoResumesAssembled(t *testing.T) {
 		t.Errorf("a session's VM: path %s, mount %+v; want a plain resume and a mount", h.Info().Path, st.Mount)
 	}
 }
+
+// A recurring shape's run whose timeout leaves too little for a build
+// builds no assembled snapshot and says nothing of it: it resumes from
+// the plain one.
+func TestAssembledBuildNeedsTime(t *testing.T) {
+	s, _ := newFakeService(t, vmmfake.Config{})
+	if _, err := s.WarmBuild(context.Background(), sandbox.WarmBuildOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		rep := run(t, s, sandbox.Request{Argv: []string{"true"}, TimeoutS: 20})
+		if rep.Path != "warm" || rep.SnapshotBuilt || rep.RootAssembled || len(rep.Warnings) > 0 {
+			t.Errorf("run %d: path %s snapshot_built %v root_assembled %v warnings %q; want a plain resume and nothing said",
+				i+1, rep.Path, rep.SnapshotBuilt, rep.RootAssembled, rep.Warnings)
+		}
+	}
+}
