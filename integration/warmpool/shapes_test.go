@@ -100,14 +100,31 @@ type snapshot struct {
 	allocated int64
 }
 
+// listSnapshots lists the plain snapshots (not the assembled ones).
 func listSnapshots(t *testing.T, env []string) []snapshot {
 	t.Helper()
 	var out []snapshot
 	l, _ := ok(t, env, "warmpool", "list")["snapshots"].([]any)
 	for _, e := range l {
 		m := e.(map[string]any)
+		if m["root_assembled"] == true {
+			continue
+		}
 		out = append(out, snapshot{key: e2e.Str(m, "key"), memMiB: int(m["mem_mib"].(float64)),
 			network: m["network"] == true, allocated: int64(m["allocated_bytes"].(float64))})
+	}
+	return out
+}
+
+// assembledKeys are the assembled snapshots' keys.
+func assembledKeys(t *testing.T, env []string) []string {
+	t.Helper()
+	var out []string
+	l, _ := ok(t, env, "warmpool", "list")["snapshots"].([]any)
+	for _, e := range l {
+		if m := e.(map[string]any); m["root_assembled"] == true {
+			out = append(out, e2e.Str(m, "key"))
+		}
 	}
 	return out
 }
@@ -190,13 +207,14 @@ func TestWarmShapes(t *testing.T) {
 	c := newClones()
 	ids := map[string]string{} // label: stage id
 
-	commit := func(t *testing.T, what string, args []string, label, cmd string) {
+	commit := func(t *testing.T, what string, args []string, label, cmd string) *e2e.Result {
 		t.Helper()
 		r, _ := c.run(t, env, what, "warm", false, append(args, "--commit-as", label), cmd)
 		if e := e2e.Str(r.JSON, "commit_error"); e != "" || e2e.Str(r.JSON, "stage_id") == "" {
 			t.Fatalf("%s: not committed (%s):\n%s", what, e, r.Stdout)
 		}
 		ids[label] = e2e.Str(r.JSON, "stage_id")
+		return r
 	}
 
 	t.Run("a fork of a three-layer stage resumes and sees every layer", func(t *testing.T) {
@@ -222,7 +240,12 @@ func TestWarmShapes(t *testing.T) {
 		// The snapshot VM configured its NIC before the run's root was
 		// mounted; the root a clone mounts must name the gateway's DNS too,
 		// as a cold boot's does.
-		_, out := c.run(t, env, "resolver run", "warm", false, nil, "cat /etc/resolv.conf")
+		// The third run of the shape: it builds the shape's assembled
+		// snapshot, whose VM configured its NIC before mounting the root.
+		r, out := c.run(t, env, "resolver run", "warm", true, nil, "cat /etc/resolv.conf")
+		if r.JSON["root_assembled"] != true {
+			t.Errorf("the third run of the default shape did not resume with its root assembled:\n%s", r.Stdout)
+		}
 		if !strings.Contains(out, "nameserver 10.0.2.1\n") {
 			t.Errorf("a warm run's /etc/resolv.conf is %q; want the gateway's resolver, nameserver 10.0.2.1", out)
 		}
@@ -270,7 +293,9 @@ func TestWarmShapes(t *testing.T) {
 	t.Run("a warm commit reads back cold, and its id is its bytes'", func(t *testing.T) {
 		// The same files with the same times, committed warm and cold.
 		const det = "mkdir -p /opt/det && printf 'same bytes\\n' > /opt/det/f && touch -d @0 /opt/det/f /opt/det /opt"
-		commit(t, "deterministic warm commit", nil, "det-warm", det)
+		if r := commit(t, "deterministic warm commit", nil, "det-warm", det); r.JSON["root_assembled"] != true {
+			t.Errorf("the warm commit did not resume from the default shape's assembled snapshot:\n%s", r.Stdout)
+		}
 		before := time.Now()
 		r := warmRun(t, cold, append([]string{"--commit-as", "det-cold", "--"}, hygienic(det)...)...)
 		wantPath(t, r, "cold", false)
@@ -316,7 +341,8 @@ func TestWarmShapes(t *testing.T) {
 			if r.Code != 0 || r.JSON["ok"] != true || e2e.Num(t, r.JSON, "exit_code") != 0 {
 				t.Fatalf("%s:\n%s", what, r)
 			}
-			wantPath(t, r, "warm", false)
+			// l1 recurs: one of them may build its assembled snapshot.
+			wantPath(t, r, "warm", r.JSON["snapshot_built"] == true && r.JSON["root_assembled"] == true)
 			c.check(t, what, r, before, after)
 			if e := e2e.Str(r.JSON, "commit_error"); e != "" || e2e.Str(r.JSON, "stage_id") == "" {
 				t.Fatalf("%s: not committed (%s)", what, e)
@@ -339,7 +365,12 @@ func TestWarmShapes(t *testing.T) {
 	})
 
 	t.Run("the budget evicts the least recently used snapshot", func(t *testing.T) {
-		// Used last: the 256 MiB shape, then --no-network, then the default.
+		// The assembled snapshots go first; of the plain ones, used last:
+		// the 256 MiB shape, then --no-network, then the default (the
+		// fallback of the assembled ones, as recently used as they).
+		for _, k := range assembledKeys(t, env) {
+			ok(t, env, "warmpool", "rm", k)
+		}
 		l := listSnapshots(t, env)
 		def, nonet, small := findSnapshot(l, 512, true), findSnapshot(l, 512, false), findSnapshot(l, 256, true)
 		if len(l) != 3 || def == nil || nonet == nil || small == nil {
@@ -363,7 +394,8 @@ func TestWarmShapes(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(home, "snapshots", small.key)); err == nil {
 			t.Errorf("the evicted snapshot's directory is still there")
 		}
-		// The evicted shape rebuilds on its next run.
+		// The evicted shape rebuilds on its next run (its third: its
+		// assembled snapshot).
 		c.run(t, env, "run of the evicted shape", "warm", true, []string{"--mem-mib", "256"}, "true")
 		c.run(t, env, "run of the built shape", "warm", false, []string{"--mem-mib", "256", "--no-network"}, "true")
 	})

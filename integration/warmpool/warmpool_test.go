@@ -94,9 +94,14 @@ func TestWarmPool(t *testing.T) {
 		if e2e.Str(r.JSON, "guest_ip") == "" {
 			t.Errorf("warm run has no guest_ip: %s", r.Stdout)
 		}
-		// A resumed VM never sees an earlier run's writes.
+		// A resumed VM never sees an earlier run's writes. The shape
+		// recurs: this third run builds its assembled snapshot and
+		// resumes from it.
 		r = warmRun(t, env, "--", "sh", "-c", "test ! -e /root/f && echo clean")
-		wantPath(t, r, "warm", false)
+		wantPath(t, r, "warm", true)
+		if r.JSON["root_assembled"] != true {
+			t.Errorf("the third run of a shape did not resume with its root assembled:\n%s", r.Stdout)
+		}
 		if e2e.Str(r.JSON, "stdout") != "clean\n" {
 			t.Errorf("a warm run saw an earlier run's file: %q", e2e.Str(r.JSON, "stdout"))
 		}
@@ -169,14 +174,14 @@ func TestWarmPool(t *testing.T) {
 		}
 		l := e2e.Isopod(t, env, "warmpool", "list")
 		snaps, _ := l.JSON["snapshots"].([]any)
-		if l.Code != 0 || len(snaps) != 2 {
-			t.Errorf("warmpool list: want 2 snapshots:\n%s", l)
+		if l.Code != 0 || len(snaps) != 3 {
+			t.Errorf("warmpool list: want 3 snapshots (the default shape's, its assembled one, 256 MiB):\n%s", l)
 		}
 	})
 
 	t.Run("rm --all then a run rebuilds", func(t *testing.T) {
 		rm := e2e.Isopod(t, env, "warmpool", "rm", "--all")
-		if removed, _ := rm.JSON["removed"].([]any); rm.Code != 0 || len(removed) != 2 {
+		if removed, _ := rm.JSON["removed"].([]any); rm.Code != 0 || len(removed) != 3 {
 			t.Fatalf("warmpool rm --all:\n%s", rm)
 		}
 		if d := snapshotDirs(t, env); len(d) != 0 {
@@ -209,7 +214,8 @@ func TestWarmPool(t *testing.T) {
 		if err := os.WriteFile(state, []byte("this is not a migration stream\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r := warmRun(t, env, "--", "echo", "still fine")
+		// Another scratch size: a shape that keeps to the plain snapshot.
+		r := warmRun(t, env, "--scratch-mib", "256", "--", "echo", "still fine")
 		wantPath(t, r, "warm", true)
 		warns, _ := r.JSON["warnings"].([]any)
 		if len(warns) == 0 || !strings.Contains(warns[0].(string), "could not be resumed") {
@@ -218,7 +224,7 @@ func TestWarmPool(t *testing.T) {
 		if e2e.Str(r.JSON, "stdout") != "still fine\n" {
 			t.Errorf("stdout %q", e2e.Str(r.JSON, "stdout"))
 		}
-		wantPath(t, warmRun(t, env, "--", "true"), "warm", false)
+		wantPath(t, warmRun(t, env, "--scratch-mib", "256", "--", "true"), "warm", false)
 	})
 
 	t.Run("vm gc removes leftovers", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"isopod/internal/stages"
 	"isopod/internal/version"
 	"isopod/internal/vmrecord"
+	"isopod/internal/warmpool"
 )
 
 // call runs fn against the service and keeps its result for printing.
@@ -44,7 +45,9 @@ func keep(e *env) func(res any, err error) error {
 
 // stageStore opens the stage and base store over the state root.
 func (e *env) stageStore() *stages.Service {
-	return stages.New(stages.Options{Settings: e.settings.Settings, Logger: e.log, Version: version.String()})
+	// A removed stage's assembled warm-pool snapshots go with it.
+	removed := func() { warmpool.New(e.settings.Paths, e.log).RetireOrphans() }
+	return stages.New(stages.Options{Settings: e.settings.Settings, Logger: e.log, Version: version.String(), Removed: removed})
 }
 
 func newStageCmd(e *env) *cobra.Command {

@@ -26,7 +26,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 	}
 	f := build.Flags()
 	f.StringVar(&o.Base, "base", "", "base image: base-min (default) or base-debian")
-	f.StringVar(&o.Stage, "stage", "", "build for runs on this stage (its chain's base)")
+	f.StringVar(&o.Stage, "stage", "", "build the snapshot of runs on this stage with their root assembled (base: the base alone)")
 	f.BoolVar(&o.NoNetwork, "no-network", false, "build for --no-network runs (a VM without a NIC)")
 	f.IntVar(&o.VCPUs, "vcpus", sandbox.DefaultVCPUs, "virtual CPUs, as the runs will ask")
 	f.IntVar(&o.MemMiB, "mem-mib", sandbox.DefaultMemMiB, "guest memory in MiB, as the runs will ask")

@@ -18,6 +18,7 @@ import (
 	sess "isopod/internal/session"
 	"isopod/internal/stages"
 	"isopod/internal/vmrecord"
+	"isopod/internal/warmpool"
 )
 
 // Main runs isopod-mcp with the command-line arguments args (without the
@@ -140,7 +141,10 @@ func serverConfig(ctx context.Context, f Flags, settings config.Settings, svc *s
 	}
 	return Config{
 		Sessions: sessionConfig(f, settings, svc, log),
-		Core: core{svc, stages.New(stages.Options{Settings: settings.Settings, Logger: log, Version: version, Removed: svc.StageRemoved}),
+		Core: core{svc, stages.New(stages.Options{Settings: settings.Settings, Logger: log, Version: version, Removed: func() {
+			svc.StageRemoved()
+			warmpool.New(settings.Paths, log).RetireOrphans()
+		}}),
 			vmrecord.Records{Paths: settings.Paths}}, HostIO: hostIO, Logger: log, Version: version,
 		Admission: adm, Remote: f.Listen != "",
 		StageRegistry: f.StageRegistry, PushCommits: f.PushCommits,

@@ -59,7 +59,9 @@ type RunResult struct {
 	Copied    []sandbox.Copied         `json:"copied,omitempty"`
 	Workspace *sandbox.WorkspaceReport `json:"workspace,omitempty"`
 	ReadyVM   bool                     `json:"ready_vm,omitempty"`
-	Warnings  []string                 `json:"warnings,omitempty"`
+	// RootAssembled: resumed from a snapshot with the run's root assembled.
+	RootAssembled bool     `json:"root_assembled,omitempty"`
+	Warnings      []string `json:"warnings,omitempty"`
 
 	SerialLogPath string `json:"serial_log_path"`
 	StdoutLogPath string `json:"stdout_log_path"`
@@ -84,7 +86,7 @@ func runResult(r *sandbox.Report) *RunResult {
 		RootfsFlavor: r.RootfsFlavor, BaseSHA256: r.BaseSHA256, VMM: r.VMM,
 		StageID: r.StageID, StageName: r.StageName, CommitError: mcpWords.Replace(r.CommitError), ForkedFrom: r.ForkedFrom,
 		GuestIP: r.GuestIP, Net: r.Net, Egress: r.Egress,
-		Copied: r.Copied, Workspace: r.Workspace, ReadyVM: r.ReadyVM,
+		Copied: r.Copied, Workspace: r.Workspace, ReadyVM: r.ReadyVM, RootAssembled: r.RootAssembled,
 		SerialLogPath: r.SerialLogPath, StdoutLogPath: r.StdoutLogPath, StderrLogPath: r.StderrLogPath,
 	}
 	if out.Argv == nil {

@@ -53,6 +53,14 @@ func (r *run) boot(ctx context.Context) error {
 		r.rep.VMM = r.warm.meta.VMM
 	}
 	if r.warm != nil {
+		if done, err := r.bootAssembled(ctx, drv); done || err != nil {
+			return err
+		}
+	}
+	if err := r.ensureScratch(); err != nil {
+		return err
+	}
+	if r.warm != nil {
 		if done, err := r.bootWarm(ctx, drv); done || err != nil {
 			return err
 		}
@@ -157,7 +165,7 @@ func (r *run) configure(ctx context.Context) error {
 	}
 	if r.resumed {
 		err := r.configureResumed(ctx)
-		if err == nil {
+		if err == nil && !r.rootAssembled {
 			// The snapshot is sound; what the run's own disks hold is not
 			// its fault, so a failure here fails the run as it would a
 			// cold boot. The root is mounted with the run's clock and

@@ -17,14 +17,15 @@ import (
 // A long-lived front end's Service: the first run of a shape boots cold
 // and the snapshot is built after it; a run that resumes makes its shape
 // hot, and the next runs of it are served by ready VMs, each its own
-// machine; Close leaves nothing running.
+// machine; Close leaves nothing running. (Another scratch size: the shape
+// gets no assembled snapshot, whose build would hold a place besides.)
 func TestReadyVMs(t *testing.T) {
 	t.Parallel()
 	a := newAdmission(t, 8, 8)
 	s, d := newFakeWith(t, vmmfake.Config{}, func(o *sandbox.Options) {
 		o.ReadyVMs, o.BackgroundSnapshots, o.Places = 1, true, a
 	})
-	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
+	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}, ScratchMiB: otherScratch})
 	if first.Path != "cold" || first.SnapshotBuilt || first.ReadyVM {
 		t.Fatalf("first run: path %q built %v ready %v; want a cold boot, the snapshot built after it", first.Path, first.SnapshotBuilt, first.ReadyVM)
 	}
@@ -32,14 +33,14 @@ func TestReadyVMs(t *testing.T) {
 		l, err := s.WarmList(context.Background())
 		return err == nil && len(l.Snapshots) == 1
 	})
-	second := run(t, s, sandbox.Request{Argv: []string{"echo", "two"}})
+	second := run(t, s, sandbox.Request{Argv: []string{"echo", "two"}, ScratchMiB: otherScratch})
 	if second.Path != "warm" || second.ReadyVM || second.SnapshotBuilt {
 		t.Fatalf("second run: path %q ready %v built %v; want a plain resume", second.Path, second.ReadyVM, second.SnapshotBuilt)
 	}
 	var names []string
 	for i := 0; i < 2; i++ {
 		waitFor(t, "a ready VM", func() bool { return readyIn(a, d) == 1 })
-		rep := run(t, s, sandbox.Request{Argv: []string{"echo", "ready"}})
+		rep := run(t, s, sandbox.Request{Argv: []string{"echo", "ready"}, ScratchMiB: otherScratch})
 		if rep.Path != "warm" || !rep.ReadyVM || rep.Stdout != "ready\n" || rep.ResumeMS == nil {
 			t.Fatalf("run %d: path %q ready %v stdout %q; want one served by a ready VM", i, rep.Path, rep.ReadyVM, rep.Stdout)
 		}

@@ -47,6 +47,9 @@ type run struct {
 	// its VM came from a snapshot.
 	warm    *warmState
 	resumed bool
+	// rootAssembled: the snapshot it resumed from had the run's root
+	// assembled already (warm_assembled.go).
+	rootAssembled bool
 	// ready is the ready VM the run claimed (ready_vm.go, machine.Pool).
 	ready *machine.Ready
 	// unrecord: the run was refused before its VM started; its directory
@@ -223,6 +226,9 @@ func (r *run) prepare() error {
 	}
 	if r.stderr, err = machine.NewCapture(r.rep.StderrLogPath, LogCap); err != nil {
 		return err
+	}
+	if r.ready == nil && r.warm != nil && r.warm.root != nil {
+		return nil // made at boot, unless the assembled snapshot's copy serves
 	}
 	return r.ensureScratch()
 }

@@ -185,6 +185,10 @@ type Report struct {
 	// ReadyVM: the run was served by a VM restored before the call
 	// (a long-lived front end's ready VMs); Path is "warm".
 	ReadyVM bool `json:"ready_vm,omitempty"`
+	// RootAssembled: the run resumed from a snapshot whose root was
+	// already assembled from its stage chain (an assembled snapshot of a
+	// recurring shape); its scratch disk is a copy of the snapshot's.
+	RootAssembled bool `json:"root_assembled,omitempty"`
 
 	Accel        vmm.Accel `json:"accel"`
 	VCPUs        int       `json:"vcpus"`

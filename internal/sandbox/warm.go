@@ -44,6 +44,9 @@ type warmInputs struct {
 	key    warmpool.Key
 	kernel kernelFiles
 	base   baseImage
+	// layers are an assembled snapshot's stage layers (root first; see
+	// warm_assembled.go).
+	layers []string
 }
 
 // warmState is an eligible run's view of the warm pool.
@@ -51,6 +54,10 @@ type warmState struct {
 	in warmInputs
 	// meta is the key's snapshot when one was there at planning time.
 	meta *warmpool.Meta
+	// root is the assembled snapshot's inputs of a run that may use one
+	// (nil when it may not), rootMeta that snapshot when it was there.
+	root     *warmInputs
+	rootMeta *warmpool.Meta
 }
 
 // warmFor returns the warm-pool state of a run, nil when the driver cannot
@@ -67,6 +74,13 @@ func (s *Service) warmFor(ctx context.Context, req Request, pl *plan) *warmState
 	w := &warmState{in: in}
 	if m, err := s.warm.Read(in.key.ID()); err == nil {
 		w.meta = m
+	}
+	if rootEligible(req, pl) {
+		root := rootInputs(in, pl)
+		w.root = &root
+		if m, err := s.warm.Read(root.key.ID()); err == nil {
+			w.rootMeta = m
+		}
 	}
 	return w
 }
@@ -184,7 +198,7 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 	}
 	defer unlock()
 	if _, err := r.s.warm.Read(key); err != nil {
-		meta, err := r.buildInline(ctx, drv)
+		meta, err := r.buildInline(ctx, drv, r.warm.in)
 		if meta == nil || err != nil {
 			return false, err
 		}
@@ -207,12 +221,12 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 	return true, nil
 }
 
-// buildInline builds the run's snapshot inside the run. The build is
+// buildInline builds the snapshot of in inside the run. The build is
 // charged to the run's timeout: it may take half of what is left of it, so
 // that a build that fails or hangs (its VM is then killed) leaves the other
 // half to a cold boot. With less than inlineBuildMin for it, nothing is
 // built. meta is nil, and a warning says why, when the run must boot cold.
-func (r *run) buildInline(ctx context.Context, drv vmm.Driver) (*warmpool.Meta, error) {
+func (r *run) buildInline(ctx context.Context, drv vmm.Driver, in warmInputs) (*warmpool.Meta, error) {
 	budget := min(snapshotBuildTimeout, time.Until(r.deadline())/2)
 	if budget < inlineBuildMin {
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no warm-pool snapshot was built for this run's shape: "+
@@ -223,7 +237,7 @@ func (r *run) buildInline(ctx context.Context, drv vmm.Driver) (*warmpool.Meta, 
 	// boot_ms is a cold boot's; the snapshot VM's boot is part of
 	// snapshot_build_ms.
 	deadline := time.Now().Add(budget)
-	meta, _, err := r.s.buildWarm(ctx, drv, r.warm.in, warmBuild{
+	meta, _, err := r.s.buildWarm(ctx, drv, in, warmBuild{
 		dir: r.dir, vm: r.vm, deadline: deadline,
 		started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
 	})

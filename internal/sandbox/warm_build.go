@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"isopod/internal/agentclient"
@@ -47,6 +48,9 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	defer cancel()
 	m, err := s.bootSnapshotVM(bctx, drv, in, b)
 	defer b.vm.Drop()
+	if in.key.Assembled {
+		defer os.Remove(filepath.Join(b.dir.Path(), buildScratchName))
+	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -57,6 +61,13 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	netUp, err := b.vm.PrepareSnapshot(bctx)
 	if err != nil {
 		return nil, bootMS, err
+	}
+	if in.key.Assembled {
+		// After the network, as a cold boot's root: the resolver goes in.
+		if err := b.vm.Mount(bctx, snapshotDisks(in, b), "", false, b.deadline); err != nil {
+			return nil, bootMS, fmt.Errorf("assembling the snapshot VM's root: %w", err)
+		}
+		warmExec(bctx, b.vm, s.log)
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
@@ -78,9 +89,15 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	if err := b.vm.Snapshot(bctx, tmp, netUp); err != nil {
 		return nil, bootMS, err
 	}
+	if in.key.Assembled {
+		if err := publishScratch(b.dir.Path(), tmp); err != nil {
+			return nil, bootMS, err
+		}
+	}
 	meta := &warmpool.Meta{
 		Key: key.ID(), Parts: key, Built: time.Now().UTC(),
 		BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
+		LayerPaths: in.layers,
 	}
 	if err := s.warm.Publish(bctx, tmp, meta); err != nil {
 		return nil, bootMS, err
@@ -102,7 +119,12 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	if err != nil {
 		return nil, err
 	}
-	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, machine.Disks{Base: in.base.Path}.Slots(ph))
+	if in.key.Assembled {
+		if err := s.prepareScratch(filepath.Join(b.dir.Path(), buildScratchName), in.key.ScratchMiB); err != nil {
+			return nil, err
+		}
+	}
+	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, snapshotDisks(in, b).Slots(ph))
 	cfg.Logger = s.log
 	m, err := b.vm.Start(ctx, drv, cfg)
 	if err != nil {
@@ -122,11 +144,23 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	return m, nil
 }
 
+// snapshotDisks are the disks of in's snapshot VM: its base, and for an
+// assembled snapshot its layers and scratch disk.
+func snapshotDisks(in warmInputs, b warmBuild) machine.Disks {
+	d := machine.Disks{Base: in.base.Path}
+	if in.key.Assembled {
+		d.Layers, d.Scratch = in.layers, filepath.Join(b.dir.Path(), buildScratchName)
+	}
+	return d
+}
+
 // WarmBuildOptions are `isopod warmpool build`'s flags: the shape of the
 // runs to build for; zero means the run default.
 type WarmBuildOptions struct {
-	Base      string
-	Stage     string // runs on this stage share its base's snapshot
+	Base string
+	// Stage: build the assembled snapshot of runs on this stage (its
+	// chain's root assembled; "base" for none), not the plain one.
+	Stage     string
 	NoNetwork bool
 	VCPUs     int
 	MemMiB    int
@@ -143,6 +177,9 @@ type WarmBuildResult struct {
 	Network bool      `json:"network"`
 	Accel   vmm.Accel `json:"accel"`
 	Path    string    `json:"path"`
+	// RootAssembled: the snapshot has the stage's root assembled (--stage).
+	RootAssembled bool   `json:"root_assembled,omitempty"`
+	Stage         string `json:"stage,omitempty"`
 }
 
 // WarmBuild makes sure the snapshot that eligible runs with these sizes
@@ -167,6 +204,13 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 		return nil, fmt.Errorf("warmpool build: %w", err)
 	}
 	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
+	if o.Stage != "" {
+		in = rootInputs(in, pl)
+		res.RootAssembled, res.Stage = true, o.Stage
+		if pl.stage != nil {
+			res.Stage = pl.stage.ID
+		}
+	}
 	meta, built, err := s.buildShape(ctx, drv, in)
 	if err != nil {
 		return nil, fmt.Errorf("warmpool build: %w", err)

@@ -37,7 +37,14 @@ type Meta struct {
 	BuildMS int64     `json:"build_ms"`
 	Accel   vmm.Accel `json:"accel"`
 	VMM     vmm.Info  `json:"vmm"` // the build's; the key pins the binary
+	// LayerPaths are an assembled snapshot's stage layers (root first):
+	// the snapshot is dead once one is gone (its stage was removed).
+	LayerPaths []string `json:"layer_paths,omitempty"`
 }
+
+// ScratchFile is an assembled snapshot's scratch disk as it was at the
+// snapshot; each resumed clone writes to a copy of its own.
+const ScratchFile = "scratch.ext4"
 
 // Catalog keeps the snapshots under one state root. It is safe for
 // concurrent use, within and across processes.

@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -48,6 +49,27 @@ type Key struct {
 	// --no-network ones).
 	NIC      bool `json:"nic"`
 	Protocol int  `json:"protocol"`
+	// An assembled snapshot's VM has its root already assembled: the base,
+	// the stage layers Layers (stage ids, root first) and a scratch disk
+	// of ScratchMiB. Zero for the plain snapshot of a shape, whose root
+	// each run assembles after the resume (omitted, so a plain key's ID
+	// does not change).
+	Assembled  bool     `json:"assembled,omitempty"`
+	Layers     []string `json:"layers,omitempty"`
+	ScratchMiB int      `json:"scratch_mib,omitempty"`
+}
+
+// Plain is the key of k's shape without an assembled root.
+func (k Key) Plain() Key {
+	k.Assembled, k.Layers, k.ScratchMiB = false, nil, 0
+	return k
+}
+
+// WithRoot is k's key of a snapshot whose root is assembled from the
+// stages layers (ids, root first) and a scratch disk of scratchMiB.
+func (k Key) WithRoot(layers []string, scratchMiB int) Key {
+	k.Assembled, k.Layers, k.ScratchMiB = true, append([]string(nil), layers...), scratchMiB
+	return k
 }
 
 // ID is the key's directory name: wk- and 16 hex digits of its digest.
@@ -77,6 +99,7 @@ func (k Key) Diff(o Key) []string {
 	add("memory", k.MemMiB != o.MemMiB)
 	add("network", k.NIC != o.NIC)
 	add("protocol", k.Protocol != o.Protocol)
+	add("root", k.Assembled != o.Assembled || k.ScratchMiB != o.ScratchMiB || !slices.Equal(k.Layers, o.Layers))
 	return d
 }
 

@@ -2,6 +2,7 @@ package warmpool
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"time"
 
@@ -30,6 +31,11 @@ type Entry struct {
 	Uses       int64     `json:"uses"`
 	LastUsed   string    `json:"last_used"`
 	Path       string    `json:"path"`
+	// RootAssembled: the snapshot's root is assembled from the stage
+	// layers Stages (ids, root first) and a scratch disk of ScratchMiB.
+	RootAssembled bool     `json:"root_assembled,omitempty"`
+	Stages        []string `json:"stages,omitempty"`
+	ScratchMiB    int      `json:"scratch_mib,omitempty"`
 	// Stale: an eligible run with these sizes would use another key now.
 	Stale       bool   `json:"stale"`
 	StaleReason string `json:"stale_reason,omitempty"`
@@ -62,6 +68,7 @@ func (c *Catalog) List(stale func(*Meta) string) *ListResult {
 			Key: m.Key, Base: m.Parts.Base, BaseSHA256: m.Parts.BaseSHA256, VCPUs: m.Parts.VCPUs, MemMiB: m.Parts.MemMiB,
 			Network: m.Parts.NIC, Accel: m.Accel, Built: m.Built.Format(time.RFC3339), BuildMS: m.BuildMS,
 			Allocated: u.Bytes, Uses: u.Uses, LastUsed: u.LastUsed.Format(time.RFC3339), Path: c.Dir(id),
+			RootAssembled: m.Parts.Assembled, Stages: m.Parts.Layers, ScratchMiB: m.Parts.ScratchMiB,
 		}
 		if why := stale(m); why != "" {
 			ent.Stale, ent.StaleReason = true, why
@@ -95,6 +102,10 @@ func (c *Catalog) Remove(key string, all bool) (*RemoveResult, error) {
 			res.Removed = append(res.Removed, k)
 			res.FreedBytes += freed
 		}
+	}
+	if all {
+		// Forgotten with the snapshots: shapes recur anew.
+		os.RemoveAll(c.shapeUses())
 	}
 	if !all && len(res.Removed) == 0 {
 		return nil, fmt.Errorf("warmpool rm %s: no such snapshot (see `isopod warmpool list`): %w", key, errdefs.ErrNotFound)

@@ -85,3 +85,80 @@ func (c *Catalog) Enforce(maxBytes int64, keep string) []string {
 	}
 	return retired
 }
+
+// shapeUsesDir (under the state root) counts the runs of shapes that may
+// get an assembled snapshot, whether or not they have one: one byte a run,
+// like usesFile, in a file named by the assembled snapshot's key.
+const shapeUsesDir = "warmpool-uses"
+
+func (c *Catalog) shapeUses() string { return filepath.Join(c.p.Home, shapeUsesDir) }
+
+// Touch marks key id's snapshot used now without counting a resume: a
+// plain snapshot is the fallback of the assembled snapshots of its shape,
+// and stays as recently used as they are.
+func (c *Catalog) Touch(id string) {
+	p := filepath.Join(c.Dir(id), usesFile)
+	if f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o600); err == nil {
+		f.Close()
+		now := time.Now()
+		os.Chtimes(p, now, now)
+	}
+}
+
+// NoteShape records one run of the shape whose assembled snapshot would
+// be key id and returns how many runs of it were recorded before this one.
+func (c *Catalog) NoteShape(id string) int64 {
+	dir := c.shapeUses()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0
+	}
+	f, err := os.OpenFile(filepath.Join(dir, id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var before int64
+	if st, err := f.Stat(); err == nil {
+		before = st.Size()
+	}
+	f.Write([]byte{1})
+	return before
+}
+
+// ShapeUses is how many runs of key id's shape NoteShape recorded.
+func (c *Catalog) ShapeUses(id string) int64 {
+	st, err := os.Stat(filepath.Join(c.shapeUses(), id))
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// RetireOrphans retires the assembled snapshots one of whose stage layers
+// is gone (its stage was removed), with their shapes' use counts, and
+// returns their keys.
+func (c *Catalog) RetireOrphans() []string {
+	var retired []string
+	for _, id := range c.IDs() {
+		m, err := c.Read(id)
+		if err != nil || !m.Parts.Assembled || !missingLayer(m.LayerPaths) {
+			continue
+		}
+		if ok, _ := c.Retire(id, ""); ok {
+			os.Remove(filepath.Join(c.shapeUses(), id))
+			retired = append(retired, id)
+			c.log.Info("warm pool: removed the assembled snapshot of a removed stage", "key", id)
+		}
+	}
+	return retired
+}
+
+// missingLayer says whether one of the files is gone.
+func missingLayer(paths []string) bool {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return true
+		}
+	}
+	return false
+}
