@@ -194,6 +194,9 @@ func TestImportRules(t *testing.T) {
 			func(_, imp string) bool {
 				return !under("internal/sandbox")(imp) && !frontEnd(imp) && imp != mod+"internal/config" && !driver(imp)
 			}},
+		{"the reports are plain data: they import only the standard library and vmm (its types)",
+			under("internal/report"),
+			func(_, imp string) bool { return isStd(imp) || imp == mod+"internal/vmm" }},
 		{"the core imports no front end",
 			under("internal/sandbox"),
 			func(_, imp string) bool { return !frontEnd(imp) && imp != mod+"internal/config" }},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"isopod/internal/hostio/hostiotest"
+	"isopod/internal/report"
 	"strings"
 	"testing"
 
@@ -55,7 +56,7 @@ func TestToolErrorsNameTheFix(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			core := &scriptedCore{images: tc.images, run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
+			core := &scriptedCore{images: tc.images, run: func(context.Context, sandbox.Request) (*report.Run, error) {
 				return nil, tc.err
 			}}
 			s := connect(t, Config{Core: core, NoStartupGC: true})

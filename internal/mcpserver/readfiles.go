@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -107,11 +108,11 @@ func (rf *readFiles) release() {
 // and takes them out of rep.Copied (the client named no host path).
 // A run that timed out copied nothing: the entries are left out, with a
 // warning.
-func (rf *readFiles) collect(rep *sandbox.Report) ([]FileResult, []string) {
+func (rf *readFiles) collect(rep *report.Run) ([]FileResult, []string) {
 	if rf == nil {
 		return nil, nil
 	}
-	var kept []sandbox.Copied
+	var kept []report.Copied
 	for _, c := range rep.Copied {
 		if !strings.HasPrefix(c.Host, rf.tmp+"/") {
 			kept = append(kept, c)

@@ -17,6 +17,7 @@ import (
 	"isopod/internal/admission"
 	"isopod/internal/credential"
 	"isopod/internal/hostio"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -137,7 +138,7 @@ func (s *Server) prepareRun(in RunArgs) (sandbox.Request, func(), *readFiles, er
 
 // runAdmitted pulls the stage when this host lacks it, waits for the
 // call's VM place, and runs.
-func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admission.Ticket, st *runStatus) (*sandbox.Report, *RegistryResult, error) {
+func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admission.Ticket, st *runStatus) (*report.Run, *RegistryResult, error) {
 	reg, err := s.ensureStage(ctx, r, st)
 	if err != nil {
 		return nil, nil, err

@@ -13,6 +13,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	sess "isopod/internal/session"
 	"isopod/internal/session/supervisor"
@@ -57,7 +58,7 @@ type SessionExecResult struct {
 	// JobID is a background exec's job.
 	JobID string `json:"job_id,omitempty"`
 
-	*sandbox.Outcome
+	*report.Outcome
 	DurationMS    *int64 `json:"duration_ms,omitempty"`
 	StdoutLogPath string `json:"stdout_log_path,omitempty"`
 	StderrLogPath string `json:"stderr_log_path,omitempty"`

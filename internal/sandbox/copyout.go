@@ -8,6 +8,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/report"
 )
 
 // CopyOutError is a copy-out that failed after the command ran: the guest
@@ -49,7 +50,7 @@ func (r *run) copyOut(ctx context.Context) error {
 			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
 		budget -= fd.Data
-		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
+		r.rep.Copied = append(r.rep.Copied, report.Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
 	}
 	ms := time.Since(t).Milliseconds()
 	r.rep.CopyOutMS = &ms

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"isopod/internal/egress"
+	"isopod/internal/report"
 	"isopod/internal/vmnet"
 )
 
@@ -21,7 +22,7 @@ func (s *Service) netConfig(nic *vmnet.NIC, id, dir string, rules egress.Rules, 
 }
 
 // netReport is the report's network block.
-func netReport(n *vmnet.Network) *NetReport {
+func netReport(n *vmnet.Network) *report.Net {
 	t := n.Totals()
-	return &NetReport{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
+	return &report.Net{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"isopod/internal/machine"
+	"isopod/internal/report"
 	"isopod/internal/workspace"
 )
 
@@ -44,7 +45,7 @@ func (r *run) workspaceOut(ctx context.Context) {
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no workspace patch was written to %s: %s", w.Out, wr.PatchError))
 		return
 	}
-	wr.Changed = &WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
+	wr.Changed = &report.WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
 	wr.LeftOut, wr.Ignored = stats.LeftOut, stats.Ignored
 	wr.PatchBytes = &stats.Bytes
 	if len(stats.LinksOut) > 0 {
