@@ -45,7 +45,7 @@ func TestNormalizeInject(t *testing.T) {
 		})
 	}
 	_, err := normalize(Request{Argv: []string{"true"}, Inject: []string{"gh"}, NoNetwork: true}, host)
-	var ae *ArgError
+	var ae *errdefs.ArgError
 	if !errors.As(err, &ae) || ae.Field != "inject" || !errors.Is(err, errdefs.ErrInvalidArgument) ||
 		!strings.Contains(err.Error(), "--inject: needs the network") || !strings.Contains(err.Error(), "drop --no-network") {
 		t.Errorf("inject without a network: %v; want an invalid-argument refusal naming --inject and the fix", err)

@@ -43,52 +43,8 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// An ArgError is one request field the core refused. It names the field
-// neutrally so that each front end can say it in its own words: Error()
-// says it the CLI way ("--timeout-s 0: must be ..."), and the MCP server
-// names its argument instead ("timeout_s: must be ... (got 0)"). It wraps
-// errdefs.ErrInvalidArgument.
-type ArgError struct {
-	// Field is the request field as the MCP tool argument names it
-	// (timeout_s, vcpus, mem_mib, scratch_mib, env, cwd, copy_out,
-	// commit_as); CLIFlag turns it into the flag.
-	Field string
-	// Value is the refused value as text; empty when there is none to show.
-	Value string
-	// Reason says what is wrong and what would be right, in words neither
-	// front end owns.
-	Reason string
-}
-
-func (e *ArgError) Error() string {
-	if e.Value == "" {
-		return CLIFlag(e.Field) + ": " + e.Reason
-	}
-	return CLIFlag(e.Field) + " " + e.Value + ": " + e.Reason
-}
-
-func (e *ArgError) Unwrap() error { return errdefs.ErrInvalidArgument }
-
-// CLIFlag names a request field as the isopod run flag that sets it.
-func CLIFlag(field string) string {
-	switch field {
-	case "argv":
-		return "the command (after --)"
-	case "allow_hosts":
-		return "--allow-host"
-	case "allow_cidrs":
-		return "--allow-cidr"
-	}
-	return "--" + strings.ReplaceAll(field, "_", "-")
-}
-
-func argError(field string, value any, format string, args ...any) error {
-	v := ""
-	if value != nil {
-		v = fmt.Sprint(value)
-	}
-	return &ArgError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
-}
+// argError is a refused request field (errdefs.ArgError).
+var argError = errdefs.Arg
 
 func checkVCPUs(n int, h hostLimits) error {
 	maxCPU := min(h.CPUs, MaxVCPUs)
@@ -126,7 +82,7 @@ func checkTimeoutS(n int) error {
 // CheckSize checks one size a caller gave explicitly (field vcpus, mem_mib,
 // scratch_mib or timeout_s) against its limits on this host. Unlike in a
 // Request, where zero means the default, zero is a value here, and out of
-// range. The error is the *ArgError a Request with that value would get.
+// range. The error is the *errdefs.ArgError a Request with that value would get.
 func CheckSize(field string, v int) error {
 	h := readHostLimits()
 	switch field {
@@ -289,7 +245,7 @@ func CheckLabel(field, l string) error {
 	if err := store.ValidateLabel(l); errors.As(err, &le) {
 		return argError(field, strconv.Quote(l), "%s", le.Reason)
 	} else if err != nil {
-		return fmt.Errorf("%s: %w", CLIFlag(field), err)
+		return fmt.Errorf("%s: %w", errdefs.CLIFlag(field), err)
 	}
 	return nil
 }

@@ -138,9 +138,9 @@ func TestArgErrorsNameTheField(t *testing.T) {
 	} {
 		tt.req.Argv = []string{"true"}
 		_, err := normalize(tt.req, host)
-		var ae *ArgError
+		var ae *errdefs.ArgError
 		if !errors.As(err, &ae) {
-			t.Errorf("%+v: %v; want an *ArgError", tt.req, err)
+			t.Errorf("%+v: %v; want an *errdefs.ArgError", tt.req, err)
 			continue
 		}
 		if ae.Field != tt.field || ae.Value != tt.value || strings.Contains(ae.Reason, "--") {

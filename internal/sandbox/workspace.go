@@ -123,7 +123,7 @@ func openWorkspace(w *Workspace) (*os.File, error) {
 		if errors.Is(err, unix.ENOTDIR) {
 			return nil, argError("workspace", w.Host, "not a directory; name the directory to copy")
 		}
-		return nil, fmt.Errorf("%s %s: %w: %w", CLIFlag("workspace"), w.Host, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s %s: %w: %w", errdefs.CLIFlag("workspace"), w.Host, err, errdefs.ErrInvalidArgument)
 	}
 	return f, nil
 }
