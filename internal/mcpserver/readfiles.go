@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
@@ -69,7 +70,7 @@ func prepareReadFiles(r *sandbox.Request, guests []string) (*readFiles, error) {
 		if !strings.HasPrefix(g, "/") {
 			return nil, &refusal{fmt.Sprintf("read_files[%d]", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(g))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
 			return nil, err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/admission"
+	"isopod/internal/agentclient"
 	"isopod/internal/credential"
 	"isopod/internal/hostio"
 	"isopod/internal/report"
@@ -294,7 +295,7 @@ func (s *Server) openCopyOut(r *sandbox.Request, cos []CopyOutArg) (release func
 		if !strings.HasPrefix(c.Guest, "/") {
 			return func() {}, &refusal{fmt.Sprintf("copy_out[%d].guest", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(c.Guest))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("copy_out[%d].guest", i), c.Guest); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("copy_out[%d].guest", i), c.Guest); err != nil {
 			return func() {}, err
 		}
 		if _, err := s.cfg.HostIO.ResolveCopyOut(c.Host); err != nil {

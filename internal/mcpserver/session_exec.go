@@ -11,6 +11,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
 	"isopod/internal/report"
@@ -105,7 +106,7 @@ func execCall(in SessionExecArgs) (sess.Call, []sess.Call, error) {
 		return sess.Call{}, nil, err
 	}
 	if in.Cwd != "" {
-		if err := sandbox.CheckGuestPath("cwd", in.Cwd); err != nil {
+		if err := agentclient.CheckGuestPath("cwd", in.Cwd); err != nil {
 			return sess.Call{}, nil, err
 		}
 	}
@@ -136,7 +137,7 @@ func writeCalls(files []WriteFileArg) ([]sess.Call, error) {
 		if !strings.HasPrefix(f.Path, "/") {
 			return nil, &refusal{at + ".path", fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(f.Path))}
 		}
-		if err := sandbox.CheckGuestPath(at+".path", f.Path); err != nil {
+		if err := agentclient.CheckGuestPath(at+".path", f.Path); err != nil {
 			return nil, err
 		}
 		data := []byte(f.Content)
@@ -171,7 +172,7 @@ func checkReadFiles(guests []string) error {
 		if !strings.HasPrefix(g, "/") {
 			return &refusal{fmt.Sprintf("read_files[%d]", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(g))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
 			return err
 		}
 	}

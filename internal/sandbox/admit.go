@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"io"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/hostio"
 )
 
@@ -46,4 +48,19 @@ func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _
 		}
 	}
 	return req, pl, req.Stdin, nil
+}
+
+// checkFrames refuses a run whose command (argv, env and cwd, with the
+// base image's env) the guest protocol cannot carry. The guest paths
+// themselves were checked when req was normalised.
+func checkFrames(req Request, pl *plan) error {
+	argvField := "argv"
+	if req.Shell {
+		argvField = "cmd"
+	}
+	cwd := req.Cwd
+	if req.Workspace != nil {
+		cwd = cmp.Or(cwd, req.Workspace.Guest)
+	}
+	return agentclient.CheckExec(argvField, req.Argv, req.Env, cmp.Or(cwd, pl.cwd), pl.env)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
@@ -213,7 +214,7 @@ func checkIO(req Request) error {
 		if !strings.HasPrefix(req.Cwd, "/") {
 			return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
 		}
-		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
+		if err := agentclient.CheckGuestPath("cwd", req.Cwd); err != nil {
 			return err
 		}
 	}
@@ -227,7 +228,7 @@ func checkIO(req Request) error {
 		if c.Host == "" {
 			return argError("copy_out", c.Guest, "the host path is empty")
 		}
-		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
+		if err := agentclient.CheckGuestPath("copy_out", c.Guest); err != nil {
 			return err
 		}
 	}

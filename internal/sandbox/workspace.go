@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
 	"isopod/internal/machine"
@@ -75,7 +76,7 @@ func checkWorkspace(w *Workspace) error {
 			return argError("workspace", strconv.Quote(g), "the guest directory cannot be under %s, which the guest system owns", r)
 		}
 	}
-	if err := CheckGuestPath("workspace", g); err != nil {
+	if err := agentclient.CheckGuestPath("workspace", g); err != nil {
 		return err
 	}
 	if err := w.Options.Validate(); err != nil {
