@@ -22,12 +22,12 @@ func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _
 	if req.creds, err = s.resolveCredentials(req); err != nil {
 		return req, nil, nil, err
 	}
-	if err := req.Workspace.openHost(); err != nil {
+	if err := req.Workspace.OpenHost(); err != nil {
 		return req, nil, nil, err
 	}
 	defer func() {
 		if retErr != nil {
-			req.Workspace.release()
+			req.Workspace.Release()
 		}
 	}()
 	pl, err := s.planRun(ctx, req)

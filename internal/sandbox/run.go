@@ -83,7 +83,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 	}
 	if req.WaitPlace != nil {
 		if err := req.WaitPlace(ctx); err != nil {
-			req.Workspace.release()
+			req.Workspace.Release()
 			return nil, err
 		}
 	}

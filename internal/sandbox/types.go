@@ -9,6 +9,7 @@ import (
 	"isopod/internal/credential"
 	"isopod/internal/egress"
 	"isopod/internal/machine"
+	"isopod/internal/workspace"
 )
 
 // Defaults and limits of a run.
@@ -104,7 +105,7 @@ type Request struct {
 
 	// Workspace, when set, copies a host directory into the run and can
 	// bring its changes back as a patch (workspace.go).
-	Workspace *Workspace
+	Workspace *workspace.Request
 
 	// rules are the network switches parsed, by normalize: the one form
 	// the run's network takes.

@@ -178,7 +178,7 @@ func normalize(req Request, h hostLimits) (Request, error) {
 	}
 	if req.Workspace != nil {
 		w := *req.Workspace
-		if err := checkWorkspace(&w); err != nil {
+		if err := w.Check(); err != nil {
 			return req, err
 		}
 		req.Workspace = &w

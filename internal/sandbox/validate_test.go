@@ -7,6 +7,7 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/workspace"
 )
 
 func TestNormalize(t *testing.T) {
@@ -32,7 +33,7 @@ func TestNormalize(t *testing.T) {
 		{"cwd with NUL", ok(Request{Cwd: "/a\x00b"}), "NUL"},
 		{"cwd over PATH_MAX", ok(Request{Cwd: "/" + strings.Repeat("d", agentproto.MaxPath)}), "--cwd"},
 		{"copy-out guest with NUL", ok(Request{CopyOut: []CopyOut{{Guest: "/a\x00b", Host: "/tmp/x"}}}), "--copy-out"},
-		{"workspace guest over PATH_MAX", ok(Request{Workspace: &Workspace{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
+		{"workspace guest over PATH_MAX", ok(Request{Workspace: &workspace.Request{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
 		{"no-network with allow", ok(Request{NoNetwork: true, AllowHosts: []string{"a.b"}}), "--no-network"},
 		{"deny with allow", ok(Request{DenyEgress: true, AllowCIDRs: []string{"10.0.0.0/8"}}), "--deny-egress"},
 		{"bad cidr", ok(Request{AllowCIDRs: []string{"10.0.0.0/99"}}), "--allow-cidr"},

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"isopod/internal/machine"
@@ -49,24 +47,8 @@ func (r *run) workspaceOut(ctx context.Context) {
 	wr.LeftOut, wr.Ignored = stats.LeftOut, stats.Ignored
 	wr.PatchBytes = &stats.Bytes
 	if len(stats.LinksOut) > 0 {
-		r.rep.Warnings = append(r.rep.Warnings, linksOutWarning(w.Out, stats.LinksOut))
+		r.rep.Warnings = append(r.rep.Warnings, workspace.LinksOutWarning(w.Out, stats.LinksOut))
 	}
-}
-
-// linksOutWarning says that the patch at out makes symlinks pointing
-// outside the repository, naming the first few.
-func linksOutWarning(out string, links []string) string {
-	const shown = 5
-	names := make([]string, 0, shown)
-	for _, l := range links[:min(len(links), shown)] {
-		names = append(names, strconv.Quote(l))
-	}
-	more := ""
-	if len(links) > shown {
-		more = fmt.Sprintf(" and %d more", len(links)-shown)
-	}
-	return fmt.Sprintf("the workspace patch %s makes %d symlink(s) pointing outside the repository (%s%s); check them before applying it",
-		out, len(links), strings.Join(names, ", "), more)
 }
 
 // writePatch lists the changes, copies the new content of changed files
