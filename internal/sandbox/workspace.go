@@ -2,11 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	"isopod/internal/machine"
 	"isopod/internal/report"
 	"isopod/internal/workspace"
 )
@@ -73,5 +75,44 @@ func (r *run) closeWorkspace() {
 	r.req.Workspace.Release()
 	if (r.req.Workspace != nil || r.resumedFrom != nil && r.resumedFrom.Workspace) && r.dir != nil {
 		workspace.RemoveWork(r.dir.Rec.ID)
+	}
+}
+
+// workspaceOut writes the patch of what the command changed in the
+// workspace to the requested host file, after the command (not after a
+// timeout or a guest's death). Like copy-out it is bounded by the run's
+// timeout, counted again. A patch that cannot be made (over its cap, a
+// guest that lists nonsense) is reported in the workspace block and a
+// warning; the destination is left as it was.
+func (r *run) workspaceOut(ctx context.Context) {
+	w := r.req.Workspace
+	if r.ws == nil || w.Out == "" {
+		return
+	}
+	t := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
+	defer cancel()
+	stats, err := r.vm.WorkspacePatch(cctx, r.ws, w.Guest, r.dir.Path(), w.Options,
+		machine.GetFile{Host: w.Out, HostDir: w.OutDir, Staging: r.staging})
+	ms := time.Since(t).Milliseconds()
+	wr := r.rep.Workspace
+	wr.OutMS = &ms
+	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for the patch)", r.req.TimeoutS)
+		}
+		wr.PatchError = err.Error()
+		var le *workspace.LimitError
+		if errors.As(err, &le) && w.Raise != nil && w.Raise(le.What) != "" {
+			wr.PatchError += ", or raise " + w.Raise(le.What)
+		}
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no workspace patch was written to %s: %s", w.Out, wr.PatchError))
+		return
+	}
+	wr.Changed = &report.WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
+	wr.LeftOut, wr.Ignored = stats.LeftOut, stats.Ignored
+	wr.PatchBytes = &stats.Bytes
+	if len(stats.LinksOut) > 0 {
+		r.rep.Warnings = append(r.rep.Warnings, workspace.LinksOutWarning(w.Out, stats.LinksOut))
 	}
 }
