@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
@@ -381,6 +382,6 @@ func machineDesc() string {
 		}
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	mem := sandbox.Host().MemTotalMiB
+	mem := admission.ReadHost().MemTotalMiB
 	return fmt.Sprintf("%s; %d CPUs; %d MiB; Linux %s; %s", model, runtime.NumCPU(), mem, strings.TrimSpace(string(kernel)), filepath.Base(os.Args[0]))
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentclient"
 	"isopod/internal/hostio"
 )
@@ -15,7 +16,7 @@ import (
 // destinations a front end did not open. It returns the run's stdin, which
 // the caller closes; the run closes the workspace directory it opened.
 func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _ io.Reader, retErr error) {
-	req, err := normalize(req, readHostLimits())
+	req, err := normalize(req, admission.ReadHost())
 	if err != nil {
 		return req, nil, nil, err
 	}

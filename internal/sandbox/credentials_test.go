@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 )
 
@@ -12,7 +13,7 @@ import (
 // allowed unless a list allows it, a list's rules kept) and are refused
 // without a network, before anything starts.
 func TestNormalizeInject(t *testing.T) {
-	host := hostLimits{CPUs: 8, MemTotalMiB: 16384}
+	host := admission.Host{CPUs: 8, MemTotalMiB: 16384}
 	for _, tt := range []struct {
 		name    string
 		req     Request

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
@@ -38,7 +39,7 @@ func (s *Service) FloorConfig(ctx context.Context, dir string) (vmm.Config, erro
 // directory and a VM configuration with a network of its own (close ends
 // it). The snapshot must exist (see WarmBuild). dir must exist.
 func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string, cfg vmm.Config, close func(), err error) {
-	req, err := normalize(Request{Argv: []string{"true"}}, readHostLimits())
+	req, err := normalize(Request{Argv: []string{"true"}}, admission.ReadHost())
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
@@ -66,15 +67,4 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	cfg = warmConfig(in, id, dir, nil, n.VMMNet(), machine.Disks{Base: pl.base.Path}.Slots(ph))
 	cfg.Logger = s.log
 	return s.warm.Dir(in.key.ID()), cfg, n.Close, nil
-}
-
-// HostLimits are the host facts that bound a run's sizes.
-type HostLimits struct {
-	CPUs        int
-	MemTotalMiB int
-}
-
-// Host reads the host's limits.
-func Host() HostLimits {
-	return HostLimits(readHostLimits())
 }

@@ -1,44 +1,18 @@
 package sandbox
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/store"
 )
-
-// hostLimits are the host facts request validation depends on.
-type hostLimits struct {
-	CPUs        int
-	MemTotalMiB int
-}
-
-func readHostLimits() hostLimits {
-	h := hostLimits{CPUs: runtime.NumCPU(), MemTotalMiB: 0}
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return h
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, _ := strconv.Atoi(fields[1])
-			h.MemTotalMiB = kb / 1024
-		}
-	}
-	return h
-}
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
@@ -47,7 +21,7 @@ func invalid(format string, args ...any) error {
 // argError is a refused request field (errdefs.ArgError).
 var argError = errdefs.Arg
 
-func checkVCPUs(n int, h hostLimits) error {
+func checkVCPUs(n int, h admission.Host) error {
 	maxCPU := min(h.CPUs, MaxVCPUs)
 	if n < 1 || n > maxCPU || (n != 1 && n%2 != 0) {
 		return argError("vcpus", n, "must be 1 or an even number, at most %d = min(host CPUs %d, %d)", maxCPU, h.CPUs, MaxVCPUs)
@@ -55,7 +29,7 @@ func checkVCPUs(n int, h hostLimits) error {
 	return nil
 }
 
-func checkMemMiB(n int, h hostLimits) error {
+func checkMemMiB(n int, h admission.Host) error {
 	maxMem := MaxMemMiB
 	if h.MemTotalMiB > 0 {
 		maxMem = min(maxMem, h.MemTotalMiB-512)
@@ -85,7 +59,7 @@ func checkTimeoutS(n int) error {
 // Request, where zero means the default, zero is a value here, and out of
 // range. The error is the *errdefs.ArgError a Request with that value would get.
 func CheckSize(field string, v int) error {
-	h := readHostLimits()
+	h := admission.ReadHost()
 	switch field {
 	case "vcpus":
 		return checkVCPUs(v, h)
@@ -105,7 +79,7 @@ func CheckSize(field string, v int) error {
 // before it queues for a place or to learn the sizes it will get; Run
 // normalises again, to the same request.
 func Normalize(req Request) (Request, error) {
-	return normalize(req, readHostLimits())
+	return normalize(req, admission.ReadHost())
 }
 
 // WithDefaults returns r with the stage and the sizes it leaves zero set to
@@ -150,7 +124,7 @@ func (r Request) NetworkMode() string { return string(r.netSwitches().Mode()) }
 
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
-func normalize(req Request, h hostLimits) (Request, error) {
+func normalize(req Request, h admission.Host) (Request, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return req, invalid("no command: give the program and its arguments after --")
 	}
@@ -187,7 +161,7 @@ func normalize(req Request, h hostLimits) (Request, error) {
 }
 
 // checkSizes checks the VM's sizes and the timeout against h.
-func checkSizes(req Request, h hostLimits) error {
+func checkSizes(req Request, h admission.Host) error {
 	if err := checkVCPUs(req.VCPUs, h); err != nil {
 		return err
 	}

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/workspace"
 )
 
 func TestNormalize(t *testing.T) {
-	host := hostLimits{CPUs: 8, MemTotalMiB: 16384}
+	host := admission.Host{CPUs: 8, MemTotalMiB: 16384}
 	ok := func(r Request) Request { r.Argv = []string{"true"}; return r }
 	tests := []struct {
 		name string
@@ -69,7 +70,7 @@ func TestNormalize(t *testing.T) {
 }
 
 func TestNormalizeRefusesBroadWildcard(t *testing.T) {
-	_, err := normalize(Request{Argv: []string{"true"}, AllowHosts: []string{"*.org"}}, hostLimits{CPUs: 2, MemTotalMiB: 4096})
+	_, err := normalize(Request{Argv: []string{"true"}, AllowHosts: []string{"*.org"}}, admission.Host{CPUs: 2, MemTotalMiB: 4096})
 	if err == nil || !strings.Contains(err.Error(), "--allow-host") {
 		t.Errorf("got %v; want a refusal naming --allow-host", err)
 	}
@@ -78,7 +79,7 @@ func TestNormalizeRefusesBroadWildcard(t *testing.T) {
 // TestNormalizeDefaultsAndLimits pins the documented defaults and limits
 // (README's flag table) to literal values.
 func TestNormalizeDefaultsAndLimits(t *testing.T) {
-	big := hostLimits{CPUs: 64, MemTotalMiB: 64 << 10}
+	big := admission.Host{CPUs: 64, MemTotalMiB: 64 << 10}
 	got, err := normalize(Request{Argv: []string{"true"}}, big)
 	if err != nil {
 		t.Fatal(err)
@@ -89,10 +90,10 @@ func TestNormalizeDefaultsAndLimits(t *testing.T) {
 	if DefaultScratchMiB != 1024 || DefaultBase != "base-min" {
 		t.Errorf("default scratch %d MiB, base %q; want 1024 and base-min", DefaultScratchMiB, DefaultBase)
 	}
-	small := hostLimits{CPUs: 4, MemTotalMiB: 2048}
+	small := admission.Host{CPUs: 4, MemTotalMiB: 2048}
 	for _, tt := range []struct {
 		name string
-		host hostLimits
+		host admission.Host
 		req  Request
 		ok   bool
 	}{
@@ -123,7 +124,7 @@ func TestNormalizeDefaultsAndLimits(t *testing.T) {
 // value and a reason free of CLI flags, so that the MCP server can say it
 // in its own words; Error() is the CLI's wording.
 func TestArgErrorsNameTheField(t *testing.T) {
-	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	host := admission.Host{CPUs: 2, MemTotalMiB: 4096}
 	for _, tt := range []struct {
 		req          Request
 		field, value string
@@ -182,7 +183,7 @@ func TestCheckSizeRefusesZero(t *testing.T) {
 // TestNormalizeEgress: a list given at all, even empty, makes the run
 // filtered; with no rule in either list it denies everything.
 func TestNormalizeEgress(t *testing.T) {
-	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	host := admission.Host{CPUs: 2, MemTotalMiB: 4096}
 	for _, tt := range []struct {
 		name    string
 		req     Request
