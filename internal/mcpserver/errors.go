@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/oci"
 	"isopod/internal/sandbox"
 )
@@ -185,7 +186,7 @@ func (s *Server) baseHint(ctx context.Context, base string) string {
 // copyOutFix names the next step after a copy-out (copy_out, read_files)
 // that failed once the command had run, or "" for other failures.
 func copyOutFix(err error, class string) string {
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if !errors.As(err, &coe) {
 		return ""
 	}

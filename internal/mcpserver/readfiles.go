@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"isopod/internal/agentclient"
+	"isopod/internal/machine"
 	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
@@ -185,7 +186,7 @@ func inlineFile(guest string, raw []byte, size int64) FileResult {
 // words: the core names the private path the client never gave. Other
 // errors, copy_out's own included, are returned as they are.
 func (rf *readFiles) reword(err error) error {
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if rf == nil || !errors.As(err, &coe) || filepath.Dir(coe.Host) != rf.tmp {
 		return err
 	}
