@@ -3,11 +3,10 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
 	"time"
 
 	"isopod/internal/admission"
-	"isopod/internal/agentproto"
+	"isopod/internal/image"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
@@ -20,20 +19,8 @@ import (
 // Driver returns the VMM driver runs use.
 func (s *Service) Driver(ctx context.Context) (vmm.Driver, error) { return s.driver(ctx) }
 
-// FloorConfig is a VM with a run's kernel, initramfs, command line and
-// sizes, whose init powers off at once. dir must exist.
-func (s *Service) FloorConfig(ctx context.Context, dir string) (vmm.Config, error) {
-	k, err := s.resolveKernel(ctx)
-	if err != nil {
-		return vmm.Config{}, err
-	}
-	pl := &plan{}
-	return vmm.Config{
-		ID: "floor", Dir: dir, Kernel: k.Kernel, BzImage: k.BzImage, Initrd: k.Initramfs,
-		Cmdline: pl.cmdline("floor") + " -- " + agentproto.FloorArg,
-		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
-	}, nil
-}
+// Boot is the guest kernel and initramfs runs boot.
+func (s *Service) Boot() (image.Boot, error) { return s.resolveBoot() }
 
 // RestoreFloor is what a warm run of the defaults restores: the snapshot
 // directory and a VM configuration with a network of its own (close ends
