@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"isopod/internal/egress"
-	"isopod/internal/report"
 	"isopod/internal/vmnet"
 )
 
@@ -19,10 +18,4 @@ func (s *Service) startNetwork(nic *vmnet.NIC, id, dir string, rules egress.Rule
 func (s *Service) netConfig(nic *vmnet.NIC, id, dir string, rules egress.Rules, start time.Time, creds []vmnet.Credential) vmnet.Config {
 	return vmnet.Config{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
 		Rules: rules, Start: start, NIC: nic, Credentials: creds, CredentialMaxBody: s.opts.CredentialMaxBody, Logger: s.log}
-}
-
-// netReport is the report's network block.
-func netReport(n *vmnet.Network) *report.Net {
-	t := n.Totals()
-	return &report.Net{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
 }

@@ -300,7 +300,7 @@ func (r *run) stopCritical() {
 	r.vm.Kill()
 	if r.vm.CloseNet() && r.rep != nil {
 		n := r.vm.Net
-		r.rep.Net = netReport(n)
+		r.rep.Net = n.Report()
 		if e := n.EgressReport(); e != nil {
 			r.rep.Egress = e
 		}
