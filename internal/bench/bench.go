@@ -8,6 +8,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,9 +18,13 @@ import (
 	"strings"
 	"time"
 
+	"isopod/internal/admission"
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
+	"isopod/internal/vmm"
 )
 
 // Options selects what `isopod bench` measures.
@@ -289,7 +294,7 @@ func (b *bench) floor(ctx context.Context) (float64, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	cfg, err := b.s.FloorConfig(ctx, dir)
+	cfg, err := b.floorConfig(dir)
 	if err != nil {
 		return 0, err
 	}
@@ -381,6 +386,20 @@ func machineDesc() string {
 		}
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	mem := sandbox.Host().MemTotalMiB
+	mem := admission.ReadHost().MemTotalMiB
 	return fmt.Sprintf("%s; %d CPUs; %d MiB; Linux %s; %s", model, runtime.NumCPU(), mem, strings.TrimSpace(string(kernel)), filepath.Base(os.Args[0]))
+}
+
+// floorConfig is a VM with a run's kernel, initramfs, command line and
+// sizes, whose init powers off at once. dir must exist.
+func (b *bench) floorConfig(dir string) (vmm.Config, error) {
+	k, err := b.s.Boot()
+	if err != nil {
+		return vmm.Config{}, err
+	}
+	return vmm.Config{
+		ID: "floor", Dir: dir, Kernel: k.Kernel, BzImage: k.BzImage, Initrd: k.Initramfs,
+		Cmdline: machine.Cmdline("floor") + " -- " + agentproto.FloorArg,
+		VCPUs:   sandbox.DefaultVCPUs, MemMiB: sandbox.DefaultMemMiB, SerialLog: io.Discard, Logger: b.log,
+	}, nil
 }

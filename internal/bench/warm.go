@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 )
@@ -68,7 +69,7 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 	if ab.Built {
 		res.SnapshotBuildMS += ab.BuildMS
 	}
-	one := func(req sandbox.Request) (*sandbox.Report, error) {
+	one := func(req sandbox.Request) (*report.Run, error) {
 		rep, err := s.Run(ctx, req)
 		if err != nil {
 			return nil, err

@@ -9,6 +9,7 @@ import (
 
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
+	"isopod/internal/workspace"
 )
 
 // TestOpenHostFiles: the CLI opens its host files through the operator's
@@ -24,7 +25,7 @@ func TestOpenHostFiles(t *testing.T) {
 	}
 	o := runOptions{stdinFile: in}
 	o.req.CopyOut = []sandbox.CopyOut{{Guest: "/a", Host: filepath.Join(dir, "a.out")}}
-	o.req.Workspace = &sandbox.Workspace{Host: dir, Out: filepath.Join(dir, "ws.patch")}
+	o.req.Workspace = &workspace.Request{Host: dir, Out: filepath.Join(dir, "ws.patch")}
 	release, err := o.openHostFiles()
 	if err != nil {
 		t.Fatal(err)

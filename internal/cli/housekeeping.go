@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/version"
@@ -99,7 +100,7 @@ func newVMCmd(e *env) *cobra.Command {
 	gc := &cobra.Command{
 		Use: "gc", Short: "Kill orphaned VMM processes and prune old VM records", Args: positional(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(e, func(s *sandbox.Service) (*sandbox.VMGCResult, error) { return s.VMGC(cmd.Context(), keep) })
+			return call(e, func(s *sandbox.Service) (*report.VMGC, error) { return s.VMGC(cmd.Context(), keep) })
 		},
 	}
 	gc.Flags().IntVar(&keep, "keep-last", 20, "keep this many newest records; 0 keeps none (a VM still running, or a run still going, is always kept)")

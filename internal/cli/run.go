@@ -74,7 +74,7 @@ type runOptions struct {
 	req       sandbox.Request
 	stdinFile string
 	copyOut   []string
-	ws        sandbox.Workspace
+	ws        workspace.Request
 	wsSpec    string
 }
 
@@ -171,7 +171,7 @@ func runFlags(c *cobra.Command, o *runOptions) {
 	f.StringArrayVar(&o.copyOut, "copy-out", nil, "GUEST:HOST: after the command, copy a guest file to the host; repeatable")
 	f.Int64Var(&req.CopyOutMaxData, "copy-out-max-bytes", sandbox.DefaultCopyOutMaxData, "cap on the data all copy-outs write to the host (holes are free)")
 	f.StringVar(&req.CommitAs, "commit-as", "", "when the command exits 0, keep the run's changes as a stage with this label (never the workspace)")
-	f.StringVar(&o.wsSpec, "workspace", "", "HOSTDIR[:GUESTDIR]: a writable copy of a host directory in the guest (default "+sandbox.DefaultWorkspaceDir+", then the default --cwd); in git, what git sees and .git")
+	f.StringVar(&o.wsSpec, "workspace", "", "HOSTDIR[:GUESTDIR]: a writable copy of a host directory in the guest (default "+workspace.DefaultGuestDir+", then the default --cwd); in git, what git sees and .git")
 	f.BoolVar(&ws.All, "workspace-all", false, "copy everything under the workspace directory, not only what git sees")
 	f.StringVar(&ws.Out, "workspace-out", "", "after the command, write what it changed in the workspace to this host file as a patch for git apply")
 	f.Int64Var(&ws.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxBytes, "cap on the bytes of the workspace's files, .git included")

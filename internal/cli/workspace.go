@@ -13,7 +13,7 @@ import (
 
 // workspaceFlags puts --workspace and its companions into req. The flags
 // that only shape a workspace are refused without one.
-func workspaceFlags(cmd *cobra.Command, req *sandbox.Request, ws sandbox.Workspace, spec string) error {
+func workspaceFlags(cmd *cobra.Command, req *sandbox.Request, ws workspace.Request, spec string) error {
 	if spec == "" {
 		for _, name := range []string{"workspace-all", "workspace-out", "workspace-max-bytes", "workspace-max-files", "workspace-max-patch-bytes"} {
 			if cmd.Flags().Changed(name) {

@@ -51,7 +51,7 @@ func parsePlaces(raw map[string]string, s *Settings) error {
 // ISOPOD_MEMORY_BUDGET_MIB over them. The queue is four times the VM
 // limit.
 func (s Settings) Admission(accel vmm.Accel) admission.Config {
-	c := sandbox.DefaultAdmission(sandbox.Host(), accel)
+	c := sandbox.DefaultAdmission(admission.ReadHost(), accel)
 	if s.MemoryBudgetMiB > 0 {
 		c.MemoryBudgetMiB = s.MemoryBudgetMiB
 	}

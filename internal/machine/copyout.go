@@ -147,6 +147,20 @@ func DupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
+// CopyOutError is a copy-out of a run that failed after its command ran: the guest
+// file could not be read (of the class the guest gave: not_found for a
+// missing file), or the host destination could not be written.
+type CopyOutError struct {
+	Guest, Host string
+	Err         error
+}
+
+func (e *CopyOutError) Error() string {
+	return fmt.Sprintf("--copy-out %s:%s: %v", e.Guest, e.Host, e.Err)
+}
+
+func (e *CopyOutError) Unwrap() error { return e.Err }
+
 // GetFile names one guest file to copy to a host path.
 type GetFile struct {
 	Guest, Host string

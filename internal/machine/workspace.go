@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,4 +129,41 @@ func (a *appendWriter) Write(p []byte) (int, error) {
 	n, err := a.w.WriteAt(p, a.off)
 	a.off += int64(n)
 	return n, err
+}
+
+// WorkspacePatch writes the patch of what the command changed in the
+// workspace tree, mounted at guest, to out's host file (staged, as
+// GetFile's), within opts' caps: the guest lists the changes, the new
+// content of changed files is copied into a directory under dir, and the
+// host makes the patch.
+func (v *Machine) WorkspacePatch(ctx context.Context, tree *workspace.Tree, guest, dir string, opts workspace.Options, out GetFile) (workspace.PatchStats, error) {
+	maxPatch := cmp.Or(opts.MaxPatchBytes, workspace.DefaultMaxPatchBytes)
+	changes, err := v.ListChanges(ctx, cmp.Or(opts.MaxFiles, workspace.DefaultMaxFiles), maxPatch)
+	if err != nil {
+		return workspace.PatchStats{}, err
+	}
+	content, err := os.MkdirTemp(dir, "workspace-out-")
+	if err != nil {
+		return workspace.PatchStats{}, fmt.Errorf("workspace patch: %w", err)
+	}
+	defer os.RemoveAll(content)
+	if err := v.FetchChanged(ctx, changes, guest, content, maxPatch); err != nil {
+		return workspace.PatchStats{}, err
+	}
+	sf, err := Stage(ctx, out)
+	if err != nil {
+		return workspace.PatchStats{}, err
+	}
+	if out.Staging != nil {
+		defer out.Staging("")
+	}
+	stats, err := tree.Patch(ctx, changes, Appender(sf))
+	if err != nil {
+		sf.Abort()
+		return stats, err
+	}
+	if err := sf.Commit(stats.Bytes, 0o644); err != nil {
+		return stats, err
+	}
+	return stats, nil
 }

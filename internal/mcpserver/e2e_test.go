@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"isopod/internal/hostio/hostiotest"
+	"isopod/internal/report"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -53,7 +54,7 @@ func serveForTest() int {
 // holdRuns is a core whose runs last until they are cancelled.
 type holdRuns struct{ Core }
 
-func (holdRuns) Run(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+func (holdRuns) Run(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }

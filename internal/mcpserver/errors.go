@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/oci"
 	"isopod/internal/sandbox"
 )
@@ -17,7 +18,7 @@ import (
 // not do is "<tool> failed (<class>): <error>. Fix: <next step>".
 //
 // The core says what it refuses in two ways. Its own request checks return
-// a *sandbox.ArgError naming the field neutrally, which is said here with
+// a *errdefs.ArgError naming the field neutrally, which is said here with
 // the tool argument's name. Other core messages (the stage store's, the
 // egress policy's) are written for the CLI; mcpWords turns the flags and
 // commands they name into this server's arguments and tools. Host commands
@@ -53,10 +54,10 @@ var mcpWords = strings.NewReplacer(
 )
 
 // isRefusal reports whether err is an argument problem: a *refusal, a
-// *sandbox.ArgError or any invalid argument.
+// *errdefs.ArgError or any invalid argument.
 func isRefusal(err error) bool {
 	var r *refusal
-	var ae *sandbox.ArgError
+	var ae *errdefs.ArgError
 	return errors.As(err, &r) || errors.As(err, &ae) || errors.Is(err, errdefs.ErrInvalidArgument)
 }
 
@@ -66,7 +67,7 @@ func refusalText(tool string, err error) string {
 	if errors.As(err, &r) {
 		return tool + " refused: " + r.Error()
 	}
-	var ae *sandbox.ArgError
+	var ae *errdefs.ArgError
 	if errors.As(err, &ae) {
 		msg := tool + " refused: " + ae.Field + ": " + ae.Reason
 		if ae.Value != "" {
@@ -185,7 +186,7 @@ func (s *Server) baseHint(ctx context.Context, base string) string {
 // copyOutFix names the next step after a copy-out (copy_out, read_files)
 // that failed once the command had run, or "" for other failures.
 func copyOutFix(err error, class string) string {
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if !errors.As(err, &coe) {
 		return ""
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"isopod/internal/hostio/hostiotest"
+	"isopod/internal/report"
 	"strings"
 	"testing"
 
@@ -45,7 +46,7 @@ func TestToolErrorsNameTheFix(t *testing.T) {
 			map[string]any{"cmd": "true", "stage": "proj/none"},
 			[]string{`no stage matches "proj/none" (see stage_list)`, `there is no stage "proj/none": stage_list shows`}},
 		{"a core refusal names the argument",
-			&sandbox.ArgError{Field: "vcpus", Value: "4", Reason: "must be 1 or an even number, at most 2"},
+			&errdefs.ArgError{Field: "vcpus", Value: "4", Reason: "must be 1 or an even number, at most 2"},
 			nil, map[string]any{"cmd": "true", "vcpus": 4},
 			[]string{"sandbox_run refused: vcpus: must be 1 or an even number, at most 2 (got 4)"}},
 		{"core flags become arguments",
@@ -55,7 +56,7 @@ func TestToolErrorsNameTheFix(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			core := &scriptedCore{images: tc.images, run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
+			core := &scriptedCore{images: tc.images, run: func(context.Context, sandbox.Request) (*report.Run, error) {
 				return nil, tc.err
 			}}
 			s := connect(t, Config{Core: core, NoStartupGC: true})

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/vmrecord"
@@ -26,14 +27,14 @@ type scriptedCore struct {
 	mu     sync.Mutex
 	reqs   []sandbox.Request
 	stdins []string
-	run    func(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
+	run    func(ctx context.Context, req sandbox.Request) (*report.Run, error)
 	images *stages.ImageListResult
 	gcs    atomic.Int32
 	keep   atomic.Int32
 	refs   []string
 }
 
-func (c *scriptedCore) Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error) {
+func (c *scriptedCore) Run(ctx context.Context, req sandbox.Request) (*report.Run, error) {
 	var in string
 	if req.Stdin != nil {
 		b, _ := io.ReadAll(req.Stdin)
@@ -46,7 +47,7 @@ func (c *scriptedCore) Run(ctx context.Context, req sandbox.Request) (*sandbox.R
 	c.mu.Unlock()
 	if run == nil {
 		code := 0
-		return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "hi\n"}, Path: "cold"}, nil
+		return &report.Run{OK: true, VMID: "vm-test", Outcome: report.Outcome{ExitCode: &code, Stdout: "hi\n"}, Path: "cold"}, nil
 	}
 	return run(ctx, req)
 }
@@ -76,10 +77,10 @@ func (c *scriptedCore) VMList(context.Context) (*vmrecord.VMListResult, error) {
 	return &vmrecord.VMListResult{OK: true, VMs: []vmrecord.VMEntry{}}, nil
 }
 
-func (c *scriptedCore) VMGC(_ context.Context, keep int) (*sandbox.VMGCResult, error) {
+func (c *scriptedCore) VMGC(_ context.Context, keep int) (*report.VMGC, error) {
 	c.gcs.Add(1)
 	c.keep.Store(int32(keep))
-	return &sandbox.VMGCResult{OK: true, Removed: []string{}, KilledVMMs: []int{}}, nil
+	return &report.VMGC{OK: true, Removed: []string{}, KilledVMMs: []int{}}, nil
 }
 
 func (c *scriptedCore) ImageList(context.Context) (*stages.ImageListResult, error) {

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/admission"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -95,13 +96,13 @@ func mustAdmission(t testing.TB, vms, queue int) *admission.Admission {
 // error in the same words.
 func TestHTTPBusyIs503(t *testing.T) {
 	release := make(chan struct{})
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}}, nil
 	}}
 	adm := mustAdmission(t, 1, 0)
 	h := startHTTP(t, Config{Core: core, Admission: adm}, nil)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -135,13 +136,13 @@ type blockingCore struct {
 
 func newBlockingCore() *blockingCore {
 	c := &blockingCore{started: make(chan struct{}), release: make(chan struct{}), ended: make(chan error, 1)}
-	c.run = func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	c.run = func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		c.startOne.Do(func() { close(c.started) })
 		select {
 		case <-c.release:
 			c.ended <- nil
 			code := 0
-			return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "released\n"}, Path: "cold"}, nil
+			return &report.Run{OK: true, VMID: "vm-test", Outcome: report.Outcome{ExitCode: &code, Stdout: "released\n"}, Path: "cold"}, nil
 		case <-ctx.Done():
 			c.ended <- ctx.Err()
 			return nil, ctx.Err()

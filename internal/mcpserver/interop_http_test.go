@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -28,7 +29,7 @@ type streamCore struct {
 
 func newStreamCore() *streamCore {
 	c := &streamCore{}
-	c.run = func(ctx context.Context, req sandbox.Request) (*sandbox.Report, error) {
+	c.run = func(ctx context.Context, req sandbox.Request) (*report.Run, error) {
 		var d time.Duration = time.Hour
 		if n, ok := strings.CutPrefix(req.Argv[2], "sleep "); ok {
 			s, _ := strconv.Atoi(n)
@@ -38,7 +39,7 @@ func newStreamCore() *streamCore {
 		case <-time.After(d):
 			c.record(nil)
 			code := 0
-			return &sandbox.Report{OK: true, VMID: "vm-test", Outcome: sandbox.Outcome{ExitCode: &code, Stdout: "slept\n"}, Path: "cold"}, nil
+			return &report.Run{OK: true, VMID: "vm-test", Outcome: report.Outcome{ExitCode: &code, Stdout: "slept\n"}, Path: "cold"}, nil
 		case <-ctx.Done():
 			c.record(ctx.Err())
 			return nil, ctx.Err()

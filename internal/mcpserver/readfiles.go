@@ -10,6 +10,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"isopod/internal/agentclient"
+	"isopod/internal/machine"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -68,7 +71,7 @@ func prepareReadFiles(r *sandbox.Request, guests []string) (*readFiles, error) {
 		if !strings.HasPrefix(g, "/") {
 			return nil, &refusal{fmt.Sprintf("read_files[%d]", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(g))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
 			return nil, err
 		}
 	}
@@ -107,11 +110,11 @@ func (rf *readFiles) release() {
 // and takes them out of rep.Copied (the client named no host path).
 // A run that timed out copied nothing: the entries are left out, with a
 // warning.
-func (rf *readFiles) collect(rep *sandbox.Report) ([]FileResult, []string) {
+func (rf *readFiles) collect(rep *report.Run) ([]FileResult, []string) {
 	if rf == nil {
 		return nil, nil
 	}
-	var kept []sandbox.Copied
+	var kept []report.Copied
 	for _, c := range rep.Copied {
 		if !strings.HasPrefix(c.Host, rf.tmp+"/") {
 			kept = append(kept, c)
@@ -183,7 +186,7 @@ func inlineFile(guest string, raw []byte, size int64) FileResult {
 // words: the core names the private path the client never gave. Other
 // errors, copy_out's own included, are returned as they are.
 func (rf *readFiles) reword(err error) error {
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if rf == nil || !errors.As(err, &coe) || filepath.Dir(coe.Host) != rf.tmp {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/sandbox"
 )
 
@@ -23,17 +24,17 @@ func TestReadFilesReword(t *testing.T) {
 	}
 	t.Cleanup(rf.release)
 	cause := fmt.Errorf("the guest file is missing: %w", errdefs.ErrNotFound)
-	ours := fmt.Errorf("copying out: %w", &sandbox.CopyOutError{Guest: "/out/b", Host: rf.host(1), Err: cause})
+	ours := fmt.Errorf("copying out: %w", &machine.CopyOutError{Guest: "/out/b", Host: rf.host(1), Err: cause})
 	got := rf.reword(ours)
 	if msg := got.Error(); !strings.Contains(msg, "read_files[1] /out/b") || strings.Contains(msg, rf.tmp) {
 		t.Errorf("reworded: %q", msg)
 	}
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if !errors.Is(got, errdefs.ErrNotFound) || !errors.As(got, &coe) {
 		t.Errorf("the rewording lost the class or the type: %v", got)
 	}
 
-	theirs := &sandbox.CopyOutError{Guest: "/x", Host: "/home/u/x", Err: cause}
+	theirs := &machine.CopyOutError{Guest: "/x", Host: "/home/u/x", Err: cause}
 	other := fmt.Errorf("cleaning %s: %w", rf.tmp, os.ErrPermission)
 	for _, err := range []error{nil, theirs, other} {
 		if got := rf.reword(err); got != err {

@@ -3,7 +3,7 @@ package mcpserver
 import (
 	"time"
 
-	"isopod/internal/sandbox"
+	"isopod/internal/report"
 	"isopod/internal/stages"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
@@ -17,14 +17,14 @@ import (
 
 // RunResult is sandbox_run's result: the run report in the names of the
 // MCP contract (docs/mcp-usage.md, "The run report"). It differs from the
-// CLI's report (sandbox.Report) in three names only: vm_name for name,
+// CLI's report (report.Run) in three names only: vm_name for name,
 // duration_ms for exec_ms, and no ok.
 type RunResult struct {
 	VMID   string   `json:"vm_id"`
 	VMName string   `json:"vm_name"`
 	Argv   []string `json:"argv"`
 
-	sandbox.Outcome
+	report.Outcome
 
 	DurationMS      int64  `json:"duration_ms"`
 	BootMS          *int64 `json:"boot_ms,omitempty"`
@@ -52,13 +52,13 @@ type RunResult struct {
 	CommitError string `json:"commit_error,omitempty"`
 	ForkedFrom  string `json:"forked_from,omitempty"`
 
-	GuestIP string             `json:"guest_ip,omitempty"`
-	Net     *sandbox.NetReport `json:"net,omitempty"`
-	Egress  any                `json:"egress,omitempty"`
+	GuestIP string      `json:"guest_ip,omitempty"`
+	Net     *report.Net `json:"net,omitempty"`
+	Egress  any         `json:"egress,omitempty"`
 
-	Copied    []sandbox.Copied         `json:"copied,omitempty"`
-	Workspace *sandbox.WorkspaceReport `json:"workspace,omitempty"`
-	ReadyVM   bool                     `json:"ready_vm,omitempty"`
+	Copied    []report.Copied   `json:"copied,omitempty"`
+	Workspace *report.Workspace `json:"workspace,omitempty"`
+	ReadyVM   bool              `json:"ready_vm,omitempty"`
 	// RootAssembled: resumed from a snapshot with the run's root assembled.
 	RootAssembled bool     `json:"root_assembled,omitempty"`
 	Warnings      []string `json:"warnings,omitempty"`
@@ -75,7 +75,7 @@ type RunResult struct {
 
 // runResult projects a core report. Warnings are said in the MCP
 // server's words (mcpWords).
-func runResult(r *sandbox.Report) *RunResult {
+func runResult(r *report.Run) *RunResult {
 	out := &RunResult{
 		VMID: r.VMID, VMName: r.Name, Argv: r.Argv,
 		Outcome:    r.Outcome,
@@ -185,7 +185,7 @@ func vmListResult(r *vmrecord.VMListResult) *VMListResult {
 	return out
 }
 
-func vmGCResult(r *sandbox.VMGCResult) *VMGCResult {
+func vmGCResult(r *report.VMGC) *VMGCResult {
 	return &VMGCResult{
 		Removed: nonNil(r.Removed), Kept: r.Kept, KilledVMMs: nonNilInts(r.KilledVMMs), FreedBytes: r.FreedBytes,
 		StageLeftovers: r.StageLeftovers, SnapshotsRemoved: r.SnapshotsRemoved, BuildLeftovers: r.BuildLeftovers,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/vmrecord"
@@ -43,7 +44,7 @@ func jsonNames(t reflect.Type) []string {
 func TestRunResultCoversTheReport(t *testing.T) {
 	renamed := map[string]string{"name": "vm_name", "exec_ms": "duration_ms", "ok": ""}
 	var want []string
-	for _, n := range jsonNames(reflect.TypeFor[sandbox.Report]()) {
+	for _, n := range jsonNames(reflect.TypeFor[report.Run]()) {
 		if to, ok := renamed[n]; ok {
 			if to != "" {
 				want = append(want, to)
@@ -62,9 +63,9 @@ func TestRunResultCoversTheReport(t *testing.T) {
 
 func TestRunResultNames(t *testing.T) {
 	code, boot := 0, int64(7)
-	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
-		return &sandbox.Report{OK: true, VMID: "vm-1", Name: "quiet-otter", Argv: []string{"/bin/sh", "-c", "true"},
-			Outcome: sandbox.Outcome{ExitCode: &code}, ExecMS: 42, BootMS: &boot, TotalMS: 99, Path: "cold",
+	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*report.Run, error) {
+		return &report.Run{OK: true, VMID: "vm-1", Name: "quiet-otter", Argv: []string{"/bin/sh", "-c", "true"},
+			Outcome: report.Outcome{ExitCode: &code}, ExecMS: 42, BootMS: &boot, TotalMS: 99, Path: "cold",
 			Warnings: []string{"nothing committed: --commit-as commits only when the command exits 0"}}, nil
 	}}
 	s := connect(t, Config{Core: core, NoStartupGC: true})

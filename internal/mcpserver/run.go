@@ -15,8 +15,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/admission"
+	"isopod/internal/agentclient"
 	"isopod/internal/credential"
 	"isopod/internal/hostio"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -137,7 +139,7 @@ func (s *Server) prepareRun(in RunArgs) (sandbox.Request, func(), *readFiles, er
 
 // runAdmitted pulls the stage when this host lacks it, waits for the
 // call's VM place, and runs.
-func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admission.Ticket, st *runStatus) (*sandbox.Report, *RegistryResult, error) {
+func (s *Server) runAdmitted(ctx context.Context, r *sandbox.Request, t *admission.Ticket, st *runStatus) (*report.Run, *RegistryResult, error) {
 	reg, err := s.ensureStage(ctx, r, st)
 	if err != nil {
 		return nil, nil, err
@@ -293,7 +295,7 @@ func (s *Server) openCopyOut(r *sandbox.Request, cos []CopyOutArg) (release func
 		if !strings.HasPrefix(c.Guest, "/") {
 			return func() {}, &refusal{fmt.Sprintf("copy_out[%d].guest", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(c.Guest))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("copy_out[%d].guest", i), c.Guest); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("copy_out[%d].guest", i), c.Guest); err != nil {
 			return func() {}, err
 		}
 		if _, err := s.cfg.HostIO.ResolveCopyOut(c.Host); err != nil {

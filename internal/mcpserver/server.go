@@ -20,6 +20,7 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/hostio"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/vmrecord"
@@ -41,12 +42,12 @@ const (
 // Core is what the server needs from the sandbox and the stage store;
 // core implements it.
 type Core interface {
-	Run(ctx context.Context, req sandbox.Request) (*sandbox.Report, error)
+	Run(ctx context.Context, req sandbox.Request) (*report.Run, error)
 	StageList(ctx context.Context) (*stages.StageListResult, error)
 	StageInfo(ctx context.Context, ref string) (*stages.StageInfoResult, error)
 	StageRemove(ctx context.Context, ref string) (*stages.StageRemoveResult, error)
 	VMList(ctx context.Context) (*vmrecord.VMListResult, error)
-	VMGC(ctx context.Context, keepLast int) (*sandbox.VMGCResult, error)
+	VMGC(ctx context.Context, keepLast int) (*report.VMGC, error)
 	ImageList(ctx context.Context) (*stages.ImageListResult, error)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/credential"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -202,15 +203,15 @@ func TestRunStdin(t *testing.T) {
 
 func TestRunReportAndGuestFailure(t *testing.T) {
 	code := 3
-	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*sandbox.Report, error) {
-		return &sandbox.Report{OK: true, VMID: "vm-1", Outcome: sandbox.Outcome{ExitCode: &code, Stderr: "boom\n"}, Path: "cold", RootfsFlavor: "base-debian"}, nil
+	core := &scriptedCore{run: func(context.Context, sandbox.Request) (*report.Run, error) {
+		return &report.Run{OK: true, VMID: "vm-1", Outcome: report.Outcome{ExitCode: &code, Stderr: "boom\n"}, Path: "cold", RootfsFlavor: "base-debian"}, nil
 	}}
 	s := connect(t, Config{Core: core, NoStartupGC: true})
 	res := s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "exit 3"}, nil)
 	if res.IsError {
 		t.Fatalf("a guest's non-zero exit became a tool error: %s", resultText(res))
 	}
-	var rep sandbox.Report
+	var rep report.Run
 	raw, _ := json.Marshal(res.StructuredContent)
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
@@ -225,14 +226,14 @@ func TestRunReportAndGuestFailure(t *testing.T) {
 }
 
 func TestProgressKeepalive(t *testing.T) {
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		select {
 		case <-time.After(600 * time.Millisecond):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}}, nil
 	}}
 	s := connect(t, Config{Core: core, ProgressInterval: 50 * time.Millisecond, NoStartupGC: true})
 
@@ -288,7 +289,7 @@ func TestProgressKeepalive(t *testing.T) {
 func TestCancellationReachesTheCore(t *testing.T) {
 	started := make(chan struct{})
 	ended := make(chan error, 1)
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		close(started)
 		<-ctx.Done()
 		ended <- ctx.Err()
@@ -316,7 +317,7 @@ func TestCancellationReachesTheCore(t *testing.T) {
 
 func TestCloseEndsRunsInFlight(t *testing.T) {
 	started := make(chan struct{})
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		close(started)
 		<-ctx.Done()
 		return nil, ctx.Err()

@@ -11,8 +11,10 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/hostio"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	sess "isopod/internal/session"
 	"isopod/internal/session/supervisor"
@@ -57,7 +59,7 @@ type SessionExecResult struct {
 	// JobID is a background exec's job.
 	JobID string `json:"job_id,omitempty"`
 
-	*sandbox.Outcome
+	*report.Outcome
 	DurationMS    *int64 `json:"duration_ms,omitempty"`
 	StdoutLogPath string `json:"stdout_log_path,omitempty"`
 	StderrLogPath string `json:"stderr_log_path,omitempty"`
@@ -104,7 +106,7 @@ func execCall(in SessionExecArgs) (sess.Call, []sess.Call, error) {
 		return sess.Call{}, nil, err
 	}
 	if in.Cwd != "" {
-		if err := sandbox.CheckGuestPath("cwd", in.Cwd); err != nil {
+		if err := agentclient.CheckGuestPath("cwd", in.Cwd); err != nil {
 			return sess.Call{}, nil, err
 		}
 	}
@@ -135,7 +137,7 @@ func writeCalls(files []WriteFileArg) ([]sess.Call, error) {
 		if !strings.HasPrefix(f.Path, "/") {
 			return nil, &refusal{at + ".path", fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(f.Path))}
 		}
-		if err := sandbox.CheckGuestPath(at+".path", f.Path); err != nil {
+		if err := agentclient.CheckGuestPath(at+".path", f.Path); err != nil {
 			return nil, err
 		}
 		data := []byte(f.Content)
@@ -170,7 +172,7 @@ func checkReadFiles(guests []string) error {
 		if !strings.HasPrefix(g, "/") {
 			return &refusal{fmt.Sprintf("read_files[%d]", i), fmt.Sprintf("give the file's absolute path inside the VM (got %s)", describe(g))}
 		}
-		if err := sandbox.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
+		if err := agentclient.CheckGuestPath(fmt.Sprintf("read_files[%d]", i), g); err != nil {
 			return err
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/internal/errdefs"
-	"isopod/internal/sandbox"
+	"isopod/internal/report"
 	sess "isopod/internal/session"
 	"isopod/internal/session/supervisor"
 )
@@ -94,7 +94,7 @@ func (f *fakeSupervisor) serve(conn net.Conn, id string) {
 		sess.WriteAnswer(conn, struct {
 			*supervisor.ExecReport
 			SessionID string `json:"session_id"`
-		}{&supervisor.ExecReport{OK: true, Argv: c.Argv, Outcome: sandbox.Outcome{ExitCode: &code, Stdout: out, StdoutBytes: int64(len(out))}, ExecMS: 7}, id}, nil)
+		}{&supervisor.ExecReport{OK: true, Argv: c.Argv, Outcome: report.Outcome{ExitCode: &code, Stdout: out, StdoutBytes: int64(len(out))}, ExecMS: 7}, id}, nil)
 	case sess.OpJob:
 		sess.WriteAnswer(conn, supervisor.JobReport{OK: true, SessionID: id, Job: map[string]any{"id": c.Job, "killed": c.Kill, "wait_s": c.WaitS}, Stdout: "out"}, nil)
 	case sess.OpExpose:

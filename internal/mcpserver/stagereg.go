@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/store"
@@ -192,7 +193,7 @@ const pushTimeout = 30 * time.Minute
 // pushCommit pushes a committed stage to the registry, by id and under
 // its label's tag. A push that fails is said in the result; the run and
 // its commit stand.
-func (s *Server) pushCommit(ctx context.Context, rep *sandbox.Report, label string, reg *RegistryResult, st *runStatus) *RegistryResult {
+func (s *Server) pushCommit(ctx context.Context, rep *report.Run, label string, reg *RegistryResult, st *runStatus) *RegistryResult {
 	tr, ok := s.cfg.Core.(stageTransfer)
 	if !s.cfg.PushCommits || !ok || rep.StageID == "" {
 		return reg

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/stages"
 	"isopod/internal/transfer"
@@ -81,12 +82,12 @@ func TestStagesOnDemand(t *testing.T) {
 	core := newTransferCore("reg.test/isopod/stages")
 	id := "st-00112233445566aa"
 	core.registry[labelTag("team/deps")] = id
-	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+	core.run = func(_ context.Context, req sandbox.Request) (*report.Run, error) {
 		if req.Stage != id {
 			return nil, fmt.Errorf("ran %q, want the pulled %s", req.Stage, id)
 		}
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
 	var wg sync.WaitGroup
@@ -125,12 +126,12 @@ func TestStageHereResolvedOnce(t *testing.T) {
 	core := newTransferCore("reg.test/isopod/stages")
 	first, second := "st-00112233445566cc", "st-00112233445566dd"
 	core.stages["team/deps"], core.stages[first], core.stages[second] = first, first, second
-	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+	core.run = func(_ context.Context, req sandbox.Request) (*report.Run, error) {
 		if req.Stage != first {
 			return nil, fmt.Errorf("ran %q, want the stage the label named when the call came, %s", req.Stage, first)
 		}
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	core.stageInfoHook = func() {
 		// The label moves once the server has resolved it.
@@ -145,9 +146,9 @@ func TestStageHereResolvedOnce(t *testing.T) {
 
 func TestPushCommits(t *testing.T) {
 	core := newTransferCore("reg.test/isopod/stages")
-	core.run = func(context.Context, sandbox.Request) (*sandbox.Report, error) {
+	core.run = func(context.Context, sandbox.Request) (*report.Run, error) {
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, StageID: "st-00112233445566bb", StageName: "x"}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}, StageID: "st-00112233445566bb", StageName: "x"}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, PushCommits: true, NoStartupGC: true})
 	r := reportOf(t, s.call(t, context.Background(), ToolSandboxRun, map[string]any{"cmd": "true", "commit_as": "team/deps"}, nil))
@@ -175,10 +176,10 @@ func TestStagePullWaitsAtMostTimeout(t *testing.T) {
 	core.registry[id] = id
 	core.gate = make(chan struct{})
 	var ran atomic.Int32
-	core.run = func(_ context.Context, req sandbox.Request) (*sandbox.Report, error) {
+	core.run = func(_ context.Context, req sandbox.Request) (*report.Run, error) {
 		ran.Store(int32(req.TimeoutS))
 		code := 0
-		return &sandbox.Report{Outcome: sandbox.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
+		return &report.Run{Outcome: report.Outcome{ExitCode: &code}, ForkedFrom: req.Stage}, nil
 	}
 	s := connect(t, Config{Core: core, StageRegistry: core.repo, NoStartupGC: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

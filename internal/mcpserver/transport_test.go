@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -161,7 +162,7 @@ func TestLongErrorsAreCut(t *testing.T) {
 // server sends nothing for it, and the run is cancelled.
 func TestCancelledCallGetsNoResult(t *testing.T) {
 	started, ended := make(chan struct{}), make(chan error, 1)
-	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*sandbox.Report, error) {
+	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		close(started)
 		<-ctx.Done()
 		ended <- ctx.Err()

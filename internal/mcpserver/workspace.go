@@ -40,7 +40,7 @@ func (s *Server) openWorkspace(r *sandbox.Request, in RunArgs) (release func(), 
 	if err != nil {
 		return release, err
 	}
-	ws := &sandbox.Workspace{Host: path, Dir: dir, Options: workspace.Options{
+	ws := &workspace.Request{Host: path, Dir: dir, Options: workspace.Options{
 		All: in.WorkspaceAll, MaxBytes: workspace.MCPMaxBytes, MaxFiles: workspace.MCPMaxFiles, MaxPatchBytes: workspace.MCPMaxPatchBytes,
 	}}
 	release = func() { dir.Close() }

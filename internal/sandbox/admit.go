@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"io"
 
+	"isopod/internal/admission"
+	"isopod/internal/agentclient"
 	"isopod/internal/hostio"
 )
 
@@ -13,19 +16,19 @@ import (
 // destinations a front end did not open. It returns the run's stdin, which
 // the caller closes; the run closes the workspace directory it opened.
 func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _ io.Reader, retErr error) {
-	req, err := normalize(req, readHostLimits())
+	req, err := normalize(req, admission.ReadHost())
 	if err != nil {
 		return req, nil, nil, err
 	}
 	if req.creds, err = s.resolveCredentials(req); err != nil {
 		return req, nil, nil, err
 	}
-	if err := req.Workspace.openHost(); err != nil {
+	if err := req.Workspace.OpenHost(); err != nil {
 		return req, nil, nil, err
 	}
 	defer func() {
 		if retErr != nil {
-			req.Workspace.release()
+			req.Workspace.Release()
 		}
 	}()
 	pl, err := s.planRun(ctx, req)
@@ -46,4 +49,19 @@ func (s *Service) admit(ctx context.Context, req Request) (_ Request, _ *plan, _
 		}
 	}
 	return req, pl, req.Stdin, nil
+}
+
+// checkFrames refuses a run whose command (argv, env and cwd, with the
+// base image's env) the guest protocol cannot carry. The guest paths
+// themselves were checked when req was normalised.
+func checkFrames(req Request, pl *plan) error {
+	argvField := "argv"
+	if req.Shell {
+		argvField = "cmd"
+	}
+	cwd := req.Cwd
+	if req.Workspace != nil {
+		cwd = cmp.Or(cwd, req.Workspace.Guest)
+	}
+	return agentclient.CheckExec(argvField, req.Argv, req.Env, cmp.Or(cwd, pl.cwd), pl.env)
 }

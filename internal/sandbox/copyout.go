@@ -8,21 +8,8 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/report"
 )
-
-// CopyOutError is a copy-out that failed after the command ran: the guest
-// file could not be read (of the class the guest gave: not_found for a
-// missing file), or the host destination could not be written.
-type CopyOutError struct {
-	Guest, Host string
-	Err         error
-}
-
-func (e *CopyOutError) Error() string {
-	return fmt.Sprintf("--copy-out %s:%s: %v", e.Guest, e.Host, e.Err)
-}
-
-func (e *CopyOutError) Unwrap() error { return e.Err }
 
 // copyOut copies each requested guest file to its host path, staged so that
 // a failure leaves the destination as it was. All copies together are
@@ -46,10 +33,10 @@ func (r *run) copyOut(ctx context.Context) error {
 			if cctx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for copy-out): %w", r.req.TimeoutS, errdefs.ErrUnavailable)
 			}
-			return &CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
+			return &machine.CopyOutError{Guest: c.Guest, Host: c.Host, Err: err}
 		}
 		budget -= fd.Data
-		r.rep.Copied = append(r.rep.Copied, Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
+		r.rep.Copied = append(r.rep.Copied, report.Copied{Guest: c.Guest, Host: c.Host, Bytes: fd.Bytes})
 	}
 	ms := time.Since(t).Milliseconds()
 	r.rep.CopyOutMS = &ms

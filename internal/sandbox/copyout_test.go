@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm/vmmfake"
 )
@@ -147,7 +148,7 @@ func TestCopyOutOntoFIFO(t *testing.T) {
 	t.Run("without a reader", func(t *testing.T) {
 		start := time.Now()
 		_, err := runErr(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true, CopyOut: []sandbox.CopyOut{{Guest: guest, Host: fifo}}})
-		var coe *sandbox.CopyOutError
+		var coe *machine.CopyOutError
 		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !errors.As(err, &coe) || !strings.Contains(err.Error(), "no program has open for reading") {
 			t.Errorf("Run: %v; want a failed precondition saying the FIFO has no reader", err)
 		}
@@ -213,7 +214,7 @@ func TestCopyOutGuestMistakes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			host := filepath.Join(t.TempDir(), "out")
 			_, err := runErr(t, s, sandbox.Request{Argv: []string{"true"}, NoNetwork: true, CopyOut: []sandbox.CopyOut{{Guest: tt.guest, Host: host}}})
-			var coe *sandbox.CopyOutError
+			var coe *machine.CopyOutError
 			if !errors.Is(err, tt.class) || !errors.As(err, &coe) || coe.Guest != tt.guest ||
 				!strings.Contains(err.Error(), tt.guest) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Run: %v (class %s); want %v naming %s and saying %q", err, errdefs.Class(err), tt.class, tt.guest, tt.want)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/admission"
 	"isopod/internal/errdefs"
 )
 
@@ -12,7 +13,7 @@ import (
 // allowed unless a list allows it, a list's rules kept) and are refused
 // without a network, before anything starts.
 func TestNormalizeInject(t *testing.T) {
-	host := hostLimits{CPUs: 8, MemTotalMiB: 16384}
+	host := admission.Host{CPUs: 8, MemTotalMiB: 16384}
 	for _, tt := range []struct {
 		name    string
 		req     Request
@@ -45,7 +46,7 @@ func TestNormalizeInject(t *testing.T) {
 		})
 	}
 	_, err := normalize(Request{Argv: []string{"true"}, Inject: []string{"gh"}, NoNetwork: true}, host)
-	var ae *ArgError
+	var ae *errdefs.ArgError
 	if !errors.As(err, &ae) || ae.Field != "inject" || !errors.Is(err, errdefs.ErrInvalidArgument) ||
 		!strings.Contains(err.Error(), "--inject: needs the network") || !strings.Contains(err.Error(), "drop --no-network") {
 		t.Errorf("inject without a network: %v; want an invalid-argument refusal naming --inject and the fix", err)

@@ -19,9 +19,3 @@ func (s *Service) netConfig(nic *vmnet.NIC, id, dir string, rules egress.Rules, 
 	return vmnet.Config{Scope: s.opts.Paths.Scope(), ID: id, Dir: dir,
 		Rules: rules, Start: start, NIC: nic, Credentials: creds, CredentialMaxBody: s.opts.CredentialMaxBody, Logger: s.log}
 }
-
-// netReport is the report's network block.
-func netReport(n *vmnet.Network) *NetReport {
-	t := n.Totals()
-	return &NetReport{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
-}

@@ -24,5 +24,5 @@ func (s *Service) WarmList(ctx context.Context) (*warmpool.ListResult, error) {
 // what it opened, and its release.
 func Admit(ctx context.Context, s *Service, req Request) (Request, func(), error) {
 	req, _, _, err := s.admit(ctx, req)
-	return req, func() { req.Workspace.release() }, err
+	return req, func() { req.Workspace.Release() }, err
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/sandbox/sandboxtest"
 	"isopod/internal/settings"
@@ -64,7 +65,7 @@ func newFakeWith(t *testing.T, cfg vmmfake.Config, tweak func(*sandbox.Options))
 }
 
 // run runs req with a bounded context and fails the test on an error.
-func run(t *testing.T, s *sandbox.Service, req sandbox.Request) *sandbox.Report {
+func run(t *testing.T, s *sandbox.Service, req sandbox.Request) *report.Run {
 	t.Helper()
 	rep, err := runErr(t, s, req)
 	if err != nil {
@@ -73,7 +74,7 @@ func run(t *testing.T, s *sandbox.Service, req sandbox.Request) *sandbox.Report 
 	return rep
 }
 
-func runErr(t *testing.T, s *sandbox.Service, req sandbox.Request) (*sandbox.Report, error) {
+func runErr(t *testing.T, s *sandbox.Service, req sandbox.Request) (*report.Run, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -83,7 +84,7 @@ func runErr(t *testing.T, s *sandbox.Service, req sandbox.Request) (*sandbox.Rep
 	return s.Run(ctx, req)
 }
 
-func code(rep *sandbox.Report) int {
+func code(rep *report.Run) int {
 	if rep.ExitCode == nil {
 		return -1
 	}

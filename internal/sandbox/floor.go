@@ -3,10 +3,10 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
 	"time"
 
-	"isopod/internal/agentproto"
+	"isopod/internal/admission"
+	"isopod/internal/image"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
@@ -19,26 +19,14 @@ import (
 // Driver returns the VMM driver runs use.
 func (s *Service) Driver(ctx context.Context) (vmm.Driver, error) { return s.driver(ctx) }
 
-// FloorConfig is a VM with a run's kernel, initramfs, command line and
-// sizes, whose init powers off at once. dir must exist.
-func (s *Service) FloorConfig(ctx context.Context, dir string) (vmm.Config, error) {
-	k, err := s.resolveKernel(ctx)
-	if err != nil {
-		return vmm.Config{}, err
-	}
-	pl := &plan{}
-	return vmm.Config{
-		ID: "floor", Dir: dir, Kernel: k.Kernel, BzImage: k.BzImage, Initrd: k.Initramfs,
-		Cmdline: pl.cmdline("floor") + " -- " + agentproto.FloorArg,
-		VCPUs:   DefaultVCPUs, MemMiB: DefaultMemMiB, SerialLog: io.Discard, Logger: s.log,
-	}, nil
-}
+// Boot is the guest kernel and initramfs runs boot.
+func (s *Service) Boot() (image.Boot, error) { return s.resolveBoot() }
 
 // RestoreFloor is what a warm run of the defaults restores: the snapshot
 // directory and a VM configuration with a network of its own (close ends
 // it). The snapshot must exist (see WarmBuild). dir must exist.
 func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string, cfg vmm.Config, close func(), err error) {
-	req, err := normalize(Request{Argv: []string{"true"}}, readHostLimits())
+	req, err := normalize(Request{Argv: []string{"true"}}, admission.ReadHost())
 	if err != nil {
 		return "", vmm.Config{}, nil, err
 	}
@@ -66,15 +54,4 @@ func (s *Service) RestoreFloor(ctx context.Context, dir string) (snapshot string
 	cfg = warmConfig(in, id, dir, nil, n.VMMNet(), machine.Disks{Base: pl.base.Path}.Slots(ph))
 	cfg.Logger = s.log
 	return s.warm.Dir(in.key.ID()), cfg, n.Close, nil
-}
-
-// HostLimits are the host facts that bound a run's sizes.
-type HostLimits struct {
-	CPUs        int
-	MemTotalMiB int
-}
-
-// Host reads the host's limits.
-func Host() HostLimits {
-	return HostLimits(readHostLimits())
 }

@@ -66,7 +66,7 @@ func (s *Service) CheckVM(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	req.Workspace.release()
+	req.Workspace.Release()
 	return nil
 }
 

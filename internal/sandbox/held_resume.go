@@ -8,6 +8,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/pausefile"
+	"isopod/internal/report"
 	"isopod/internal/vmm"
 	"isopod/internal/vmnet"
 	"isopod/internal/vmrecord"
@@ -107,7 +108,7 @@ func (a *Resuming) Resume(ctx context.Context, dir string) (_ *Held, retErr erro
 	}
 	r := &run{s: s, req: a.req, t0: a.t0, plan: a.pl, vm: machine.New(s.log), dir: d, scratch: p.Scratch,
 		wsUpper: p.WorkspaceUpper, resumedFrom: p}
-	r.rep = &Report{OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Path: p.Path, GuestIP: p.GuestIP,
+	r.rep = &report.Run{OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Path: p.Path, GuestIP: p.GuestIP,
 		SerialLogPath: d.ConsolePath(), Warnings: append(append([]string(nil), a.pl.warnings...), s.jailReport()...)}
 	h := &Held{r: r}
 	defer func() {

@@ -25,11 +25,12 @@ type Places interface {
 
 var _ Places = (*admission.Admission)(nil)
 
-// DefaultAdmission is the admission limits for this host's VMs under
-// accel (admission.Default), with the core's sizes of a run.
-func DefaultAdmission(h HostLimits, accel vmm.Accel) admission.Config {
-	return admission.Default(admission.Host{CPUs: h.CPUs, MemTotalMiB: h.MemTotalMiB, Accel: accel,
-		MinMemMiB: MinMemMiB, RunMemMiB: DefaultMemMiB})
+// DefaultAdmission is the admission limits for host h's VMs (its cores
+// and memory: admission.ReadHost) under accel (admission.Default), with
+// the core's sizes of a run.
+func DefaultAdmission(h admission.Host, accel vmm.Accel) admission.Config {
+	h.Accel, h.MinMemMiB, h.RunMemMiB = accel, MinMemMiB, DefaultMemMiB
+	return admission.Default(h)
 }
 
 // AccelGuess is the acceleration a VM would get now, without booting

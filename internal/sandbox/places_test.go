@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"isopod/internal/admission"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
@@ -82,7 +83,7 @@ func newPlaceHost(t *testing.T, maxVMs int, hang func(vmm.Config) bool) *placeHo
 // call runs req as the MCP server does: a place first (waited for a few
 // seconds at most: a call never waits for a background VM), then the run
 // in it.
-func (h *placeHost) call(t *testing.T, what string, req sandbox.Request) *sandbox.Report {
+func (h *placeHost) call(t *testing.T, what string, req sandbox.Request) *report.Run {
 	t.Helper()
 	tk, err := h.a.Reserve(512)
 	if err != nil {

@@ -89,7 +89,11 @@ func (s *Service) planRun(ctx context.Context, req Request) (*plan, error) {
 	}
 	pl.base, pl.env, pl.cwd = base, base.Env, base.Cwd
 	if len(pl.chain) > 0 {
-		warns, err := s.checkChainBase(pl.chain, base)
+		ids := make([]string, len(pl.chain))
+		for i, c := range pl.chain {
+			ids[i] = c.ID
+		}
+		warns, err := s.store.CheckChainBase(ids, base.Flavor, base.SHA256, s.opts.AllowBaseSkew)
 		if err != nil {
 			return nil, err
 		}

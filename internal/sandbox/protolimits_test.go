@@ -38,7 +38,7 @@ func TestRequestOverProtocolLimits(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.req.NoNetwork = true
 			_, err := runErr(t, s, tt.req)
-			var ae *sandbox.ArgError
+			var ae *errdefs.ArgError
 			if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &ae) || ae.Field != tt.field {
 				t.Fatalf("Run: %v; want an invalid %s", err, tt.field)
 			}

@@ -13,6 +13,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
 	"isopod/internal/pausefile"
+	"isopod/internal/report"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
 	"isopod/internal/workspace"
@@ -27,7 +28,7 @@ const (
 type run struct {
 	s      *Service
 	req    Request
-	rep    *Report
+	rep    *report.Run
 	t0     time.Time
 	plan   *plan
 	dir    *vmrecord.Dir
@@ -74,7 +75,7 @@ type run struct {
 // and commits the scratch layer, destroys the VM and reports. A guest's
 // non-zero exit is a normal report; an error means isopod itself failed.
 // Cancelling ctx tears the VM down.
-func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr error) {
+func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr error) {
 	t0 := time.Now()
 	req, pl, stdin, err := s.admit(ctx, req)
 	if err != nil {
@@ -85,7 +86,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *Report, retErr err
 	}
 	if req.WaitPlace != nil {
 		if err := req.WaitPlace(ctx); err != nil {
-			req.Workspace.release()
+			req.Workspace.Release()
 			return nil, err
 		}
 	}
@@ -208,7 +209,7 @@ func (r *run) prepare() error {
 	}
 	d := r.dir
 	var err error
-	r.rep = &Report{
+	r.rep = &report.Run{
 		OK: true, VMID: d.Rec.ID, Name: d.Rec.Name, Argv: r.req.Argv, Path: "cold",
 		VCPUs: r.req.VCPUs, MemMiB: r.req.MemMiB, ScratchMiB: r.plan.scratchMiB,
 		RootfsFlavor: r.plan.base.Flavor, BaseSHA256: r.plan.base.SHA256,
@@ -290,7 +291,7 @@ func (r *run) halt(ctx context.Context) {
 }
 
 // finishTimedOut reports a run whose guest never became ready in time.
-func (r *run) finishTimedOut() *Report {
+func (r *run) finishTimedOut() *report.Run {
 	r.vm.Drop()
 	r.rep.TimedOut = true
 	r.warnNothingCommitted()
@@ -305,7 +306,7 @@ func (r *run) stopCritical() {
 	r.vm.Kill()
 	if r.vm.CloseNet() && r.rep != nil {
 		n := r.vm.Net
-		r.rep.Net = netReport(n)
+		r.rep.Net = n.Report()
 		if e := n.EgressReport(); e != nil {
 			r.rep.Egress = e
 		}

@@ -15,6 +15,7 @@ import (
 
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/machine"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
@@ -198,7 +199,7 @@ func TestRunCopyOut(t *testing.T) {
 		Argv: []string{"true"}, NoNetwork: true,
 		CopyOut: []sandbox.CopyOut{{Guest: filepath.Join(dir, "nope"), Host: missing}},
 	})
-	var coe *sandbox.CopyOutError
+	var coe *machine.CopyOutError
 	if !errors.As(err, &coe) {
 		t.Errorf("Run with a missing guest file: %v; want a copy-out error", err)
 	}

@@ -25,23 +25,6 @@ func (s *Service) resolveChain(ref string) ([]stageRef, error) {
 	return out, nil
 }
 
-// checkChainBase refuses a chain made over another build of its base.
-func (s *Service) checkChainBase(chain []stageRef, base baseImage) ([]string, error) {
-	st, err := s.store.Open()
-	if err != nil {
-		return nil, err
-	}
-	metas := make([]store.Meta, 0, len(chain))
-	for _, c := range chain {
-		m, err := st.Get(c.ID)
-		if err != nil {
-			return nil, err
-		}
-		metas = append(metas, m)
-	}
-	return store.CheckBase(metas, base.Flavor, base.SHA256, s.opts.AllowBaseSkew)
-}
-
 // warnNothingCommitted tells a --commit-as run that ended without a commit.
 func (r *run) warnNothingCommitted() {
 	if r.req.CommitAs != "" {

@@ -1,96 +1,27 @@
 package sandbox
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
+	"isopod/internal/admission"
+	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
 	"isopod/internal/store"
 )
 
-// hostLimits are the host facts request validation depends on.
-type hostLimits struct {
-	CPUs        int
-	MemTotalMiB int
-}
-
-func readHostLimits() hostLimits {
-	h := hostLimits{CPUs: runtime.NumCPU(), MemTotalMiB: 0}
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return h
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, _ := strconv.Atoi(fields[1])
-			h.MemTotalMiB = kb / 1024
-		}
-	}
-	return h
-}
-
 func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// An ArgError is one request field the core refused. It names the field
-// neutrally so that each front end can say it in its own words: Error()
-// says it the CLI way ("--timeout-s 0: must be ..."), and the MCP server
-// names its argument instead ("timeout_s: must be ... (got 0)"). It wraps
-// errdefs.ErrInvalidArgument.
-type ArgError struct {
-	// Field is the request field as the MCP tool argument names it
-	// (timeout_s, vcpus, mem_mib, scratch_mib, env, cwd, copy_out,
-	// commit_as); CLIFlag turns it into the flag.
-	Field string
-	// Value is the refused value as text; empty when there is none to show.
-	Value string
-	// Reason says what is wrong and what would be right, in words neither
-	// front end owns.
-	Reason string
-}
+// argError is a refused request field (errdefs.ArgError).
+var argError = errdefs.Arg
 
-func (e *ArgError) Error() string {
-	if e.Value == "" {
-		return CLIFlag(e.Field) + ": " + e.Reason
-	}
-	return CLIFlag(e.Field) + " " + e.Value + ": " + e.Reason
-}
-
-func (e *ArgError) Unwrap() error { return errdefs.ErrInvalidArgument }
-
-// CLIFlag names a request field as the isopod run flag that sets it.
-func CLIFlag(field string) string {
-	switch field {
-	case "argv":
-		return "the command (after --)"
-	case "allow_hosts":
-		return "--allow-host"
-	case "allow_cidrs":
-		return "--allow-cidr"
-	}
-	return "--" + strings.ReplaceAll(field, "_", "-")
-}
-
-func argError(field string, value any, format string, args ...any) error {
-	v := ""
-	if value != nil {
-		v = fmt.Sprint(value)
-	}
-	return &ArgError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
-}
-
-func checkVCPUs(n int, h hostLimits) error {
+func checkVCPUs(n int, h admission.Host) error {
 	maxCPU := min(h.CPUs, MaxVCPUs)
 	if n < 1 || n > maxCPU || (n != 1 && n%2 != 0) {
 		return argError("vcpus", n, "must be 1 or an even number, at most %d = min(host CPUs %d, %d)", maxCPU, h.CPUs, MaxVCPUs)
@@ -98,7 +29,7 @@ func checkVCPUs(n int, h hostLimits) error {
 	return nil
 }
 
-func checkMemMiB(n int, h hostLimits) error {
+func checkMemMiB(n int, h admission.Host) error {
 	maxMem := MaxMemMiB
 	if h.MemTotalMiB > 0 {
 		maxMem = min(maxMem, h.MemTotalMiB-512)
@@ -126,9 +57,9 @@ func checkTimeoutS(n int) error {
 // CheckSize checks one size a caller gave explicitly (field vcpus, mem_mib,
 // scratch_mib or timeout_s) against its limits on this host. Unlike in a
 // Request, where zero means the default, zero is a value here, and out of
-// range. The error is the *ArgError a Request with that value would get.
+// range. The error is the *errdefs.ArgError a Request with that value would get.
 func CheckSize(field string, v int) error {
-	h := readHostLimits()
+	h := admission.ReadHost()
 	switch field {
 	case "vcpus":
 		return checkVCPUs(v, h)
@@ -148,7 +79,7 @@ func CheckSize(field string, v int) error {
 // before it queues for a place or to learn the sizes it will get; Run
 // normalises again, to the same request.
 func Normalize(req Request) (Request, error) {
-	return normalize(req, readHostLimits())
+	return normalize(req, admission.ReadHost())
 }
 
 // WithDefaults returns r with the stage and the sizes it leaves zero set to
@@ -193,7 +124,7 @@ func (r Request) NetworkMode() string { return string(r.netSwitches().Mode()) }
 
 // normalize fills defaults and checks every field of req against h, before
 // anything starts. The returned request is the one that runs.
-func normalize(req Request, h hostLimits) (Request, error) {
+func normalize(req Request, h admission.Host) (Request, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return req, invalid("no command: give the program and its arguments after --")
 	}
@@ -221,7 +152,7 @@ func normalize(req Request, h hostLimits) (Request, error) {
 	}
 	if req.Workspace != nil {
 		w := *req.Workspace
-		if err := checkWorkspace(&w); err != nil {
+		if err := w.Check(); err != nil {
 			return req, err
 		}
 		req.Workspace = &w
@@ -230,7 +161,7 @@ func normalize(req Request, h hostLimits) (Request, error) {
 }
 
 // checkSizes checks the VM's sizes and the timeout against h.
-func checkSizes(req Request, h hostLimits) error {
+func checkSizes(req Request, h admission.Host) error {
 	if err := checkVCPUs(req.VCPUs, h); err != nil {
 		return err
 	}
@@ -257,7 +188,7 @@ func checkIO(req Request) error {
 		if !strings.HasPrefix(req.Cwd, "/") {
 			return argError("cwd", strconv.Quote(req.Cwd), "must be an absolute guest path")
 		}
-		if err := CheckGuestPath("cwd", req.Cwd); err != nil {
+		if err := agentclient.CheckGuestPath("cwd", req.Cwd); err != nil {
 			return err
 		}
 	}
@@ -271,7 +202,7 @@ func checkIO(req Request) error {
 		if c.Host == "" {
 			return argError("copy_out", c.Guest, "the host path is empty")
 		}
-		if err := CheckGuestPath("copy_out", c.Guest); err != nil {
+		if err := agentclient.CheckGuestPath("copy_out", c.Guest); err != nil {
 			return err
 		}
 	}
@@ -289,7 +220,7 @@ func CheckLabel(field, l string) error {
 	if err := store.ValidateLabel(l); errors.As(err, &le) {
 		return argError(field, strconv.Quote(l), "%s", le.Reason)
 	} else if err != nil {
-		return fmt.Errorf("%s: %w", CLIFlag(field), err)
+		return fmt.Errorf("%s: %w", errdefs.CLIFlag(field), err)
 	}
 	return nil
 }

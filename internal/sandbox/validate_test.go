@@ -5,12 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/workspace"
 )
 
 func TestNormalize(t *testing.T) {
-	host := hostLimits{CPUs: 8, MemTotalMiB: 16384}
+	host := admission.Host{CPUs: 8, MemTotalMiB: 16384}
 	ok := func(r Request) Request { r.Argv = []string{"true"}; return r }
 	tests := []struct {
 		name string
@@ -32,7 +34,7 @@ func TestNormalize(t *testing.T) {
 		{"cwd with NUL", ok(Request{Cwd: "/a\x00b"}), "NUL"},
 		{"cwd over PATH_MAX", ok(Request{Cwd: "/" + strings.Repeat("d", agentproto.MaxPath)}), "--cwd"},
 		{"copy-out guest with NUL", ok(Request{CopyOut: []CopyOut{{Guest: "/a\x00b", Host: "/tmp/x"}}}), "--copy-out"},
-		{"workspace guest over PATH_MAX", ok(Request{Workspace: &Workspace{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
+		{"workspace guest over PATH_MAX", ok(Request{Workspace: &workspace.Request{Host: "/", Guest: "/" + strings.Repeat("w", agentproto.MaxPath)}}), "--workspace"},
 		{"no-network with allow", ok(Request{NoNetwork: true, AllowHosts: []string{"a.b"}}), "--no-network"},
 		{"deny with allow", ok(Request{DenyEgress: true, AllowCIDRs: []string{"10.0.0.0/8"}}), "--deny-egress"},
 		{"bad cidr", ok(Request{AllowCIDRs: []string{"10.0.0.0/99"}}), "--allow-cidr"},
@@ -68,7 +70,7 @@ func TestNormalize(t *testing.T) {
 }
 
 func TestNormalizeRefusesBroadWildcard(t *testing.T) {
-	_, err := normalize(Request{Argv: []string{"true"}, AllowHosts: []string{"*.org"}}, hostLimits{CPUs: 2, MemTotalMiB: 4096})
+	_, err := normalize(Request{Argv: []string{"true"}, AllowHosts: []string{"*.org"}}, admission.Host{CPUs: 2, MemTotalMiB: 4096})
 	if err == nil || !strings.Contains(err.Error(), "--allow-host") {
 		t.Errorf("got %v; want a refusal naming --allow-host", err)
 	}
@@ -77,7 +79,7 @@ func TestNormalizeRefusesBroadWildcard(t *testing.T) {
 // TestNormalizeDefaultsAndLimits pins the documented defaults and limits
 // (README's flag table) to literal values.
 func TestNormalizeDefaultsAndLimits(t *testing.T) {
-	big := hostLimits{CPUs: 64, MemTotalMiB: 64 << 10}
+	big := admission.Host{CPUs: 64, MemTotalMiB: 64 << 10}
 	got, err := normalize(Request{Argv: []string{"true"}}, big)
 	if err != nil {
 		t.Fatal(err)
@@ -88,10 +90,10 @@ func TestNormalizeDefaultsAndLimits(t *testing.T) {
 	if DefaultScratchMiB != 1024 || DefaultBase != "base-min" {
 		t.Errorf("default scratch %d MiB, base %q; want 1024 and base-min", DefaultScratchMiB, DefaultBase)
 	}
-	small := hostLimits{CPUs: 4, MemTotalMiB: 2048}
+	small := admission.Host{CPUs: 4, MemTotalMiB: 2048}
 	for _, tt := range []struct {
 		name string
-		host hostLimits
+		host admission.Host
 		req  Request
 		ok   bool
 	}{
@@ -122,7 +124,7 @@ func TestNormalizeDefaultsAndLimits(t *testing.T) {
 // value and a reason free of CLI flags, so that the MCP server can say it
 // in its own words; Error() is the CLI's wording.
 func TestArgErrorsNameTheField(t *testing.T) {
-	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	host := admission.Host{CPUs: 2, MemTotalMiB: 4096}
 	for _, tt := range []struct {
 		req          Request
 		field, value string
@@ -138,9 +140,9 @@ func TestArgErrorsNameTheField(t *testing.T) {
 	} {
 		tt.req.Argv = []string{"true"}
 		_, err := normalize(tt.req, host)
-		var ae *ArgError
+		var ae *errdefs.ArgError
 		if !errors.As(err, &ae) {
-			t.Errorf("%+v: %v; want an *ArgError", tt.req, err)
+			t.Errorf("%+v: %v; want an *errdefs.ArgError", tt.req, err)
 			continue
 		}
 		if ae.Field != tt.field || ae.Value != tt.value || strings.Contains(ae.Reason, "--") {
@@ -181,7 +183,7 @@ func TestCheckSizeRefusesZero(t *testing.T) {
 // TestNormalizeEgress: a list given at all, even empty, makes the run
 // filtered; with no rule in either list it denies everything.
 func TestNormalizeEgress(t *testing.T) {
-	host := hostLimits{CPUs: 2, MemTotalMiB: 4096}
+	host := admission.Host{CPUs: 2, MemTotalMiB: 4096}
 	for _, tt := range []struct {
 		name    string
 		req     Request

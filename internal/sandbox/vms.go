@@ -6,36 +6,19 @@ import (
 	"time"
 
 	"isopod/internal/image"
+	"isopod/internal/report"
 	"isopod/internal/session"
 	"isopod/internal/vmrecord"
 )
 
-// VMGCResult is what `isopod vm gc` removed and kept.
-type VMGCResult struct {
-	OK             bool     `json:"ok"`
-	Removed        []string `json:"removed"`
-	Kept           int      `json:"kept"`
-	KilledVMMs     []int    `json:"killed_vmm_pids"`
-	FreedBytes     int64    `json:"freed_bytes"`
-	StageLeftovers []string `json:"stage_leftovers_removed,omitempty"`
-	// SnapshotsRemoved are warm-pool snapshots no current run can use.
-	SnapshotsRemoved []string `json:"snapshots_removed,omitempty"`
-	// BuildLeftovers are what interrupted kernel fetches and image builds
-	// left in kernels/ and images/.
-	BuildLeftovers []string `json:"build_leftovers_removed,omitempty"`
-	// SessionsRemoved are the directories of sessions that are over:
-	// stopped, or lost with their supervisor (its VMM went with it).
-	SessionsRemoved []string `json:"sessions_removed,omitempty"`
-}
-
 // VMGC kills orphaned VMM processes and prunes all but the newest keepLast
 // records. A record still busy (vmrecord.Record.Busy) is never pruned; a finished
 // one is prunable at once, even while its owner lives.
-func (s *Service) VMGC(ctx context.Context, keepLast int) (*VMGCResult, error) {
+func (s *Service) VMGC(ctx context.Context, keepLast int) (*report.VMGC, error) {
 	if keepLast < 0 {
 		return nil, invalid("--keep-last %d: must be 0 or more (0 keeps no finished record)", keepLast)
 	}
-	res := &VMGCResult{OK: true}
+	res := &report.VMGC{OK: true}
 	// The jail (when on) knows where dead VMMs' cgroups are.
 	s.driver(ctx)
 	rs := vmrecord.Records{Paths: s.opts.Paths}
@@ -77,7 +60,7 @@ func (s *Service) gcCgroups(rs vmrecord.Records) {
 
 // gcExtra is the housekeeping beyond VM records: warm-pool snapshots and
 // the leftovers of interrupted kernel fetches and image builds.
-func (s *Service) gcExtra(res *VMGCResult) {
+func (s *Service) gcExtra(res *report.VMGC) {
 	// Warm pool: temporary and replaced snapshot directories, incomplete
 	// ones, and snapshots whose base build is gone (warmpool.go).
 	for _, name := range s.gcWarm() {

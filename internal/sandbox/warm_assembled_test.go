@@ -13,6 +13,7 @@ import (
 	"isopod/internal/stages"
 	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
+	"isopod/internal/workspace"
 )
 
 // A shape that recurs gets a snapshot with its root assembled: the CLI
@@ -155,7 +156,7 @@ func TestWhoResumesAssembled(t *testing.T) {
 		t.Errorf("a plain run: root_assembled %v, mount %+v; want the assembled snapshot's mount and none after the resume", rep.RootAssembled, st.Mount)
 	}
 	tree := t.TempDir()
-	rep = run(t, s, sandbox.Request{Argv: []string{"true"}, Workspace: &sandbox.Workspace{Host: tree, Guest: "/src"}})
+	rep = run(t, s, sandbox.Request{Argv: []string{"true"}, Workspace: &workspace.Request{Host: tree, Guest: "/src"}})
 	if st := machineOf(t, d, rep.VMID).State(); rep.RootAssembled || rep.Path != "warm" || st.Mount == nil || !st.Mount.Flush {
 		t.Errorf("a workspace run: path %s root_assembled %v, mount %+v; want a plain resume and a mount", rep.Path, rep.RootAssembled, st.Mount)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"isopod/internal/admission"
 	"isopod/internal/agentclient"
 	"isopod/internal/egress"
 	"isopod/internal/errdefs"
@@ -187,7 +188,7 @@ type WarmBuildResult struct {
 // of the same key rather than racing it).
 func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuildResult, error) {
 	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, Stage: o.Stage, NoNetwork: o.NoNetwork,
-		VCPUs: o.VCPUs, MemMiB: o.MemMiB}, readHostLimits())
+		VCPUs: o.VCPUs, MemMiB: o.MemMiB}, admission.ReadHost())
 	if err != nil {
 		return nil, err
 	}

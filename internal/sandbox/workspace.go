@@ -1,22 +1,15 @@
 package sandbox
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"isopod/internal/errdefs"
-	"isopod/internal/hostio"
 	"isopod/internal/machine"
+	"isopod/internal/report"
 	"isopod/internal/workspace"
 )
 
@@ -25,146 +18,6 @@ import (
 // guest through a layer of its own that is never committed, and brings
 // what the command changed back as a patch the caller may apply. isopod
 // never writes the host tree.
-
-// DefaultWorkspaceDir is where a workspace appears in the guest; it is the
-// command's working directory unless the request names one.
-const DefaultWorkspaceDir = "/workspace"
-
-// Workspace is a run's workspace.
-type Workspace struct {
-	// Host is the host directory. Dir, when set, is that directory opened
-	// by the caller (the MCP server opens it beneath its host-I/O root);
-	// otherwise Host is opened, following symlinks as an operator expects.
-	Host string
-	Dir  *os.File
-	// Guest is the guest directory; default DefaultWorkspaceDir.
-	Guest string
-	// Options choose what is copied (All) and cap it.
-	workspace.Options
-	// Out, when set, is the host file that receives the patch; OutDir is
-	// its directory opened by the caller, as CopyOut.HostDir.
-	Out    string
-	OutDir *os.File
-	// Raise, when set, names the setting that raises a cap (by
-	// workspace.LimitError's What), for a patch_error over one; the CLI
-	// names its flags, the MCP server's caps are fixed.
-	Raise func(what string) string `json:"-"`
-	// opened: Dir was opened from Host by the run (openHost), which
-	// closes it.
-	opened bool
-}
-
-// WorkspaceReport is a report's workspace block.
-type WorkspaceReport struct {
-	Host  string `json:"host"`
-	Guest string `json:"guest"`
-	// Git: the copy took what git would see, and .git.
-	Git   bool  `json:"git"`
-	Files int64 `json:"files"`
-	Bytes int64 `json:"bytes"`
-	// Skipped counts what the copy left out by kind (socket, fifo,
-	// device, unreadable).
-	Skipped map[string]int `json:"skipped,omitempty"`
-	// CredentialsRemoved names the git settings, include lines and files
-	// (included ones, credential stores) removed from the copy (names,
-	// never values).
-	CredentialsRemoved []string `json:"credentials_removed,omitempty"`
-	// Changed and PatchBytes describe the patch written to Out; LeftOut
-	// counts changes under .git, which no patch carries.
-	Changed *WorkspaceChanged `json:"changed,omitempty"`
-	LeftOut int               `json:"left_out,omitempty"`
-	// Ignored counts new files the repository ignores, which the patch
-	// leaves out (so that it applies over a tree that has them).
-	Ignored    int    `json:"ignored,omitempty"`
-	PatchBytes *int64 `json:"patch_bytes,omitempty"`
-	Out        string `json:"out,omitempty"`
-	// PatchError says why no patch was written; the rest of the report
-	// stands.
-	PatchError string `json:"patch_error,omitempty"`
-	InMS       int64  `json:"in_ms"`
-	OutMS      *int64 `json:"out_ms,omitempty"`
-}
-
-// WorkspaceChanged counts the files and symlinks a patch adds, modifies
-// and deletes.
-type WorkspaceChanged struct {
-	Added    int `json:"added"`
-	Modified int `json:"modified"`
-	Deleted  int `json:"deleted"`
-}
-
-// reservedGuestDirs are guest directories a workspace may not be, nor lie
-// under.
-var reservedGuestDirs = []string{"/proc", "/sys", "/dev", "/run/isopod"}
-
-// checkWorkspace fills the workspace's defaults and checks it before
-// anything starts.
-func checkWorkspace(w *Workspace) error {
-	if w.Host == "" && w.Dir == nil {
-		return argError("workspace", nil, "the host directory is empty")
-	}
-	w.Guest = cmp.Or(w.Guest, DefaultWorkspaceDir)
-	g := w.Guest
-	if !strings.HasPrefix(g, "/") || path.Clean(g) != g || g == "/" {
-		return argError("workspace", strconv.Quote(g), "the guest directory must be a clean absolute path other than / (default %s)", DefaultWorkspaceDir)
-	}
-	for _, r := range reservedGuestDirs {
-		if g == r || strings.HasPrefix(g, r+"/") {
-			return argError("workspace", strconv.Quote(g), "the guest directory cannot be under %s, which the guest system owns", r)
-		}
-	}
-	if err := CheckGuestPath("workspace", g); err != nil {
-		return err
-	}
-	if err := w.Options.Validate(); err != nil {
-		return err
-	}
-	if w.Out != "" && w.OutDir == nil {
-		if err := (hostio.Operator{}).CheckCopyOut("workspace_out", w.Out); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// openHost opens the host directory of a workspace the caller gave by its
-// path only, once, as the run is admitted: a missing one, or not a
-// directory, is refused before a VM directory is made, and the copy is
-// made from the directory opened here (Dir). The run closes it (release).
-func (w *Workspace) openHost() error {
-	if w == nil || w.Dir != nil {
-		return nil
-	}
-	d, err := openWorkspace(w)
-	if err != nil {
-		return err
-	}
-	w.Dir, w.opened = d, true
-	return nil
-}
-
-// release closes the host directory openHost opened. Idempotent.
-func (w *Workspace) release() {
-	if w != nil && w.opened {
-		w.Dir.Close()
-		w.opened = false
-	}
-}
-
-// openWorkspace opens the workspace's host directory.
-func openWorkspace(w *Workspace) (*os.File, error) {
-	if w.Dir != nil {
-		return machine.DupFile(w.Dir)
-	}
-	f, err := os.OpenFile(w.Host, os.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENOTDIR) {
-			return nil, argError("workspace", w.Host, "not a directory; name the directory to copy")
-		}
-		return nil, fmt.Errorf("%s %s: %w: %w", CLIFlag("workspace"), w.Host, err, errdefs.ErrInvalidArgument)
-	}
-	return f, nil
-}
 
 // packWorkspace copies and packs the workspace, before the VM starts: a
 // tree over a cap is refused here. The time it takes is not charged to the
@@ -176,7 +29,7 @@ func (r *run) packWorkspace(ctx context.Context) error {
 	}
 	t := time.Now()
 	defer func() { r.uncharged += time.Since(t) }()
-	dir, err := openWorkspace(w)
+	dir, err := w.Open()
 	if err != nil {
 		return err
 	}
@@ -193,7 +46,7 @@ func (r *run) packWorkspace(ctx context.Context) error {
 		return fmt.Errorf("workspace: %w", err)
 	}
 	r.wsUpper = upper
-	r.rep.Workspace = &WorkspaceReport{
+	r.rep.Workspace = &report.Workspace{
 		Host: w.Host, Guest: w.Guest, Git: tree.Git, Files: tree.Files, Bytes: tree.Bytes,
 		Skipped: tree.Skipped, CredentialsRemoved: tree.CredentialsRemoved, Out: w.Out,
 		InMS: time.Since(t).Milliseconds(),
@@ -219,8 +72,47 @@ func (r *run) closeWorkspace() {
 	if r.wsUpper != "" {
 		os.Remove(r.wsUpper)
 	}
-	r.req.Workspace.release()
+	r.req.Workspace.Release()
 	if (r.req.Workspace != nil || r.resumedFrom != nil && r.resumedFrom.Workspace) && r.dir != nil {
 		workspace.RemoveWork(r.dir.Rec.ID)
+	}
+}
+
+// workspaceOut writes the patch of what the command changed in the
+// workspace to the requested host file, after the command (not after a
+// timeout or a guest's death). Like copy-out it is bounded by the run's
+// timeout, counted again. A patch that cannot be made (over its cap, a
+// guest that lists nonsense) is reported in the workspace block and a
+// warning; the destination is left as it was.
+func (r *run) workspaceOut(ctx context.Context) {
+	w := r.req.Workspace
+	if r.ws == nil || w.Out == "" {
+		return
+	}
+	t := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutS)*time.Second)
+	defer cancel()
+	stats, err := r.vm.WorkspacePatch(cctx, r.ws, w.Guest, r.dir.Path(), w.Options,
+		machine.GetFile{Host: w.Out, HostDir: w.OutDir, Staging: r.staging})
+	ms := time.Since(t).Milliseconds()
+	wr := r.rep.Workspace
+	wr.OutMS = &ms
+	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("not finished within the run's timeout (%d s, counted again for the patch)", r.req.TimeoutS)
+		}
+		wr.PatchError = err.Error()
+		var le *workspace.LimitError
+		if errors.As(err, &le) && w.Raise != nil && w.Raise(le.What) != "" {
+			wr.PatchError += ", or raise " + w.Raise(le.What)
+		}
+		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no workspace patch was written to %s: %s", w.Out, wr.PatchError))
+		return
+	}
+	wr.Changed = &report.WorkspaceChanged{Added: stats.Added, Modified: stats.Modified, Deleted: stats.Deleted}
+	wr.LeftOut, wr.Ignored = stats.LeftOut, stats.Ignored
+	wr.PatchBytes = &stats.Bytes
+	if len(stats.LinksOut) > 0 {
+		r.rep.Warnings = append(r.rep.Warnings, workspace.LinksOutWarning(w.Out, stats.LinksOut))
 	}
 }

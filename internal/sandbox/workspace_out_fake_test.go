@@ -8,6 +8,7 @@ import (
 
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm/vmmfake"
+	"isopod/internal/workspace"
 )
 
 // TestWorkspaceOutUnmade: a patch the guest cannot list (the fake guest
@@ -24,7 +25,7 @@ func TestWorkspaceOutUnmade(t *testing.T) {
 	out := filepath.Join(outDir, "ws.patch")
 	os.WriteFile(out, []byte("old patch"), 0o644)
 	rep := run(t, s, sandbox.Request{NoNetwork: true, Argv: []string{"true"},
-		Workspace: &sandbox.Workspace{Host: tree, Guest: "/src", Out: out}})
+		Workspace: &workspace.Request{Host: tree, Guest: "/src", Out: out}})
 	if code(rep) != 0 {
 		t.Fatalf("exit %d; want the command's 0", code(rep))
 	}

@@ -10,6 +10,7 @@ import (
 
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm/vmmfake"
+	"isopod/internal/workspace"
 )
 
 // A workspace's copy is made in a private directory on /dev/shm when that
@@ -28,7 +29,7 @@ func TestWorkspaceCopyOnTmpfs(t *testing.T) {
 	base := filepath.Join("/dev/shm", fmt.Sprintf("isopod-%d", os.Getuid()))
 	// The fake guest's commands run on the host: this one looks at the
 	// run's own directory there while the run lives.
-	rep := run(t, s, sandbox.Request{NoNetwork: true, Workspace: &sandbox.Workspace{Host: tree, Guest: "/src"},
+	rep := run(t, s, sandbox.Request{NoNetwork: true, Workspace: &workspace.Request{Host: tree, Guest: "/src"},
 		Argv: []string{"sh", "-c", "stat -c '%a %n' " + base + "/vm-*"}})
 	if want := "700 " + filepath.Join(base, rep.VMID) + "\n"; !strings.Contains(rep.Stdout, want) {
 		t.Errorf("during the run: %q; want %q", rep.Stdout, want)
@@ -62,7 +63,7 @@ func TestWorkspaceOpenedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	req, release, err := sandbox.Admit(ctx, s, sandbox.Request{NoNetwork: true, Argv: []string{"true"}, Workspace: &sandbox.Workspace{Host: tree}})
+	req, release, err := sandbox.Admit(ctx, s, sandbox.Request{NoNetwork: true, Argv: []string{"true"}, Workspace: &workspace.Request{Host: tree}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,6 +77,25 @@ func (s *Service) Chain(ref string) (*store.Store, []store.Meta, error) {
 	return st, chain, nil
 }
 
+// CheckChainBase refuses a chain of stages (their ids, root first) made
+// over another build of the base flavor than sha (store.CheckBase); with
+// allowSkew it only warns.
+func (s *Service) CheckChainBase(ids []string, flavor, sha string, allowSkew bool) ([]string, error) {
+	st, err := s.Open()
+	if err != nil {
+		return nil, err
+	}
+	metas := make([]store.Meta, 0, len(ids))
+	for _, id := range ids {
+		m, err := st.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		metas = append(metas, m)
+	}
+	return store.CheckBase(metas, flavor, sha, allowSkew)
+}
+
 // registry is how the store talks to registries: Docker's credentials
 // from the configured directory, nothing stored, and the configured stall
 // bounds.

@@ -14,6 +14,7 @@ import (
 	"isopod/internal/egress/proxy"
 	"isopod/internal/errdefs"
 	"isopod/internal/netstack"
+	"isopod/internal/report"
 	"isopod/internal/vmm"
 )
 
@@ -213,6 +214,13 @@ func (n *Network) Totals() flightrec.Totals { return n.rec.Totals() }
 
 // LogPath is the flow log's file.
 func (n *Network) LogPath() string { return n.rec.Path() }
+
+// Report is the report's network block: the mode, the flow log's counts
+// so far and its file.
+func (n *Network) Report() *report.Net {
+	t := n.Totals()
+	return &report.Net{Mode: n.Mode(), Flows: t.Flows, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, LogPath: n.LogPath()}
+}
 
 // EgressReport is the report's egress block: filtered networks only, else
 // nil.

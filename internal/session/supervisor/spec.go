@@ -8,6 +8,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/sandbox"
 	"isopod/internal/session"
+	"isopod/internal/workspace"
 )
 
 // SpecOf is what of req a session keeps, its workspace directory made
@@ -41,7 +42,7 @@ func RequestOf(sp session.Spec, raise func(what string) string) sandbox.Request 
 		req.Caller = credential.Model
 	}
 	if sp.WorkspaceHost != "" {
-		w := &sandbox.Workspace{Host: sp.WorkspaceHost, Guest: sp.WorkspaceGuest}
+		w := &workspace.Request{Host: sp.WorkspaceHost, Guest: sp.WorkspaceGuest}
 		w.All, w.MaxBytes, w.MaxFiles = sp.WorkspaceAll, sp.WorkspaceMaxBytes, sp.WorkspaceMaxFiles
 		w.Raise = raise
 		req.Workspace = w

@@ -16,6 +16,7 @@ import (
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/pausefile"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 )
 
@@ -52,7 +53,7 @@ type ExecRequest struct {
 type ExecReport struct {
 	OK   bool     `json:"ok"`
 	Argv []string `json:"argv"`
-	sandbox.Outcome
+	report.Outcome
 	ExecMS        int64  `json:"exec_ms"`
 	StdoutLogPath string `json:"stdout_log_path"`
 	StderrLogPath string `json:"stderr_log_path"`

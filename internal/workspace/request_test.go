@@ -1,4 +1,6 @@
-package sandbox
+//go:build linux
+
+package workspace
 
 import (
 	"testing"
@@ -14,8 +16,8 @@ func TestLinksOutWarning(t *testing.T) {
 			`the workspace patch /p makes 7 symlink(s) pointing outside the repository ("a", "b", "c", "d", "e" and 2 more); check them before applying it`},
 	}
 	for _, tt := range tests {
-		if got := linksOutWarning("/p", tt.links); got != tt.want {
-			t.Errorf("linksOutWarning(%q) =\n%s\nwant\n%s", tt.links, got, tt.want)
+		if got := LinksOutWarning("/p", tt.links); got != tt.want {
+			t.Errorf("LinksOutWarning(%q) =\n%s\nwant\n%s", tt.links, got, tt.want)
 		}
 	}
 }
