@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -173,7 +174,7 @@ func (d *Driver) ramFile(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		err = fmt.Errorf("the RAM file is %d bytes, not %d: %w", st.Size(), size, errdefs.ErrInvalidArgument)
 	}
 	if err == nil && d.jail != nil {
-		err = f.Chown(d.jail.UID(), -1)
+		err = d.lendRAMFile(f)
 	}
 	if err != nil {
 		f.Close()
@@ -184,6 +185,18 @@ func (d *Driver) ramFile(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 	l.ownRAM, l.romOff = true, false
 	l.ramFrom = "own file"
 	return nil
+}
+
+// lendRAMFile lets the jailed VMM's uid reopen the RAM file f through
+// its descriptor: f becomes that uid's, or, where isopod cannot give a
+// file away (a normal user's, whose VMM runs as a subordinate uid), f is
+// opened to every uid, which reaches it only by descriptor: it lies in a
+// VM directory only its owner can search.
+func (d *Driver) lendRAMFile(f *os.File) error {
+	if err := f.Chown(d.jail.UID(), -1); !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	return f.Chmod(0o666)
 }
 
 // adoptRAM makes the snapshot's RAM file snapshotRAM the RAM file path,
