@@ -109,8 +109,13 @@ func (rv *Ready) Discard() {
 	rv.Place.Release()
 }
 
-// CleanDisks removes a VM's scratch disk and slot placeholders.
+// RAMFile is the name of a session VM's guest RAM file in its VM
+// directory (vmm.Config.RAMFile).
+const RAMFile = "ram"
+
+// CleanDisks removes a VM's scratch disk, slot placeholders and RAM file.
 func CleanDisks(dir, scratch string) {
+	os.Remove(filepath.Join(dir, RAMFile))
 	if scratch != "" {
 		os.Remove(scratch)
 	}

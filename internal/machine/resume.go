@@ -11,6 +11,7 @@ import (
 	"isopod/internal/agentclient"
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
+	"isopod/internal/pausefile"
 	"isopod/internal/vmm"
 )
 
@@ -127,13 +128,21 @@ func (v *Machine) Unpause(ctx context.Context) error {
 // of its own for a fork, its connection a session's. started is told of
 // the VMM as soon as it runs. It returns how long the restore and the
 // hello took (a warm run's resume_ms spans the same), and the restore
-// alone.
+// alone. A failure once the guest ran on the pause's RAM file itself
+// (cfg.RAMFile) is pausefile.ErrChanged too: the pause is not what it was.
 func (v *Machine) ResumePaused(ctx context.Context, drv vmm.Restorer, cfg vmm.Config, dir string, fork bool,
 	hostname string, started func(vmm.Machine)) (resumed, restore time.Duration, err error) {
 	t := time.Now()
 	m, err := v.Restore(ctx, drv, cfg, dir)
 	if err != nil {
 		return 0, 0, fmt.Errorf("restoring the paused VM: %w", err)
+	}
+	if cfg.RAMFile != "" && !cfg.Paused {
+		defer func() {
+			if err != nil {
+				err = fmt.Errorf("%w (the guest ran on the pause's RAM: %w)", err, pausefile.ErrChanged)
+			}
+		}()
 	}
 	restore = time.Since(t)
 	started(m)

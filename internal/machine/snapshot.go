@@ -82,10 +82,22 @@ func (v *Machine) Snapshot(ctx context.Context, dir string, netUp time.Time) err
 // Pause writes the running VM's snapshot into dir (new and empty) with p
 // as its descriptor, ends its VMM, and flushes the snapshot, the
 // descriptor and the VM's writable disks to disk (pausefile.Paused.Sync).
-// On failure the caller tears the VM down.
+// A VM whose RAM is a file of its own (vmm.Config.RAMFile) leaves that
+// file itself as the snapshot's RAM (vmm.InPlaceSnapshotter): no copy,
+// only the flush of what the guest changed. On failure the caller tears
+// the VM down.
 func (v *Machine) Pause(ctx context.Context, dir string, p *pausefile.Paused) error {
 	t := time.Now()
-	if err := v.Snapshot(ctx, dir, time.Time{}); err != nil {
+	m, _ := v.Current()
+	if in, ok := m.(vmm.InPlaceSnapshotter); ok {
+		sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+		err := in.SnapshotInPlace(sctx, dir)
+		cancel()
+		if err != nil {
+			return err
+		}
+		m.Kill()
+	} else if err := v.Snapshot(ctx, dir, time.Time{}); err != nil {
 		return err
 	}
 	tSnap := time.Since(t)

@@ -85,6 +85,8 @@ func (p *Paused) CopyFiles(id, dir string) (_ *Paused, retErr error) {
 			return nil, fmt.Errorf("forking the VM's disks: %w", err)
 		}
 	}
+	// The copy's RAM file is its own snapshot's, which its resume takes.
+	c.Config.RAMFile, _ = own(p.Config.RAMFile)
 	if c.Scratch, err = cp(p.Scratch); err == nil {
 		c.WorkspaceUpper, err = cp(p.WorkspaceUpper)
 	}

@@ -20,8 +20,9 @@ import (
 )
 
 // A paused VM's memory and device state are in a directory (vmm.Snapshotter:
-// a migration stream without RAM and a sparse copy of the VM's own RAM)
-// beside its descriptor (Paused); its disks (the scratch disk, the
+// a migration stream without RAM and the VM's own RAM, its RAM file itself
+// where it has one, vmm.Config.RAMFile, else a sparse copy) beside its
+// descriptor (Paused); its disks (the scratch disk, the
 // workspace's copy and layer, the slots' placeholders) stay in the VM's
 // directory. All of it is on disk, not only in the host's page cache,
 // before the pause is done (Paused.Sync). A resume restores the VM from

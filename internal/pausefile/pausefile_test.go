@@ -113,8 +113,10 @@ func TestCopyFilesRewritesTheVMsOwnPaths(t *testing.T) {
 	for _, f := range []string{scratch, upper, base} {
 		writeSparse(t, f, 1<<20, 0)
 	}
+	ram := filepath.Join(vmDir, "ram")
+	writeSparse(t, ram, 1<<20, 0)
 	p := &Paused{VMID: "vm-a", Dir: vmDir, Scratch: scratch, WorkspaceUpper: upper,
-		Config: vmm.Config{Disks: []vmm.Disk{{Path: base, ReadOnly: true}, {Path: scratch}, {Path: upper}}}}
+		Config: vmm.Config{Disks: []vmm.Disk{{Path: base, ReadOnly: true}, {Path: scratch}, {Path: upper}}, RAMFile: ram}}
 	newDir := filepath.Join(root, "vms", "vm-b")
 	os.MkdirAll(newDir, 0o700)
 	c, err := p.CopyFiles("vm-b", newDir)
@@ -134,6 +136,13 @@ func TestCopyFilesRewritesTheVMsOwnPaths(t *testing.T) {
 		if _, err := os.Stat(f); err != nil {
 			t.Errorf("not copied: %v", err)
 		}
+	}
+	// The copy's RAM file is its own, named only: its resume takes its
+	// snapshot's RAM as that file.
+	if want := filepath.Join(newDir, "ram"); c.Config.RAMFile != want {
+		t.Errorf("the copy's RAM file %s, want %s", c.Config.RAMFile, want)
+	} else if _, err := os.Stat(want); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the VM's RAM file was copied: %v", err)
 	}
 	if p.Config.Disks[1].Path != scratch {
 		t.Error("the copy changed the original's disks")

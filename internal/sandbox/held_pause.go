@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"path/filepath"
 
 	"isopod/internal/agentproto"
+	"isopod/internal/machine"
 	"isopod/internal/pausefile"
 	"isopod/internal/vmm"
 )
@@ -36,6 +38,9 @@ func (h *Held) Paused(ctx context.Context) (*pausefile.Paused, error) {
 	}
 	cfg := r.vmCfg
 	cfg.Net, cfg.SerialLog, cfg.Logger, cfg.Paused, cfg.OwnRAM = nil, nil, nil, false, false
+	// The resume maps the pause's RAM as the VM's own file, in its
+	// directory: a later pause takes that file in place.
+	cfg.RAMFile = filepath.Join(r.dir.Path(), machine.RAMFile)
 	return &pausefile.Paused{VMID: r.dir.Rec.ID, Dir: r.dir.Path(), Path: r.rep.Path, GuestIP: r.rep.GuestIP,
 		Config: cfg, NIC: r.vm.Net != nil, Scratch: r.scratch, WorkspaceUpper: r.wsUpper,
 		Workspace: r.ws != nil || r.req.Workspace != nil, Exec: h.ExecBase(), Identity: id}, nil

@@ -87,6 +87,9 @@ func (s *Service) pausedVM(ctx context.Context, dir string) (*pausefile.Paused, 
 // own memory ahead of its restore where the VMM can (vmm.RAMPrefiller);
 // the function it returns drops a copy no restore took.
 func (s *Service) prefillRAM(ctx context.Context, p *pausefile.Paused, dir string) func() {
+	if p.Config.RAMFile != "" {
+		return func() {} // mapped as the VM's own file: nothing to copy
+	}
 	rs, err := s.restorer(ctx)
 	if pf, ok := rs.(vmm.RAMPrefiller); err == nil && ok {
 		return pf.PrefillRAM(dir, p.Config.MemMiB)

@@ -90,6 +90,14 @@ type Config struct {
 	// ([Snapshotter]), which a session's pause needs. A driver that cannot
 	// do this refuses the config.
 	OwnRAM bool
+	// RAMFile (Restore with OwnRAM only; "": a memfd filled from the
+	// snapshot): the Machine's guest RAM is this file, mapped shared and
+	// writable, with no copy. When it is absent or not the snapshot's RAM
+	// file, the snapshot's RAM file becomes it (a hard link): the
+	// snapshot must be the caller's own (a pause's, a fork's), never one
+	// that others restore from. A Snapshot of such a Machine copies its
+	// RAM; a SnapshotInPlace ([InPlaceSnapshotter]) links the file itself.
+	RAMFile string `json:",omitempty"`
 }
 
 // Validate checks what a driver cannot do without.
@@ -189,6 +197,14 @@ type Restorer interface {
 // release drops one that no Restore took.
 type RAMPrefiller interface {
 	PrefillRAM(dir string, memMiB int) (release func())
+}
+
+// InPlaceSnapshotter is a Snapshotter that can take a Machine whose guest
+// RAM is a file of its own (Config.RAMFile) into a snapshot without a copy:
+// the file, flushed to disk, becomes the snapshot's RAM, and the Machine
+// must not run again. For a Machine without such a file it is Snapshot.
+type InPlaceSnapshotter interface {
+	SnapshotInPlace(ctx context.Context, dir string) error
 }
 
 // Resumer is a Machine restored with Config.Paused.

@@ -28,8 +28,10 @@ import (
 // QMP channels (fds 5, 6, ...).
 type machineFiles struct {
 	files []*os.File
-	// mem is the guest RAM memfd of a booted machine, kept for Snapshot.
-	mem *os.File
+	// mem is the guest RAM memfd of a booted machine, kept for Snapshot,
+	// or the RAM file of a machine with one (ramFile set).
+	mem     *os.File
+	ramFile bool
 	// ramReady, when set, waits until the restored guest RAM (a sealed
 	// copy filled while QEMU starts) is complete; see sealedCache.
 	ramReady func() error
@@ -153,6 +155,8 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		mf.mem = f
 		l.memPath = fdPath(mf.add(f))
 		l.ramFrom = "memfd"
+	case cfg.OwnRAM && cfg.RAMFile != "":
+		return d.ramFile(cfg, l, mf, snapshotRAM)
 	case cfg.OwnRAM:
 		return d.ownRAM(cfg, l, mf, snapshotRAM)
 	case d.jail == nil:

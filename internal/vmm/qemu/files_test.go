@@ -366,3 +366,46 @@ func TestPrefillRAM(t *testing.T) {
 		t.Errorf("%d copies kept after release", n)
 	}
 }
+
+// TestRAMFile: a restore with a RAM file of its own maps that file,
+// shared and writable, with no copy: the snapshot's RAM file becomes it
+// (a hard link) where it is absent, and is it already on a later resume;
+// a snapshot of another size is refused.
+func TestRAMFile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := baseConfig()
+	size := int64(cfg.MemMiB) << 20
+	snap := filepath.Join(dir, "paused", snapMemory)
+	os.Mkdir(filepath.Dir(snap), 0o700)
+	f, err := os.Create(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(size)
+	f.WriteAt([]byte("guest page"), 1<<20)
+	f.Close()
+	cfg.OwnRAM, cfg.RAMFile = true, filepath.Join(dir, "ram")
+	for _, when := range []string{"first resume", "later resume"} {
+		l := launch{restored: true, romOff: true}
+		mf := &machineFiles{}
+		if err := (&Driver{}).ramFile(&cfg, &l, mf, snap); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := os.Stat(snap)
+		rst, _ := os.Stat(cfg.RAMFile)
+		mst, _ := mf.mem.Stat()
+		if !os.SameFile(st, rst) || !os.SameFile(st, mst) || !mf.ramFile {
+			t.Errorf("%s: the RAM file is the snapshot's %v, mapped %v; want the snapshot's file itself", when, os.SameFile(st, rst), os.SameFile(st, mst))
+		}
+		argv := strings.Join(buildArgs(&cfg, l), " ")
+		if !strings.Contains(argv, "mem-path=/proc/self/fd/") || !strings.Contains(argv, ",share=on") || strings.Contains(argv, "rom=off") {
+			t.Errorf("%s: argv %s; want the file's descriptor, shared, writable", when, argv)
+		}
+		mf.closeAll()
+	}
+	big := cfg
+	big.MemMiB = cfg.MemMiB * 2
+	if err := (&Driver{}).ramFile(&big, &launch{restored: true}, &machineFiles{}, snap); err == nil {
+		t.Error("a snapshot of another size was taken as RAM")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -284,6 +285,14 @@ func (c *QMPClient) Events() []QMPEvent {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]QMPEvent(nil), c.events...)
+}
+
+// ForgetEvents drops the remembered events called name, so that a wait
+// that follows sees only those still to come.
+func (c *QMPClient) ForgetEvents(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.events = slices.DeleteFunc(c.events, func(ev QMPEvent) bool { return ev.Name == name })
 }
 
 // WaitEvent returns the first remembered event called name, waiting for one

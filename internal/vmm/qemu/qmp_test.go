@@ -151,6 +151,12 @@ func TestQMPClient(t *testing.T) {
 	if n := len(c.Events()); n != 2 {
 		t.Errorf("%d events remembered; want 2", n)
 	}
+	// A wait after ForgetEvents sees only what comes next (a migration
+	// after a restore's incoming one).
+	c.ForgetEvents("STOP")
+	if evs := c.Events(); len(evs) != 1 || evs[0].Name != "SHUTDOWN" {
+		t.Errorf("events after forgetting STOP: %+v; want SHUTDOWN alone", evs)
+	}
 	<-served
 
 	// The server goes away: pending and later calls fail, waits end.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"isopod/internal/errdefs"
@@ -52,10 +53,24 @@ var (
 	_ vmm.Restorer    = (*Driver)(nil)
 )
 
+var _ vmm.InPlaceSnapshotter = (*Machine)(nil)
+
 // Snapshot pauses the guest, writes its device state (a migration stream
 // that leaves RAM out) and copies its RAM into dir, which must exist and be
 // empty of a previous snapshot. The machine stays paused.
 func (m *Machine) Snapshot(ctx context.Context, dir string) error {
+	return m.snapshot(ctx, dir, false)
+}
+
+// SnapshotInPlace is Snapshot that, for a machine whose RAM is a file of
+// its own (vmm.Config.RAMFile), links that file into dir as the
+// snapshot's RAM instead of copying it: the machine must not run again.
+// Making it durable is the caller's (an fsync of the snapshot's files).
+func (m *Machine) SnapshotInPlace(ctx context.Context, dir string) error {
+	return m.snapshot(ctx, dir, m.files.ramFile)
+}
+
+func (m *Machine) snapshot(ctx context.Context, dir string, inPlace bool) error {
 	if m.files.mem == nil {
 		return fmt.Errorf("qemu snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
 	}
@@ -78,7 +93,11 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
 	t1 := time.Now()
-	if err := m.copyMemory(filepath.Join(dir, snapMemory)); err != nil {
+	memory := m.copyMemory
+	if inPlace {
+		memory = m.linkMemory
+	}
+	if err := memory(filepath.Join(dir, snapMemory)); err != nil {
 		return fmt.Errorf("qemu snapshot: %w", err)
 	}
 	m.log.Debug("qemu snapshot", "stop_state_ms", ms(t1.Sub(t0)), "memory_ms", ms(time.Since(t1)))
@@ -117,6 +136,9 @@ const migrationFD = "isopod-migration"
 // into, this machine) through f, whose descriptor is passed over QMP, and
 // waits for it to end. migrationCaps must have been set.
 func (m *Machine) migrateFile(ctx context.Context, cmd string, f *os.File) error {
+	// A restored machine remembers its incoming migration's end: not this
+	// one's.
+	m.qmp.ForgetEvents("MIGRATION")
 	if _, err := m.qmp.ExecuteFile(ctx, "getfd", map[string]any{"fdname": migrationFD}, f); err != nil {
 		return err
 	}
@@ -165,6 +187,20 @@ func waitMigration(ctx context.Context, q *QMPClient) error {
 // into a sparse file at dst.
 func (m *Machine) copyMemory(dst string) error {
 	return copySparse(dst, m.files.mem, int64(m.cfg.MemMiB)<<20)
+}
+
+// linkMemory makes the guest's RAM file (vmm.Config.RAMFile) dst too.
+func (m *Machine) linkMemory(dst string) error {
+	if err := os.Link(m.cfg.RAMFile, dst); err != nil {
+		return err
+	}
+	a, err := m.files.mem.Stat()
+	b, err2 := os.Stat(dst)
+	if err != nil || err2 != nil || !os.SameFile(a, b) {
+		os.Remove(dst)
+		return fmt.Errorf("the RAM file %s is not the guest's RAM: %w", m.cfg.RAMFile, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // copySparse copies size bytes of src to a new file dst, leaving src's
@@ -233,7 +269,12 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	}
 	if err != nil {
 		m.Kill()
-		m.Wait()
+		if m.Wait() != nil {
+			// What QEMU said of the failure.
+			if msg := strings.TrimSpace(m.proc.stderr.String()); msg != "" {
+				err = fmt.Errorf("%w (QEMU: %s)", err, msg)
+			}
+		}
 		m.agent.Close()
 		return nil, fmt.Errorf("qemu restore: %w", err)
 	}
