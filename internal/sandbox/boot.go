@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"isopod/internal/errdefs"
@@ -119,7 +120,19 @@ func (r *run) coldConfig() vmm.Config {
 	if r.vm.Net != nil {
 		net = r.vm.Net.VMMNet()
 	}
-	return r.spec().ColdConfig(net)
+	cfg := r.spec().ColdConfig(net)
+	cfg.RAMFile = r.ramFile()
+	return cfg
+}
+
+// ramFile is a held VM's guest RAM file (vmm.Config.RAMFile), new in its
+// VM directory, which its first pause takes in place as its later ones
+// do; "" for a run's VM, whose RAM is a memfd.
+func (r *run) ramFile() string {
+	if !r.ownRAM {
+		return ""
+	}
+	return filepath.Join(r.dir.Path(), machine.RAMFile)
 }
 
 // bootCold starts the VMM with cfg and waits for the agent's hello.

@@ -37,7 +37,7 @@ func (h *Held) Paused(ctx context.Context) (*pausefile.Paused, error) {
 		return nil, err
 	}
 	cfg := r.vmCfg
-	cfg.Net, cfg.SerialLog, cfg.Logger, cfg.Paused, cfg.OwnRAM = nil, nil, nil, false, false
+	cfg.Net, cfg.SerialLog, cfg.Logger, cfg.Paused, cfg.OwnRAM, cfg.RAMCopy = nil, nil, nil, false, false, false
 	// The resume maps the pause's RAM as the VM's own file, in its
 	// directory: a later pause takes that file in place.
 	cfg.RAMFile = filepath.Join(r.dir.Path(), machine.RAMFile)

@@ -271,7 +271,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 	}
 	cfg := warmConfig(r.warm.in, r.dir.Rec.ID, r.dir.Path(), r.dir.Serial, net, r.runDisks().Slots(ph))
 	cfg.Logger = r.s.log
-	cfg.OwnRAM = r.ownRAM
+	cfg.OwnRAM, cfg.RAMFile, cfg.RAMCopy = r.ownRAM, r.ramFile(), r.ownRAM
 	r.vmCfg = cfg
 	rctx, cancel := context.WithDeadline(ctx, r.deadline())
 	defer cancel()

@@ -90,14 +90,21 @@ type Config struct {
 	// ([Snapshotter]), which a session's pause needs. A driver that cannot
 	// do this refuses the config.
 	OwnRAM bool
-	// RAMFile (Restore with OwnRAM only; "": a memfd filled from the
-	// snapshot): the Machine's guest RAM is this file, mapped shared and
-	// writable, with no copy. When it is absent or not the snapshot's RAM
+	// RAMFile (a Start, or a Restore with OwnRAM; "": a memfd, filled
+	// from the snapshot at a Restore): the Machine's guest RAM is this
+	// file, mapped shared and writable. A Start makes it anew, sparse, of
+	// MemMiB. At a Restore without RAMCopy it is taken with no copy. When it is absent or not the snapshot's RAM
 	// file, the snapshot's RAM file becomes it (a hard link): the
 	// snapshot must be the caller's own (a pause's, a fork's), never one
 	// that others restore from. A Snapshot of such a Machine copies its
 	// RAM; a SnapshotInPlace ([InPlaceSnapshotter]) links the file itself.
 	RAMFile string `json:",omitempty"`
+	// RAMCopy (a Restore with OwnRAM and RAMFile): RAMFile is made anew
+	// as a copy of the snapshot's RAM (a reflink where the file system
+	// allows, else a sparse copy), filled before the guest runs, and the
+	// snapshot's file is never written: a snapshot that others restore
+	// from (the warm pool's).
+	RAMCopy bool `json:",omitempty"`
 }
 
 // Validate checks what a driver cannot do without.

@@ -135,13 +135,16 @@ func (d *Driver) openFiles(cfg *vmm.Config, l *launch, snapshotRAM string) (_ *m
 	return mf, d.openRAM(cfg, l, mf, snapshotRAM)
 }
 
-// openRAM provides guest RAM: a fresh memfd for a boot; for a restore the
+// openRAM provides guest RAM: the machine's own RAM file where it has one
+// (ramfile.go); else a fresh memfd for a boot; for a restore the
 // snapshot's RAM, privately mapped, from the file itself, or when jailed
 // from the file opened read-only (QEMU 8.2 and later) or a sealed memfd
 // copy that no process can write.
 func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotRAM string) error {
 	l.restored = snapshotRAM != ""
 	switch {
+	case cfg.RAMFile != "" && (!l.restored || cfg.OwnRAM):
+		return d.ramFile(cfg, l, mf, snapshotRAM)
 	case !l.restored:
 		fd, err := unix.MemfdCreate("isopod-guest-ram", unix.MFD_CLOEXEC)
 		if err != nil {
@@ -155,8 +158,6 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		mf.mem = f
 		l.memPath = fdPath(mf.add(f))
 		l.ramFrom = "memfd"
-	case cfg.OwnRAM && cfg.RAMFile != "":
-		return d.ramFile(cfg, l, mf, snapshotRAM)
 	case cfg.OwnRAM:
 		return d.ownRAM(cfg, l, mf, snapshotRAM)
 	case d.jail == nil:

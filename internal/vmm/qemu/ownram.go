@@ -154,39 +154,6 @@ func startFill(path string, size int64) (*ramFill, error) {
 	return &ramFill{f: f, ready: ready, src: fileStamp(st)}, nil
 }
 
-// ramFile gives a restored machine the RAM file cfg.RAMFile, mapped
-// shared and writable as a boot's memfd is: no copy. The snapshot's RAM
-// file becomes it (a hard link) unless it is that file already (a resume
-// of a pause taken in place). QEMU gets a descriptor the host opened;
-// a jailed QEMU, which reopens it through /proc/self/fd, owns the file
-// for that, and reaches it by no path.
-func (d *Driver) ramFile(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotRAM string) error {
-	size := int64(cfg.MemMiB) << 20
-	if err := adoptRAM(cfg.RAMFile, snapshotRAM); err != nil {
-		return fmt.Errorf("qemu: guest memory: %w", err)
-	}
-	f, err := os.OpenFile(cfg.RAMFile, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("qemu: guest memory: %w: %w", err, errdefs.ErrNotFound)
-	}
-	st, err := f.Stat()
-	if err == nil && st.Size() != size {
-		err = fmt.Errorf("the RAM file is %d bytes, not %d: %w", st.Size(), size, errdefs.ErrInvalidArgument)
-	}
-	if err == nil && d.jail != nil {
-		err = d.lendRAMFile(f)
-	}
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("qemu: guest memory: %w", err)
-	}
-	mf.mem, mf.ramFile = f, true
-	l.memPath = fdPath(mf.add(f))
-	l.ownRAM, l.romOff = true, false
-	l.ramFrom = "own file"
-	return nil
-}
-
 // lendRAMFile lets the jailed VMM's uid reopen the RAM file f through
 // its descriptor: f becomes that uid's, or, where isopod cannot give a
 // file away (a normal user's, whose VMM runs as a subordinate uid), f is
