@@ -60,6 +60,16 @@ func TestBenchSessionPause(t *testing.T) {
 		forkMS = append(forkMS, readRecord(t, c).ResumeTotalMS)
 		e2e.Isopod(t, nil, "session", "stop", c)
 	}
+	// A fork of a session that holds only what its guest touched to boot
+	// and idle, as most do.
+	idle, _ := startEnv(t, nil, "--no-network", "--mem-mib", "512")
+	isopod(t, "session", "exec", idle, "--", "true")
+	var idleFork []int64
+	for range 5 {
+		c := fork(t, idle)
+		idleFork = append(idleFork, readRecord(t, c).ResumeTotalMS)
+		e2e.Isopod(t, nil, "session", "stop", c)
+	}
 	t.Logf("warm run (512 MiB): resume_ms p50 %d, total_ms p50 %d", p50(runResume), p50(runTotal))
 	t.Logf("session pause (512 MiB, 256 MiB filled): pause_ms p50 %d (%d per GiB held), memory_bytes p50 %d, disk_bytes p50 %d",
 		p50(pauseMS), p50(perGiB), p50(mem), p50(disk))
@@ -67,4 +77,6 @@ func TestBenchSessionPause(t *testing.T) {
 		p50(resumeMS), float64(p50(resumeMS))/float64(max(p50(runResume), 1)), p50(resumeTotal))
 	t.Logf("session fork of a running session: resume_total_ms p50 %d (%.2f x a warm run's total_ms), CLI wall p50 %d ms",
 		p50(forkMS), float64(p50(forkMS))/float64(max(p50(runTotal), 1)), p50(forkWall))
+	t.Logf("session fork of an idle running session: resume_total_ms p50 %d (%.2f x a warm run's total_ms)",
+		p50(idleFork), float64(p50(idleFork))/float64(max(p50(runTotal), 1)))
 }
