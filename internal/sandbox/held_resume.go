@@ -26,12 +26,9 @@ import (
 // errdefs.ErrFailedPrecondition, before anything else is.
 func (s *Service) ResumeVM(ctx context.Context, req Request, dir string) (*Held, error) {
 	t0 := time.Now()
-	p, err := s.pausedVM(ctx, dir)
-	if err != nil {
+	if _, err := s.pausedVM(ctx, dir); err != nil {
 		return nil, err
 	}
-	// The RAM's copy overlaps the admission and the network.
-	defer s.prefillRAM(ctx, p, dir)()
 	a, err := s.AdmitResume(ctx, req)
 	if err != nil {
 		return nil, err
@@ -83,20 +80,6 @@ func (s *Service) pausedVM(ctx context.Context, dir string) (*pausefile.Paused, 
 	return p, nil
 }
 
-// prefillRAM starts copying the RAM of the pause in dir into the VM's
-// own memory ahead of its restore where the VMM can (vmm.RAMPrefiller);
-// the function it returns drops a copy no restore took.
-func (s *Service) prefillRAM(ctx context.Context, p *pausefile.Paused, dir string) func() {
-	if p.Config.RAMFile != "" {
-		return func() {} // mapped as the VM's own file: nothing to copy
-	}
-	rs, err := s.restorer(ctx)
-	if pf, ok := rs.(vmm.RAMPrefiller); err == nil && ok {
-		return pf.PrefillRAM(dir, p.Config.MemMiB)
-	}
-	return func() {}
-}
-
 // Resume restores the held VM a pause left in dir, as ResumeVM does.
 func (a *Resuming) Resume(ctx context.Context, dir string) (_ *Held, retErr error) {
 	s := a.s
@@ -104,7 +87,6 @@ func (a *Resuming) Resume(ctx context.Context, dir string) (_ *Held, retErr erro
 	if err != nil {
 		return nil, err
 	}
-	defer s.prefillRAM(ctx, p, dir)()
 	d, err := vmrecord.Reopen(p.Dir)
 	if err != nil {
 		return nil, err

@@ -197,15 +197,6 @@ type Restorer interface {
 	Restore(ctx context.Context, cfg Config, dir string) (Machine, error)
 }
 
-// RAMPrefiller is a Restorer that can start copying a snapshot's RAM
-// into memory of the Machine's own (Config.OwnRAM) ahead of the Restore
-// that uses it, so that the copy overlaps the caller's work before the
-// restore. A Restore with OwnRAM of the snapshot in dir takes the copy;
-// release drops one that no Restore took.
-type RAMPrefiller interface {
-	PrefillRAM(dir string, memMiB int) (release func())
-}
-
 // InPlaceSnapshotter is a Snapshotter that can take a Machine whose guest
 // RAM is a file of its own (Config.RAMFile) into a snapshot without a copy:
 // the file, flushed to disk, becomes the snapshot's RAM, and the Machine

@@ -92,7 +92,6 @@ type Driver struct {
 	jail      *jail.Jailer
 	jailFiles []string // what a jailed QEMU reads by name
 	sealed    sealedCache
-	pre       prefills // RAM copies started ahead of their restore (ownram.go)
 
 	probeMu sync.Mutex
 	probed  map[string]error // kernel key -> KVM probe outcome

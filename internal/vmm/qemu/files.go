@@ -159,7 +159,7 @@ func (d *Driver) openRAM(cfg *vmm.Config, l *launch, mf *machineFiles, snapshotR
 		l.memPath = fdPath(mf.add(f))
 		l.ramFrom = "memfd"
 	case cfg.OwnRAM:
-		return d.ownRAM(cfg, l, mf, snapshotRAM)
+		return fmt.Errorf("qemu: a restore with RAM of its own needs its RAM file (vmm.Config.RAMFile): %w", errdefs.ErrInvalidArgument)
 	case d.jail == nil:
 		l.memPath = snapshotRAM
 		l.ramFrom = "snapshot file"

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -263,107 +262,6 @@ func TestSealedCacheStart(t *testing.T) {
 	}
 	if _, other := open(); os.SameFile(st, other) || other.Size() != 4096 {
 		t.Errorf("a replaced file: same copy %v, size %d; want a new copy of 4096 bytes", os.SameFile(st, other), other.Size())
-	}
-}
-
-// TestOwnRAM: a restore with RAM of its own maps a memfd the host filled
-// with the snapshot's RAM, shared (so it can be snapshotted again), never
-// the snapshot's file, jailed or not; a snapshot of another size is
-// refused.
-func TestOwnRAM(t *testing.T) {
-	dir := t.TempDir()
-	cfg := baseConfig()
-	size := int64(cfg.MemMiB) << 20
-	path := filepath.Join(dir, "memory")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(size)
-	f.WriteAt([]byte("guest page"), 1<<20)
-	f.Close()
-	cfg.OwnRAM = true
-	l := launch{restored: true, romOff: true}
-	mf := &machineFiles{}
-	defer mf.closeAll()
-	if err := (&Driver{}).ownRAM(&cfg, &l, mf, path); err != nil {
-		t.Fatal(err)
-	}
-	if err := mf.waitRAM(); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, 10)
-	mf.mem.ReadAt(got, 1<<20)
-	st, _ := os.Stat(path)
-	mst, _ := mf.mem.Stat()
-	if string(got) != "guest page" || os.SameFile(st, mst) || mf.mem == nil {
-		t.Errorf("own RAM reads %q (the file itself: %v); want a copy of the snapshot's", got, os.SameFile(st, mst))
-	}
-	argv := strings.Join(buildArgs(&cfg, l), " ")
-	if !strings.Contains(argv, "mem-path=/proc/self/fd/") || !strings.Contains(argv, ",share=on") || strings.Contains(argv, "rom=off") {
-		t.Errorf("argv %s; want the memfd, shared, writable", argv)
-	}
-	small := cfg
-	small.MemMiB = cfg.MemMiB * 2
-	if err := (&Driver{}).ownRAM(&small, &launch{restored: true}, &machineFiles{}, path); err == nil {
-		t.Error("a snapshot of another size was taken as RAM")
-	}
-}
-
-// TestPrefillRAM: a restore with RAM of its own takes the copy PrefillRAM
-// started for its snapshot, unless the snapshot's RAM file changed since;
-// release drops a copy no restore took.
-func TestPrefillRAM(t *testing.T) {
-	dir := t.TempDir()
-	cfg := baseConfig()
-	cfg.OwnRAM = true
-	size := int64(cfg.MemMiB) << 20
-	path := filepath.Join(dir, snapMemory)
-	write := func(s string, mtime time.Time) {
-		t.Helper()
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.Truncate(size)
-		f.WriteAt([]byte(s), 1<<20)
-		f.Close()
-		os.Chtimes(path, mtime, mtime)
-	}
-	restore := func(d *Driver) (string, string) {
-		t.Helper()
-		l := launch{restored: true}
-		mf := &machineFiles{}
-		t.Cleanup(mf.closeAll)
-		if err := d.ownRAM(&cfg, &l, mf, path); err != nil {
-			t.Fatal(err)
-		}
-		if err := mf.waitRAM(); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]byte, 5)
-		mf.mem.ReadAt(got, 1<<20)
-		return string(got), l.ramFrom
-	}
-	d := &Driver{}
-	write("first", time.Unix(1_700_000_000, 0))
-	release := d.PrefillRAM(dir, cfg.MemMiB)
-	if got, from := restore(d); got != "first" || from != "own copy, filled ahead" {
-		t.Errorf("restore after a prefill reads %q from %q; want the copy filled ahead", got, from)
-	}
-	release() // taken: nothing to drop
-
-	release = d.PrefillRAM(dir, cfg.MemMiB)
-	write("other", time.Unix(1_700_000_100, 0))
-	if got, from := restore(d); got != "other" || from != "own copy" {
-		t.Errorf("restore of a changed file reads %q from %q; want a copy made now", got, from)
-	}
-	release()
-
-	release = d.PrefillRAM(dir, cfg.MemMiB)
-	release()
-	if n := len(d.pre.m); n != 0 {
-		t.Errorf("%d copies kept after release", n)
 	}
 }
 

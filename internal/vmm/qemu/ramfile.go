@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -121,4 +122,30 @@ func copyRAM(f *os.File, path string, size int64) (cloned bool, ready func() err
 		once.Do(func() { ferr = <-done })
 		return ferr
 	}, nil
+}
+
+// lendRAMFile lets the jailed VMM's uid reopen the RAM file f through
+// its descriptor: f becomes that uid's, or, where isopod cannot give a
+// file away (a normal user's, whose VMM runs as a subordinate uid), f is
+// opened to every uid, which reaches it only by descriptor: it lies in a
+// VM directory only its owner can search.
+func (d *Driver) lendRAMFile(f *os.File) error {
+	if err := f.Chown(d.jail.UID(), -1); !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	return f.Chmod(0o666)
+}
+
+// adoptRAM makes the snapshot's RAM file snapshotRAM the RAM file path,
+// unless path is that file already.
+func adoptRAM(path, snapshotRAM string) error {
+	src, err := os.Stat(snapshotRAM)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+	}
+	if cur, err := os.Stat(path); err == nil && os.SameFile(cur, src) {
+		return nil
+	}
+	os.Remove(path)
+	return os.Link(snapshotRAM, path)
 }
