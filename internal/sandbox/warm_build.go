@@ -68,7 +68,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 		if err := b.vm.Mount(bctx, snapshotDisks(in, b), "", false, b.deadline); err != nil {
 			return nil, bootMS, fmt.Errorf("assembling the snapshot VM's root: %w", err)
 		}
-		warmExec(bctx, b.vm, s.log)
+		b.vm.WarmExec(bctx, s.log)
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
