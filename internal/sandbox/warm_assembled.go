@@ -162,17 +162,3 @@ func (r *run) resumeAssembled(ctx context.Context, drv vmm.Driver, meta *warmpoo
 	r.s.warm.Touch(r.warm.in.key.ID())
 	return nil
 }
-
-// publishScratch moves the assembled snapshot VM's scratch disk from its
-// VM directory into the snapshot directory tmp, once the VMM is gone.
-func publishScratch(vmDir, tmp string) error {
-	src, dst := filepath.Join(vmDir, buildScratchName), filepath.Join(tmp, warmpool.ScratchFile)
-	if err := os.Rename(src, dst); err == nil {
-		return nil
-	}
-	if err := image.CopySparse(dst, src); err != nil {
-		return fmt.Errorf("keeping the snapshot's scratch disk: %w", err)
-	}
-	os.Remove(src)
-	return nil
-}
