@@ -121,38 +121,10 @@ func snapshotDisks(in warmInputs, b warmBuild) machine.Disks {
 	return d
 }
 
-// WarmBuildOptions are `isopod warmpool build`'s flags: the shape of the
-// runs to build for; zero means the run default.
-type WarmBuildOptions struct {
-	Base string
-	// Stage: build the assembled snapshot of runs on this stage (its
-	// chain's root assembled; "base" for none), not the plain one.
-	Stage     string
-	NoNetwork bool
-	VCPUs     int
-	MemMiB    int
-}
-
-type WarmBuildResult struct {
-	OK      bool      `json:"ok"`
-	Key     string    `json:"key"`
-	Built   bool      `json:"built"` // false: a current snapshot was already there
-	BuildMS int64     `json:"build_ms,omitempty"`
-	Base    string    `json:"base"`
-	VCPUs   int       `json:"vcpus"`
-	MemMiB  int       `json:"mem_mib"`
-	Network bool      `json:"network"`
-	Accel   vmm.Accel `json:"accel"`
-	Path    string    `json:"path"`
-	// RootAssembled: the snapshot has the stage's root assembled (--stage).
-	RootAssembled bool   `json:"root_assembled,omitempty"`
-	Stage         string `json:"stage,omitempty"`
-}
-
 // WarmBuild makes sure the snapshot that eligible runs with these sizes
 // would use exists, building it when needed (waiting for another builder
 // of the same key rather than racing it).
-func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuildResult, error) {
+func (s *Service) WarmBuild(ctx context.Context, o warmpool.BuildOptions) (*warmpool.BuildResult, error) {
 	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, Stage: o.Stage, NoNetwork: o.NoNetwork,
 		VCPUs: o.VCPUs, MemMiB: o.MemMiB}, admission.ReadHost())
 	if err != nil {
@@ -170,7 +142,7 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	if err != nil {
 		return nil, fmt.Errorf("warmpool build: %w", err)
 	}
-	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
+	res := &warmpool.BuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
 	if o.Stage != "" {
 		in = rootInputs(in, pl)
 		res.RootAssembled, res.Stage = true, o.Stage

@@ -28,7 +28,7 @@ func (s *Service) WarmStale(ctx context.Context) func(*warmpool.Meta) string {
 			return err.Error()
 		}
 		if m.Parts.Assembled {
-			if why := layersGone(m); why != "" {
+			if why := m.LayerGone(); why != "" {
 				return why
 			}
 			in.key = in.key.WithRoot(m.Parts.Layers, m.Parts.ScratchMiB)
@@ -57,8 +57,8 @@ func (s *Service) warmDead(m *warmpool.Meta) string {
 		return "base build gone"
 	case m.Parts.Protocol != agentproto.Version || m.Parts.Format != warmFormat:
 		return "format or protocol changed"
-	case m.Parts.Assembled && layersGone(m) != "":
-		return layersGone(m)
+	case m.Parts.Assembled && m.LayerGone() != "":
+		return m.LayerGone()
 	}
 	in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB, m.Parts.NIC)
 	if err != nil {
@@ -80,19 +80,4 @@ func fileIdentity(path string) string {
 		return path + ":missing"
 	}
 	return fmt.Sprintf("%s:%d:%d", path, st.Size(), st.ModTime().UnixNano())
-}
-
-// layersGone says which of an assembled snapshot's stage layers is gone
-// ("" when none is): its stage was removed.
-func layersGone(m *warmpool.Meta) string {
-	for i, p := range m.LayerPaths {
-		if _, err := os.Stat(p); err != nil {
-			id := p
-			if i < len(m.Parts.Layers) {
-				id = m.Parts.Layers[i]
-			}
-			return "stage " + id + " was removed"
-		}
-	}
-	return ""
 }

@@ -2,6 +2,7 @@ package warmpool
 
 import (
 	"context"
+	"isopod/internal/vmm"
 	"sync"
 )
 
@@ -52,4 +53,33 @@ func (b *Builds) Close() {
 	b.mu.Unlock()
 	b.cancel()
 	b.wg.Wait()
+}
+
+// BuildOptions are `isopod warmpool build`'s flags: the shape of the
+// runs to build for; zero means the run default.
+type BuildOptions struct {
+	Base string
+	// Stage: build the assembled snapshot of runs on this stage (its
+	// chain's root assembled; "base" for none), not the plain one.
+	Stage     string
+	NoNetwork bool
+	VCPUs     int
+	MemMiB    int
+}
+
+// BuildResult is what `isopod warmpool build` reports.
+type BuildResult struct {
+	OK      bool      `json:"ok"`
+	Key     string    `json:"key"`
+	Built   bool      `json:"built"` // false: a current snapshot was already there
+	BuildMS int64     `json:"build_ms,omitempty"`
+	Base    string    `json:"base"`
+	VCPUs   int       `json:"vcpus"`
+	MemMiB  int       `json:"mem_mib"`
+	Network bool      `json:"network"`
+	Accel   vmm.Accel `json:"accel"`
+	Path    string    `json:"path"`
+	// RootAssembled: the snapshot has the stage's root assembled (--stage).
+	RootAssembled bool   `json:"root_assembled,omitempty"`
+	Stage         string `json:"stage,omitempty"`
 }
