@@ -2,8 +2,10 @@ package warmpool
 
 import (
 	"context"
-	"isopod/internal/vmm"
+	"log/slog"
 	"sync"
+
+	"isopod/internal/vmm"
 )
 
 // Builds runs a long-lived front end's snapshot builds in the background,
@@ -53,6 +55,25 @@ func (b *Builds) Close() {
 	b.mu.Unlock()
 	b.cancel()
 	b.wg.Wait()
+}
+
+// Retry starts fn under key (Start) and runs it again each time a call
+// took the place it held (yielded), which ended it; it is then tried again
+// once a place is free. A build that fails otherwise is logged.
+func (b *Builds) Retry(key string, log *slog.Logger, fn func(ctx context.Context) (yielded bool, err error)) {
+	b.Start(key, func(ctx context.Context) {
+		for {
+			yielded, err := fn(ctx)
+			switch {
+			case err == nil || ctx.Err() != nil:
+				return
+			case !yielded:
+				log.Warn("warm pool: background snapshot build failed", "key", key, "err", err)
+				return
+			}
+			log.Info("warm pool: a call took the background build's place; it is tried again when a place is free", "key", key)
+		}
+	})
 }
 
 // BuildOptions are `isopod warmpool build`'s flags: the shape of the
