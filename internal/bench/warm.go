@@ -11,6 +11,7 @@ import (
 	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
+	"isopod/internal/warmpool"
 )
 
 // WarmResult compares cold and warm runs of `true` side by side.
@@ -52,7 +53,7 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		return nil, invalid("bench: n %d < 1", n)
 	}
 	res := &WarmResult{OK: true, N: n}
-	wb, err := s.WarmBuild(ctx, sandbox.WarmBuildOptions{})
+	wb, err := s.WarmBuild(ctx, warmpool.BuildOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +63,7 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 	res.Accel = wb.Accel
 	// The runs below recur: they resume from the shape's snapshot with the
 	// root assembled, built here rather than inside one of them.
-	ab, err := s.WarmBuild(ctx, sandbox.WarmBuildOptions{Stage: sandbox.BaseStage})
+	ab, err := s.WarmBuild(ctx, warmpool.BuildOptions{Stage: sandbox.BaseStage})
 	if err != nil {
 		return nil, err
 	}

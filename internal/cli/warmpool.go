@@ -10,7 +10,7 @@ import (
 )
 
 func newWarmpoolCmd(e *env) *cobra.Command {
-	var o sandbox.WarmBuildOptions
+	var o warmpool.BuildOptions
 	build := &cobra.Command{
 		Use:   "build",
 		Short: "Build the snapshot runs of this shape resume from (skipped when current)",
@@ -21,7 +21,7 @@ func newWarmpoolCmd(e *env) *cobra.Command {
 					return sandbox.CheckSize(strings.ReplaceAll(name, "-", "_"), 0)
 				}
 			}
-			return call(e, func(s *sandbox.Service) (*sandbox.WarmBuildResult, error) { return s.WarmBuild(cmd.Context(), o) })
+			return call(e, func(s *sandbox.Service) (*warmpool.BuildResult, error) { return s.WarmBuild(cmd.Context(), o) })
 		},
 	}
 	f := build.Flags()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
 	"strings"
 	"time"
@@ -23,17 +22,10 @@ import (
 //
 // A ready VM has run: restored from its shape's snapshot and let run, it
 // got entropy, a clock and a hostname of its own, assembled its root from
-// its disks (the run's layers, a fresh scratch disk) and ran readyWarmUp,
-// so that its VMM has translated the guest's common paths before the
-// call (under TCG each VMM process translates them afresh). A claim makes
-// it the run's own (fresh entropy with a CRNG reseed, the clock, the
-// hostname, the run's network and a boot id of its own) and runs the
-// command.
-
-// readyWarmUp is the command a ready VM runs before its claim: it writes
-// nothing (no file, in a cwd and an environment of nothing), and its
-// process is gone before the claim.
-var readyWarmUp = []string{"/bin/sh", "-c", "true"}
+// its disks (the run's layers, a fresh scratch disk) and warmed up
+// (machine.Machine.WarmUp). A claim makes it the run's own (fresh entropy
+// with a CRNG reseed, the clock, the hostname, the run's network and a
+// boot id of its own) and runs the command.
 
 // readySpecFor is the shape a run would claim, ok false when it cannot
 // use a ready VM.
@@ -51,7 +43,7 @@ func (r *run) readySpecFor() (machine.ReadySpec, bool) {
 }
 
 // makeReady restores a VM of shape sh from its snapshot, with its disks
-// backed and its NIC's socket parked, and warms it up (warmUp), in place
+// backed and its NIC's socket parked, and warms it up (machine.Machine.WarmUp), in place
 // (which a failure releases). It gets a VM directory and record like a
 // run, so that `isopod vm gc` finds its VMM should this process die.
 func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs, layers []string, base string, place *admission.Ticket) (_ *machine.Ready, retErr error) {
@@ -107,41 +99,13 @@ func (s *Service) makeReady(ctx context.Context, sh machine.Shape, in warmInputs
 	}
 	rv.VM.Attach(m)
 	d.Started(m)
-	if err := warmUp(ctx, rv.VM, d.Rec.Name, machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}); err != nil {
+	if err := rv.VM.WarmUp(ctx, d.Rec.Name, machine.Disks{Base: in.base.Path, Layers: layers, Scratch: rv.Scratch}); err != nil {
 		return nil, err
 	}
 	d.Rec.Argv = []string{"isopod", "ready"}
 	d.Save()
 	rv.Made = time.Now()
 	return rv, nil
-}
-
-// warmUp readies a restored VM for its claim: entropy, clock and
-// hostname (no network: its NIC is parked until a run takes it), the root
-// assembled from disks, and readyWarmUp run in it.
-func warmUp(ctx context.Context, vm *machine.Machine, hostname string, disks machine.Disks) error {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(time.Minute)
-	}
-	if err := vm.Greet(ctx); err != nil {
-		return fmt.Errorf("greeting a ready VM: %w", err)
-	}
-	if _, err := vm.MakeOwn(ctx, hostname); err != nil {
-		return err
-	}
-	if err := vm.Mount(ctx, disks, "", true, deadline); err != nil {
-		return fmt.Errorf("assembling a ready VM's root: %w", err)
-	}
-	res, err := vm.Exec(ctx, machine.Exec{Argv: readyWarmUp, Cwd: "/", Timeout: time.Until(deadline),
-		Stdout: io.Discard, Stderr: io.Discard})
-	if err != nil {
-		return fmt.Errorf("warming a ready VM up: %w", err)
-	}
-	if res.ExitCode == nil || *res.ExitCode != 0 || res.TimedOut {
-		return fmt.Errorf("warming a ready VM up: %q did not exit 0", readyWarmUp)
-	}
-	return nil
 }
 
 // adoptReady makes the claimed ready VM the run's: its directory, record,

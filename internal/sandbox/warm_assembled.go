@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"isopod/internal/errdefs"
 	"isopod/internal/image"
-	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/warmpool"
 )
@@ -165,33 +162,3 @@ func (r *run) resumeAssembled(ctx context.Context, drv vmm.Driver, meta *warmpoo
 	r.s.warm.Touch(r.warm.in.key.ID())
 	return nil
 }
-
-// publishScratch moves the assembled snapshot VM's scratch disk from its
-// VM directory into the snapshot directory tmp, once the VMM is gone.
-func publishScratch(vmDir, tmp string) error {
-	src, dst := filepath.Join(vmDir, buildScratchName), filepath.Join(tmp, warmpool.ScratchFile)
-	if err := os.Rename(src, dst); err == nil {
-		return nil
-	}
-	if err := image.CopySparse(dst, src); err != nil {
-		return fmt.Errorf("keeping the snapshot's scratch disk: %w", err)
-	}
-	os.Remove(src)
-	return nil
-}
-
-// warmExec runs, in an assembled snapshot's VM, the commands nearly every
-// run starts with, so that a clone finds the root's lookups and the exec
-// path cached. They write nothing to the root.
-func warmExec(ctx context.Context, vm *machine.Machine, log *slog.Logger) {
-	for _, argv := range [][]string{{"true"}, {"sh", "-c", ":"}} {
-		_, err := vm.Exec(ctx, machine.Exec{Argv: argv, Env: []string{"PATH=" + warmPath}, Cwd: "/",
-			Timeout: 10 * time.Second, Stdout: io.Discard, Stderr: io.Discard})
-		if err != nil {
-			log.Debug("warm pool: warming the exec path", "argv", argv, "err", err)
-		}
-	}
-}
-
-// warmPath is the warm-up commands' PATH.
-const warmPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

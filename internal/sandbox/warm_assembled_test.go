@@ -80,7 +80,7 @@ func assembledEntry(t *testing.T, s *sandbox.Service) *warmpool.Entry {
 // gone) is retired with a warning, and the run resumes from the plain one.
 func TestUnusableAssembledSnapshotFallsBack(t *testing.T) {
 	s, _ := newFakeService(t, vmmfake.Config{})
-	if _, err := s.WarmBuild(context.Background(), sandbox.WarmBuildOptions{Stage: sandbox.BaseStage}); err != nil {
+	if _, err := s.WarmBuild(context.Background(), warmpool.BuildOptions{Stage: sandbox.BaseStage}); err != nil {
 		t.Fatal(err)
 	}
 	e := assembledEntry(t, s)
@@ -115,7 +115,7 @@ func TestRemovedStagesAssembledSnapshot(t *testing.T) {
 		if rep := run(t, s, sandbox.Request{Argv: []string{"true"}, CommitAs: label}); rep.StageID == "" {
 			t.Fatalf("not committed: %s", rep.CommitError)
 		}
-		if _, err := s.WarmBuild(ctx, sandbox.WarmBuildOptions{Stage: label}); err != nil {
+		if _, err := s.WarmBuild(ctx, warmpool.BuildOptions{Stage: label}); err != nil {
 			t.Fatal(err)
 		}
 		if assembledEntry(t, s) == nil {
@@ -146,7 +146,7 @@ func TestWhoResumesAssembled(t *testing.T) {
 	s, d := newFakeService(t, vmmfake.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, o := range []sandbox.WarmBuildOptions{{}, {Stage: sandbox.BaseStage}} {
+	for _, o := range []warmpool.BuildOptions{{}, {Stage: sandbox.BaseStage}} {
 		if _, err := s.WarmBuild(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestWhoResumesAssembled(t *testing.T) {
 // the plain one.
 func TestAssembledBuildNeedsTime(t *testing.T) {
 	s, _ := newFakeService(t, vmmfake.Config{})
-	if _, err := s.WarmBuild(context.Background(), sandbox.WarmBuildOptions{}); err != nil {
+	if _, err := s.WarmBuild(context.Background(), warmpool.BuildOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {

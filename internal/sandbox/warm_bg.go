@@ -12,22 +12,9 @@ import (
 // long-lived front end's choice: that run boots cold and reports
 // snapshot_built false). The build waits for a place of its own; a call
 // that needs the place ends it, and it is tried again once a place is
-// free.
+// free (warmpool.Builds.Retry).
 func (s *Service) buildInBackground(drv vmm.Driver, in warmInputs) {
-	key := in.key.ID()
-	s.bg.Start(key, func(ctx context.Context) {
-		for {
-			yielded, err := s.buildHeld(ctx, drv, in)
-			switch {
-			case err == nil || ctx.Err() != nil:
-				return
-			case !yielded:
-				s.log.Warn("warm pool: background snapshot build failed", "key", key, "err", err)
-				return
-			}
-			s.log.Info("warm pool: a call took the background build's place; it is tried again when a place is free", "key", key)
-		}
-	})
+	s.bg.Retry(in.key.ID(), s.log, func(ctx context.Context) (bool, error) { return s.buildHeld(ctx, drv, in) })
 }
 
 // buildHeld builds in's snapshot in a place of its own, once one is

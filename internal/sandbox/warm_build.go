@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"isopod/internal/admission"
-	"isopod/internal/agentclient"
 	"isopod/internal/egress"
-	"isopod/internal/errdefs"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
@@ -49,26 +47,20 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	defer cancel()
 	m, err := s.bootSnapshotVM(bctx, drv, in, b)
 	defer b.vm.Drop()
+	var root *machine.Disks
+	scratch := ""
 	if in.key.Assembled {
-		defer os.Remove(filepath.Join(b.dir.Path(), buildScratchName))
+		d := snapshotDisks(in, b)
+		root, scratch = &d, d.Scratch
+		defer os.Remove(scratch)
 	}
 	if err != nil {
 		return nil, 0, err
 	}
-	if _, ok := m.(vmm.Snapshotter); !ok {
-		return nil, 0, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
-	}
 	bootMS := time.Since(t0).Milliseconds()
-	netUp, err := b.vm.PrepareSnapshot(bctx)
+	netUp, err := b.vm.PrepareForSnapshot(bctx, root, b.deadline, s.log)
 	if err != nil {
 		return nil, bootMS, err
-	}
-	if in.key.Assembled {
-		// After the network, as a cold boot's root: the resolver goes in.
-		if err := b.vm.Mount(bctx, snapshotDisks(in, b), "", false, b.deadline); err != nil {
-			return nil, bootMS, fmt.Errorf("assembling the snapshot VM's root: %w", err)
-		}
-		warmExec(bctx, b.vm, s.log)
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
@@ -77,33 +69,17 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	// The key records the accelerator the VM actually got.
 	key := in.key
 	key.Accel = string(m.Accel())
-	tmp, err := s.warm.Stage(in.key.ID())
+	write := func(tmp string) error { return b.vm.Snapshot(bctx, tmp, netUp) }
+	meta, err := s.warm.Take(bctx, in.key.ID(), write, scratch, func() *warmpool.Meta {
+		return &warmpool.Meta{
+			Key: key.ID(), Parts: key, Built: time.Now().UTC(),
+			BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
+			LayerPaths: in.layers,
+		}
+	})
 	if err != nil {
 		return nil, bootMS, err
 	}
-	published := false
-	defer func() {
-		if !published {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err := b.vm.Snapshot(bctx, tmp, netUp); err != nil {
-		return nil, bootMS, err
-	}
-	if in.key.Assembled {
-		if err := publishScratch(b.dir.Path(), tmp); err != nil {
-			return nil, bootMS, err
-		}
-	}
-	meta := &warmpool.Meta{
-		Key: key.ID(), Parts: key, Built: time.Now().UTC(),
-		BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
-		LayerPaths: in.layers,
-	}
-	if err := s.warm.Publish(bctx, tmp, meta); err != nil {
-		return nil, bootMS, err
-	}
-	published = true
 	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS)
 	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
 	return meta, bootMS, nil
@@ -127,22 +103,12 @@ func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInp
 	}
 	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, snapshotDisks(in, b).Slots(ph))
 	cfg.Logger = s.log
-	m, err := b.vm.Start(ctx, drv, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("starting the snapshot VM: %w", err)
-	}
-	b.dir.Started(m)
-	if b.started != nil {
-		b.started(m)
-	}
-	h, err := b.vm.Hello(ctx, (*agentclient.Client).WaitHello)
-	if err != nil {
-		return nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
-	}
-	if h.BootError != "" {
-		return nil, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
-	}
-	return m, nil
+	return b.vm.BootForSnapshot(ctx, drv, cfg, func(m vmm.Machine) {
+		b.dir.Started(m)
+		if b.started != nil {
+			b.started(m)
+		}
+	})
 }
 
 // snapshotDisks are the disks of in's snapshot VM: its base, and for an
@@ -155,38 +121,10 @@ func snapshotDisks(in warmInputs, b warmBuild) machine.Disks {
 	return d
 }
 
-// WarmBuildOptions are `isopod warmpool build`'s flags: the shape of the
-// runs to build for; zero means the run default.
-type WarmBuildOptions struct {
-	Base string
-	// Stage: build the assembled snapshot of runs on this stage (its
-	// chain's root assembled; "base" for none), not the plain one.
-	Stage     string
-	NoNetwork bool
-	VCPUs     int
-	MemMiB    int
-}
-
-type WarmBuildResult struct {
-	OK      bool      `json:"ok"`
-	Key     string    `json:"key"`
-	Built   bool      `json:"built"` // false: a current snapshot was already there
-	BuildMS int64     `json:"build_ms,omitempty"`
-	Base    string    `json:"base"`
-	VCPUs   int       `json:"vcpus"`
-	MemMiB  int       `json:"mem_mib"`
-	Network bool      `json:"network"`
-	Accel   vmm.Accel `json:"accel"`
-	Path    string    `json:"path"`
-	// RootAssembled: the snapshot has the stage's root assembled (--stage).
-	RootAssembled bool   `json:"root_assembled,omitempty"`
-	Stage         string `json:"stage,omitempty"`
-}
-
 // WarmBuild makes sure the snapshot that eligible runs with these sizes
 // would use exists, building it when needed (waiting for another builder
 // of the same key rather than racing it).
-func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuildResult, error) {
+func (s *Service) WarmBuild(ctx context.Context, o warmpool.BuildOptions) (*warmpool.BuildResult, error) {
 	req, err := normalize(Request{Argv: []string{"true"}, Base: o.Base, Stage: o.Stage, NoNetwork: o.NoNetwork,
 		VCPUs: o.VCPUs, MemMiB: o.MemMiB}, admission.ReadHost())
 	if err != nil {
@@ -204,7 +142,7 @@ func (s *Service) WarmBuild(ctx context.Context, o WarmBuildOptions) (*WarmBuild
 	if err != nil {
 		return nil, fmt.Errorf("warmpool build: %w", err)
 	}
-	res := &WarmBuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
+	res := &warmpool.BuildResult{OK: true, Base: pl.base.Flavor, VCPUs: req.VCPUs, MemMiB: req.MemMiB, Network: !req.NoNetwork}
 	if o.Stage != "" {
 		in = rootInputs(in, pl)
 		res.RootAssembled, res.Stage = true, o.Stage

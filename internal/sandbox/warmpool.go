@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 
 	"isopod/internal/agentproto"
 	"isopod/internal/warmpool"
@@ -16,7 +15,7 @@ import (
 
 // WarmStale is the judge a warm-pool listing takes (warmpool.Catalog.List):
 // why m would not be used by an eligible run of its sizes now ("" when it
-// would).
+// would; warmpool.Meta.Stale).
 func (s *Service) WarmStale(ctx context.Context) func(*warmpool.Meta) string {
 	return func(m *warmpool.Meta) string {
 		base, err := s.lookupBase(m.Parts.Base)
@@ -27,16 +26,7 @@ func (s *Service) WarmStale(ctx context.Context) func(*warmpool.Meta) string {
 		if err != nil {
 			return err.Error()
 		}
-		if m.Parts.Assembled {
-			if why := layersGone(m); why != "" {
-				return why
-			}
-			in.key = in.key.WithRoot(m.Parts.Layers, m.Parts.ScratchMiB)
-		}
-		if d := in.key.Diff(m.Parts); len(d) > 0 {
-			return "changed since the build: " + strings.Join(d, ", ")
-		}
-		return ""
+		return m.Stale(in.key)
 	}
 }
 
@@ -45,32 +35,18 @@ func (s *Service) gcWarm() []string {
 	return s.warm.GC(s.warmDead)
 }
 
-// warmDead says why m can never be used again ("" when it may be): its base
-// build is gone or was rebuilt, its format or protocol is old, the host
-// kernel or CPU changed, or the fetched guest kernel's initramfs was
-// rebuilt. Parts that follow one call's settings (ISOPOD_ACCEL,
-// ISOPOD_KERNEL, ISOPOD_QEMU) never make a snapshot dead.
+// warmDead says why m can never be used again ("" when it may be;
+// warmpool.Meta.Dead): its base build is gone or was rebuilt, or the
+// current key says so.
 func (s *Service) warmDead(m *warmpool.Meta) string {
 	base, err := s.lookupBase(m.Parts.Base)
-	switch {
-	case err != nil || base.SHA256 != m.Parts.BaseSHA256:
+	if err != nil || base.SHA256 != m.Parts.BaseSHA256 {
 		return "base build gone"
-	case m.Parts.Protocol != agentproto.Version || m.Parts.Format != warmFormat:
-		return "format or protocol changed"
-	case m.Parts.Assembled && layersGone(m) != "":
-		return layersGone(m)
 	}
-	in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB, m.Parts.NIC)
-	if err != nil {
-		return ""
-	}
-	fetched := strings.HasPrefix(m.Parts.GuestKernel, "sha256:") && strings.HasPrefix(in.key.GuestKernel, "sha256:")
-	for _, d := range in.key.Diff(m.Parts) {
-		if d == "host kernel" || d == "cpu model" || (fetched && (d == "initramfs" || d == "guest kernel")) {
-			return d + " changed"
-		}
-	}
-	return ""
+	return m.Dead(warmFormat, agentproto.Version, func() (warmpool.Key, error) {
+		in, err := s.warmKeyFor(context.Background(), base, m.Parts.VCPUs, m.Parts.MemMiB, m.Parts.NIC)
+		return in.key, err
+	})
 }
 
 // fileIdentity names a file by path, size and modification time.
@@ -80,19 +56,4 @@ func fileIdentity(path string) string {
 		return path + ":missing"
 	}
 	return fmt.Sprintf("%s:%d:%d", path, st.Size(), st.ModTime().UnixNano())
-}
-
-// layersGone says which of an assembled snapshot's stage layers is gone
-// ("" when none is): its stage was removed.
-func layersGone(m *warmpool.Meta) string {
-	for i, p := range m.LayerPaths {
-		if _, err := os.Stat(p); err != nil {
-			id := p
-			if i < len(m.Parts.Layers) {
-				id = m.Parts.Layers[i]
-			}
-			return "stage " + id + " was removed"
-		}
-	}
-	return ""
 }

@@ -141,7 +141,7 @@ func (c *Catalog) RetireOrphans() []string {
 	var retired []string
 	for _, id := range c.IDs() {
 		m, err := c.Read(id)
-		if err != nil || !m.Parts.Assembled || !missingLayer(m.LayerPaths) {
+		if err != nil || !m.Parts.Assembled || m.LayerGone() == "" {
 			continue
 		}
 		if ok, _ := c.Retire(id, ""); ok {
@@ -153,12 +153,17 @@ func (c *Catalog) RetireOrphans() []string {
 	return retired
 }
 
-// missingLayer says whether one of the files is gone.
-func missingLayer(paths []string) bool {
-	for _, p := range paths {
+// LayerGone says which of an assembled snapshot's stage layers is gone
+// ("" when none is): its stage was removed.
+func (m *Meta) LayerGone() string {
+	for i, p := range m.LayerPaths {
 		if _, err := os.Stat(p); err != nil {
-			return true
+			id := p
+			if i < len(m.Parts.Layers) {
+				id = m.Parts.Layers[i]
+			}
+			return "stage " + id + " was removed"
 		}
 	}
-	return false
+	return ""
 }

@@ -1,0 +1,76 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"isopod/internal/agentclient"
+	"isopod/internal/errdefs"
+	"isopod/internal/vmm"
+)
+
+// A snapshot VM's life up to its snapshot: booted cold with its disk
+// slots backed by placeholders (BootForSnapshot), its network settled and,
+// for an assembled snapshot, its root assembled and its exec path warmed
+// (PrepareForSnapshot); then Snapshot writes it. The warm-pool catalog
+// (internal/warmpool) publishes what it wrote.
+
+// BootForSnapshot starts a snapshot VM of cfg and waits for its agent's
+// hello; started (nil: none) is called once the VMM runs. It fails when
+// the guest could not assemble its root or the VMM cannot snapshot. The
+// caller drops v.
+func (v *Machine) BootForSnapshot(ctx context.Context, drv vmm.Driver, cfg vmm.Config, started func(vmm.Machine)) (vmm.Machine, error) {
+	m, err := v.Start(ctx, drv, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("starting the snapshot VM: %w", err)
+	}
+	if started != nil {
+		started(m)
+	}
+	h, err := v.Hello(ctx, (*agentclient.Client).WaitHello)
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the snapshot VM's agent: %w", err)
+	}
+	if h.BootError != "" {
+		return nil, fmt.Errorf("the snapshot VM could not assemble its root (%s): %w", h.BootError, errdefs.ErrFailedPrecondition)
+	}
+	if _, ok := m.(vmm.Snapshotter); !ok {
+		return nil, fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
+	}
+	return m, nil
+}
+
+// PrepareForSnapshot readies a booted snapshot VM for its snapshot
+// (PrepareSnapshot) and, for an assembled snapshot (root not nil),
+// assembles its root from root after the network, as a cold boot's root
+// (the resolver goes in), and warms its exec path. netUp is for Snapshot.
+func (v *Machine) PrepareForSnapshot(ctx context.Context, root *Disks, deadline time.Time, log *slog.Logger) (netUp time.Time, _ error) {
+	netUp, err := v.PrepareSnapshot(ctx)
+	if err != nil || root == nil {
+		return netUp, err
+	}
+	if err := v.Mount(ctx, *root, "", false, deadline); err != nil {
+		return netUp, fmt.Errorf("assembling the snapshot VM's root: %w", err)
+	}
+	v.warmExec(ctx, log)
+	return netUp, nil
+}
+
+// warmExec runs, in an assembled snapshot's VM, the commands nearly every
+// run starts with, so that a clone finds the root's lookups and the exec
+// path cached. They write nothing to the root.
+func (v *Machine) warmExec(ctx context.Context, log *slog.Logger) {
+	for _, argv := range [][]string{{"true"}, {"sh", "-c", ":"}} {
+		_, err := v.Exec(ctx, Exec{Argv: argv, Env: []string{"PATH=" + warmPath}, Cwd: "/",
+			Timeout: 10 * time.Second, Stdout: io.Discard, Stderr: io.Discard})
+		if err != nil {
+			log.Debug("warm pool: warming the exec path", "argv", argv, "err", err)
+		}
+	}
+}
+
+// warmPath is the warm-up commands' PATH.
+const warmPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
