@@ -3,20 +3,13 @@ package credentials
 import (
 	"context"
 	"encoding/json"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/integration/e2e"
-	"isopod/internal/knobs"
 )
 
 // httpToken is the MCP listener's bearer token in these tests.
@@ -80,67 +73,10 @@ func TestInjectMCPHTTP(t *testing.T) {
 	}
 }
 
-var mcpURLRE = regexp.MustCompile(`serving MCP over HTTP" url=(\S+)`)
-
 // startMCPHTTP starts isopod-mcp --listen on loopback over the private
-// state root and connects to it with the run token.
+// state root with env added, and connects to it with the run token.
 func startMCPHTTP(t *testing.T, env ...string) *mcp.ClientSession {
 	t.Helper()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(tokens, []byte("run "+httpToken+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), "--listen", "127.0.0.1:0", "--token-file", tokens)
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent"), knobs.ReadyVMs+"=0"), env...)
-	logs := new(e2e.LockedBuffer)
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("isopod-mcp did not stop within 30 s of SIGTERM")
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("isopod-mcp stderr:\n%s", logs)
-		}
-	})
-	var url string
-	for deadline := time.Now().Add(60 * time.Second); url == ""; {
-		if m := mcpURLRE.FindStringSubmatch(logs.String()); m != nil {
-			url = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("isopod-mcp did not start listening:\n%s", logs)
-		} else {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	client := mcp.NewClient(&mcp.Implementation{Name: "isopod-credentials-e2e", Version: "0"}, nil)
-	hc := &http.Client{Transport: bearer(httpToken)}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
-	if err != nil {
-		t.Fatalf("connecting to isopod-mcp: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
-}
-
-// bearer is a transport that adds the token to every request.
-type bearer string
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+string(b))
-	return http.DefaultTransport.RoundTrip(r)
+	url := e2e.StartMCPHTTP(t, "run "+httpToken+"\n", env...)
+	return e2e.ConnectHTTP(t, "isopod-credentials-e2e", url, httpToken)
 }

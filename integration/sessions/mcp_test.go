@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -18,7 +15,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"isopod/integration/e2e"
-	"isopod/internal/knobs"
 )
 
 // call calls tool and decodes its structured result; a tool error fails
@@ -180,16 +176,14 @@ const (
 	tokenAdmin = "sessions-admin-0123456789abcdef"
 )
 
-var mcpURLRE = regexp.MustCompile(`serving MCP over HTTP" url=(\S+)`)
-
 // TestSessionMCPHTTP: over streamable HTTP a session belongs to the run
 // token that started it: another run token gets the not_found a session
 // that does not exist gets and does not list it; an admin token lists and
 // stops it. session_expose is not offered there.
 func TestSessionMCPHTTP(t *testing.T) {
 	e2e.RequireVM(t)
-	url := startMCPHTTP(t)
-	a, b, admin := connect(t, url, tokenA), connect(t, url, tokenB), connect(t, url, tokenAdmin)
+	url := e2e.StartMCPHTTP(t, "run "+tokenA+"\nrun "+tokenB+"\nadmin "+tokenAdmin+"\n", cold...)
+	a, b, admin := e2e.ConnectHTTP(t, "sessions-e2e-http", url, tokenA), e2e.ConnectHTTP(t, "sessions-e2e-http", url, tokenB), e2e.ConnectHTTP(t, "sessions-e2e-http", url, tokenAdmin)
 	tools, err := a.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -229,70 +223,6 @@ func TestSessionMCPHTTP(t *testing.T) {
 func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
-}
-
-// startMCPHTTP starts isopod-mcp --listen on loopback with the three
-// tokens and returns its URL.
-func startMCPHTTP(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(tokens, []byte("run "+tokenA+"\nrun "+tokenB+"\nadmin "+tokenAdmin+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(e2e.BinDir, "isopod-mcp"), "--listen", "127.0.0.1:0", "--token-file", tokens)
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), knobs.AgentBin+"="+filepath.Join(e2e.BinDir, "isopod-agent"), knobs.ReadyVMs+"=0"), cold...)
-	logs := new(e2e.LockedBuffer)
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("isopod-mcp did not stop within 30 s of SIGTERM")
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("isopod-mcp stderr:\n%s", logs)
-		}
-	})
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if m := mcpURLRE.FindStringSubmatch(logs.String()); m != nil {
-			return m[1]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("isopod-mcp did not start listening:\n%s", logs)
-		}
-	}
-}
-
-type bearer string
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+string(b))
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-// connect connects the SDK's client to url with token.
-func connect(t *testing.T, url, token string) *mcp.ClientSession {
-	t.Helper()
-	client := mcp.NewClient(&mcp.Implementation{Name: "sessions-e2e-http", Version: "0"}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer(token)}, MaxRetries: -1}, nil)
-	if err != nil {
-		t.Fatalf("connecting to %s: %v", url, err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
 }
 
 // TestSessionMCPPauseForkCommit: over MCP a paused session outlives its
