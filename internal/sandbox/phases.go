@@ -1,0 +1,37 @@
+package sandbox
+
+import (
+	"log/slog"
+	"time"
+
+	"isopod/internal/report"
+)
+
+// phases records when each step of a run ended, as milliseconds since its
+// start, for one debug line per run: where a run's time goes without a
+// profiler.
+type phases struct {
+	names []string
+	ms    []float64
+}
+
+// mark notes that the step name ended now.
+func (p *phases) mark(name string, t0 time.Time) {
+	p.names = append(p.names, name)
+	p.ms = append(p.ms, float64(time.Since(t0).Microseconds())/1000)
+}
+
+// log writes the steps at debug level.
+func (p *phases) log(log *slog.Logger, rep *report.Run) {
+	if !log.Enabled(nil, slog.LevelDebug) || len(p.names) == 0 {
+		return
+	}
+	args := make([]any, 0, 2*len(p.names)+2)
+	if rep != nil {
+		args = append(args, "vm", rep.VMID)
+	}
+	for i, n := range p.names {
+		args = append(args, n, p.ms[i])
+	}
+	log.Debug("run phases (ms since the run began)", args...)
+}
