@@ -48,6 +48,10 @@ type Cgroups struct {
 
 	mu        sync.Mutex
 	leftovers []string // cgroups of kept execs and jobs, removed once empty
+	// spare is a cgroup made ahead for the next exec (see takeSpare);
+	// spareSeq numbers the spares.
+	spare    *execCgroup
+	spareSeq uint64
 }
 
 // setupCgroups mounts cgroup2, enables the cpu, memory and pids controllers
@@ -79,7 +83,9 @@ func setupCgroups(log *slog.Logger) (*Cgroups, error) {
 		}
 	}
 	log.Info("commands confined", "pids_max", CommandPidsMax, "memory_max", commandMemMax(mem))
-	return &Cgroups{parent: CommandCgroup, log: log}, nil
+	g := &Cgroups{parent: CommandCgroup, log: log}
+	g.refill()
+	return g, nil
 }
 
 // execCgroup is one exec's cgroup. A nil *execCgroup (commands not
@@ -97,8 +103,60 @@ func (g *Cgroups) forExec(id uint64) *execCgroup {
 	if g == nil || g.parent == "" {
 		return nil
 	}
+	if e := g.takeSpare(); e != nil {
+		return e
+	}
 	g.sweep()
-	dir := filepath.Join(g.parent, "exec-"+strconv.FormatUint(id, 10))
+	return g.make("exec-" + strconv.FormatUint(id, 10))
+}
+
+// A cgroup is made ahead for the next exec, at boot and after each exec
+// ends (once its reply is sent), so that making one (the kernel's
+// per-controller setup) is off the path of an exec's start. Above all, a
+// snapshot's clone then starts its first command in a cgroup its snapshot
+// already holds.
+
+// takeSpare returns the spare cgroup, nil when there is none.
+func (g *Cgroups) takeSpare() *execCgroup {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.spare
+	g.spare = nil
+	return e
+}
+
+// refill makes a spare cgroup when there is none; a nil or unconfined
+// Cgroups does nothing.
+func (g *Cgroups) refill() {
+	if g == nil || g.parent == "" {
+		return
+	}
+	g.mu.Lock()
+	if g.spare != nil {
+		g.mu.Unlock()
+		return
+	}
+	g.spareSeq++
+	name := "spare-" + strconv.FormatUint(g.spareSeq, 10)
+	g.mu.Unlock()
+	g.sweep()
+	e := g.make(name)
+	if e == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.spare != nil {
+		e.release() // made twice at once: keep one
+		return
+	}
+	g.spare = e
+}
+
+// make makes the cgroup name under the parent and opens it, or returns nil
+// (logged) when it cannot.
+func (g *Cgroups) make(name string) *execCgroup {
+	dir := filepath.Join(g.parent, name)
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		g.log.Warn("making an exec's cgroup", "err", err)
 		return nil

@@ -320,8 +320,10 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		streams.finishKept(p)
 		cg.release()
 		c.execDone(st.id, start, &ws, 0, timedOut)
+		c.srv.opts.Cgroups.refill()
 		return
 	}
+	defer c.srv.opts.Cgroups.refill() // after the reply, once the cgroup is gone
 	defer cg.remove()
 	streams := c.startStreams(st, p)
 	ws, timedOut := c.waitExec(st, pid, wait, cg, req.TimeoutMS)
