@@ -19,14 +19,17 @@ const helperName = "isopod-jail"
 const packagedHelper = "/usr/lib/isopod/" + helperName
 
 // findHelper returns the dedicated helper this Jailer starts for every VMM:
-// isopod-jail beside the running program (symlinks resolved), else the
-// packaged one, the first that is usable; "" when there is none, and
+// isopod-jail beside the running program (symlinks resolved), else in the
+// lib/isopod of the prefix it is installed in (a release tarball), else
+// the packaged one, the first that is usable; "" when there is none, and
 // every VMM's helper is then this program re-executed. Why a candidate
 // that exists was passed over goes to skipped.
 func findHelper(self string, candidates []string, euid int, skipped func(path string, err error)) string {
 	if self != "" {
 		if real, err := filepath.EvalSymlinks(self); err == nil {
-			candidates = append([]string{filepath.Join(filepath.Dir(real), helperName)}, candidates...)
+			dir := filepath.Dir(real)
+			candidates = append([]string{filepath.Join(dir, helperName),
+				filepath.Join(filepath.Dir(dir), "lib", "isopod", helperName)}, candidates...)
 		}
 	}
 	for _, c := range candidates {

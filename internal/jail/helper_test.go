@@ -12,7 +12,8 @@ import (
 )
 
 // TestFindHelper: isopod-jail beside the program (through a symlink to
-// it) comes first, then the packaged one; one that group or others can
+// it) comes first, then the one in its prefix's lib/isopod, then the
+// packaged one; one that group or others can
 // write, owned by someone else, or not a file is passed over with its
 // reason; with none the program re-executes itself.
 func TestFindHelper(t *testing.T) {
@@ -21,8 +22,9 @@ func TestFindHelper(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin, pkg, links := filepath.Join(dir, "bin"), filepath.Join(dir, "pkg"), filepath.Join(dir, "links")
-	for _, d := range []string{bin, pkg, links} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+	prefixed := filepath.Join(dir, "lib", "isopod", helperName)
+	for _, d := range []string{bin, pkg, links, filepath.Dir(prefixed)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -40,6 +42,7 @@ func TestFindHelper(t *testing.T) {
 	}{
 		{"none", func(t *testing.T) {}, "", ""},
 		{"beside", func(t *testing.T) { write(t, beside, 0o755); write(t, packaged, 0o755) }, beside, ""},
+		{"in the prefix", func(t *testing.T) { write(t, prefixed, 0o755); write(t, packaged, 0o755) }, prefixed, ""},
 		{"packaged", func(t *testing.T) { write(t, packaged, 0o755) }, packaged, ""},
 		{"owned by this user", func(t *testing.T) { write(t, beside, 0o700); chown(t, beside, 4242) }, beside, ""},
 		{"group-writable", func(t *testing.T) { write(t, beside, 0o775); write(t, packaged, 0o755) }, packaged, "writable by group or others"},
@@ -48,7 +51,7 @@ func TestFindHelper(t *testing.T) {
 		{"a directory", func(t *testing.T) { os.Mkdir(beside, 0o755) }, "", "not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Cleanup(func() { os.RemoveAll(beside); os.RemoveAll(packaged) })
+			t.Cleanup(func() { os.RemoveAll(beside); os.RemoveAll(prefixed); os.RemoveAll(packaged) })
 			tc.setup(t)
 			var skipped []string
 			got := findHelper(filepath.Join(links, "isopod"), []string{packaged}, 4242, func(p string, err error) {

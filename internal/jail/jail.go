@@ -26,7 +26,8 @@
 // The steps that must happen inside the new namespaces are done by a
 // helper process (package jailchild) that sets the jail up and executes the
 // VMM in its place. It is the small isopod-jail program when one is
-// installed beside the running program or in /usr/lib/isopod; otherwise
+// installed beside the running program, in its prefix's lib/isopod or in
+// /usr/lib/isopod; otherwise
 // the running binary is re-executed, and this package's init function
 // takes over a process started that way. Any program that imports this
 // package (the CLI, the MCP server, the tests) can therefore start jailed
