@@ -61,7 +61,7 @@ if [ "$(printf '%s\n' 1.21 "$have" | sort -V | head -n1)" != 1.21 ]; then
 fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 
-echo "install.sh: building isopod, isopod-mcp and isopod-agent into ./bin" >&2
+echo "install.sh: building isopod, isopod-mcp, isopod-agent and isopod-jail into ./bin" >&2
 mkdir -p bin
 # The version is internal/version/VERSION; a build of anything but the
 # commit tagged v<VERSION> says so with a +g<commit> (and .dirty) suffix.
@@ -77,6 +77,7 @@ if git rev-parse --verify -q HEAD >/dev/null 2>&1; then
 fi
 go build -ldflags "-X isopod/internal/version.suffix=$suffix" -o bin/ ./cmd/isopod ./cmd/isopod-mcp
 CGO_ENABLED=0 go build -o bin/isopod-agent ./cmd/isopod-agent
+CGO_ENABLED=0 go build -o bin/isopod-jail ./cmd/isopod-jail
 
 bin/isopod image fetch-kernel >/dev/null
 bin/isopod image build base-min >/dev/null

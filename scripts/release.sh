@@ -49,7 +49,7 @@ git archive --format=tar "$commit" | tar -x -C "$work/src"
 say "building isopod $version from $commit ($toolchain, SOURCE_DATE_EPOCH=$epoch)"
 (cd "$work/src" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -buildvcs=false \
   -ldflags "-s -w -buildid= -X isopod/internal/version.suffix=$suffix" \
-  -o "$work/bin/" ./cmd/isopod ./cmd/isopod-mcp ./cmd/isopod-agent)
+  -o "$work/bin/" ./cmd/isopod ./cmd/isopod-mcp ./cmd/isopod-agent ./cmd/isopod-jail)
 
 say "packaging"
 (cd "$work/src/tools/release" && go run -trimpath . -src "$work/src" -bin "$work/bin" \

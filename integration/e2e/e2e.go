@@ -32,7 +32,7 @@ import (
 )
 
 var (
-	// BinDir holds the built isopod, isopod-mcp and isopod-agent.
+	// BinDir holds the built isopod, isopod-mcp, isopod-agent and isopod-jail.
 	BinDir string
 	// HomeDir is the test binary's private state root, the one every
 	// isopod it starts uses.
@@ -61,11 +61,15 @@ func Main(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "building isopod: %v\n%s", err, out)
 			return 1
 		}
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, "isopod-agent"), "isopod/cmd/isopod-agent")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building isopod-agent: %v\n%s", err, out)
-			return 1
+		// The guest agent must be static; the jail helper is, like a
+		// release's, and beside isopod it starts every VMM.
+		for _, name := range []string{"isopod-agent", "isopod-jail"} {
+			build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "isopod/cmd/"+name)
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "building %s: %v\n%s", name, err, out)
+				return 1
+			}
 		}
 		return privateHome(m, freshInitramfs)
 	}()

@@ -166,6 +166,7 @@ var installed = []string{
 	"/usr/bin/isopod",
 	"/usr/bin/isopod-mcp",
 	"/usr/lib/isopod/isopod-agent",
+	"/usr/lib/isopod/isopod-jail",
 	"/usr/share/isopod/.claude-plugin/plugin.json",
 	"/usr/share/isopod/.claude-plugin/marketplace.json",
 	"/usr/share/isopod/.claude-plugin/isopod-mcp",

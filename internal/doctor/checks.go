@@ -209,10 +209,16 @@ func checkJail(ctx context.Context, cfg Config, h Host) Check {
 	} else {
 		c.Why += "; QEMU was not tried in it (not found)"
 	}
-	c.Detail = map[string]any{"uid": info.UID, "gid": info.GID, "qemu_tried": info.Tried}
+	c.Detail = map[string]any{"uid": info.UID, "gid": info.GID, "qemu_tried": info.Tried, "helper": info.Helper}
 	if len(info.Warnings) > 0 {
 		c.Why += ", with a weaker fallback: " + strings.Join(info.Warnings, "; ")
 		c.Detail["warnings"] = info.Warnings
+	}
+	if info.Helper != "" {
+		c.Why += "; the jail helper " + info.Helper + " starts each VMM"
+	} else {
+		c.Why += "; isopod re-executes itself to start each VMM, as isopod-jail is not installed beside it: " +
+			"installing isopod-jail there (scripts/install.sh and the packages do) makes each VMM start faster"
 	}
 	return c
 }

@@ -402,3 +402,24 @@ func TestTools(t *testing.T) {
 		}
 	}
 }
+
+// TestJailHelper: the jail check names the helper that starts each VMM,
+// and with none says that installing isopod-jail makes starts faster.
+func TestJailHelper(t *testing.T) {
+	for _, tt := range []struct {
+		helper string
+		want   string
+	}{
+		{"/usr/lib/isopod/isopod-jail", "the jail helper /usr/lib/isopod/isopod-jail starts each VMM"},
+		{"", "installing isopod-jail there (scripts/install.sh and the packages do) makes each VMM start faster"},
+	} {
+		h := healthy()
+		h.Jail = func(context.Context, string) (JailInfo, error) {
+			return JailInfo{UID: 1, Tried: true, Helper: tt.helper}, nil
+		}
+		c := check(t, Run(t.Context(), Config{Home: "/h"}, h), "jail")
+		if !c.OK || !strings.Contains(c.Why, tt.want) || c.Detail["helper"] != tt.helper {
+			t.Errorf("helper %q: jail check %+v; want ok, saying %q, with the helper in its detail", tt.helper, c, tt.want)
+		}
+	}
+}

@@ -44,6 +44,9 @@ type JailInfo struct {
 	Warnings []string
 	// Tried: QEMU started and exited in the jail.
 	Tried bool
+	// Helper is the dedicated helper program that starts each VMM in the
+	// jail; "" when isopod re-executes itself instead.
+	Helper string
 }
 
 // WarmPool is the warm pool's state.

@@ -103,7 +103,15 @@ func TestConfined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := p.Pid
+	checkConfined(t, j, p.Pid, marker)
+	checkCgroup(t, j, p.Pid)
+}
+
+// checkConfined checks a confined process from the outside: no
+// capabilities, no_new_privs, the jail's uid, namespaces of its own, and a
+// read-only root with only what it was given (not marker).
+func checkConfined(t *testing.T, j *Jailer, pid int, marker string) {
+	t.Helper()
 	for field, want := range map[string]string{"CapEff": "0000000000000000", "CapPrm": "0000000000000000",
 		"CapBnd": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1"} {
 		if got := statusField(t, pid, field); got != want {
@@ -149,7 +157,6 @@ func TestConfined(t *testing.T) {
 		f.Close()
 		t.Error("the jail's root is writable")
 	}
-	checkCgroup(t, j, pid)
 }
 
 // checkCgroup finds the process's memory and pids caps where the plan put

@@ -24,11 +24,14 @@
 // unconfined is not to use a Jailer (ISOPOD_JAIL=off).
 //
 // The steps that must happen inside the new namespaces are done by a
-// re-execution of the running binary (/proc/self/exe) as a small helper:
-// this package's init function takes over a process started that way, sets
-// the jail up and executes the VMM in its place. Any program that imports
-// this package (the CLI, the MCP server, the tests) can therefore start
-// jailed VMMs.
+// helper process (package jailchild) that sets the jail up and executes the
+// VMM in its place. It is the small isopod-jail program when one is
+// installed beside the running program, in its prefix's lib/isopod or in
+// /usr/lib/isopod; otherwise
+// the running binary is re-executed, and this package's init function
+// takes over a process started that way. Any program that imports this
+// package (the CLI, the MCP server, the tests) can therefore start jailed
+// VMMs.
 package jail
 
 import (
@@ -42,8 +45,18 @@ import (
 	"syscall"
 
 	"isopod/internal/errdefs"
+	"isopod/internal/jail/jailchild"
 	"isopod/internal/knobs"
 )
+
+// A process started by Command without a dedicated helper runs this
+// package's init first: it becomes the jail helper and never returns to
+// the program's main.
+func init() {
+	if _, ok := os.LookupEnv(jailchild.Env); ok {
+		jailchild.Main()
+	}
+}
 
 // SystemUser is the dedicated account jailed VMMs run as when isopod runs
 // as root. scripts/install.sh and the packages create it.
@@ -71,6 +84,7 @@ type Jailer struct {
 	ids      idPlan
 	cgroups  cgroupPlan
 	scope    string
+	helper   string // the dedicated helper program; "" to re-execute this one
 	warnings []string
 }
 
@@ -108,7 +122,11 @@ func New(cfg Config) (*Jailer, error) {
 	cg, warn := planCgroups(cfg.CgroupRoot, os.Geteuid())
 	j.cgroups = cg
 	j.warnings = append(j.warnings, warn...)
-	cfg.Logger.Debug("jail ready", "uid", ids.uid, "gid", ids.gid, "cgroups", cg.kind, "warnings", j.warnings)
+	self, _ := os.Executable()
+	j.helper = findHelper(self, []string{packagedHelper}, os.Geteuid(), func(path string, err error) {
+		cfg.Logger.Warn("jail helper passed over; VMMs start through a re-execution of this program", "path", path, "err", err)
+	})
+	cfg.Logger.Debug("jail ready", "uid", ids.uid, "gid", ids.gid, "cgroups", cg.kind, "helper", helperLabel(j.helper), "warnings", j.warnings)
 	return j, nil
 }
 

@@ -3,7 +3,6 @@
 package jail
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,10 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"isopod/internal/hosttool"
+	"isopod/internal/jail/jailchild"
 )
-
-// childEnv carries a childSpec to the re-executed helper.
-const childEnv = "_ISOPOD_JAIL_CHILD"
 
 // Spec is one VMM process to confine.
 type Spec struct {
@@ -43,41 +40,12 @@ type Spec struct {
 	Limits  Limits
 }
 
-// bind is one path made visible inside: Src on the host (symlinks
-// resolved), At inside.
-type bind struct {
-	Src string `json:"src"`
-	At  string `json:"at"`
-	Dev bool   `json:"dev,omitempty"`
-}
-
-// childSpec is what the helper needs, passed in its environment.
-type childSpec struct {
-	Path  string   `json:"path"`
-	Argv  []string `json:"argv"`
-	Binds []bind   `json:"binds"`
-	// SyncFD is a socket on which, once the parent is done, one byte
-	// arrives with the status pipe's write end: the helper's pid, then
-	// why it failed, go there, and the VMM's exec closes it. It is handed
-	// over then, not inherited, so that only the helper holds it (unshare,
-	// the helper's parent with subordinate ids, would keep an inherited
-	// copy open, and the parent would never see the exec).
-	SyncFD  int      `json:"sync_fd"`
-	ExeFD   int      `json:"exe_fd"` // the helper's own binary, closed before the VMM runs
-	Rlimits []rlimit `json:"rlimits,omitempty"`
-}
-
-type rlimit struct {
-	Resource int    `json:"resource"`
-	Max      uint64 `json:"max"`
-}
-
 // defaultDevices are in every jail.
 var defaultDevices = []string{"/dev/null", "/dev/zero", "/dev/urandom"}
 
 // binds resolves s's paths on the host.
-func (s Spec) binds() ([]bind, error) {
-	var out []bind
+func (s Spec) binds() ([]jailchild.Bind, error) {
+	var out []jailchild.Bind
 	seen := map[string]bool{}
 	add := func(p string, dev bool) error {
 		if !filepath.IsAbs(p) {
@@ -92,7 +60,7 @@ func (s Spec) binds() ([]bind, error) {
 		if err != nil {
 			return failed(fmt.Sprintf("%s, which the VMM needs, cannot be found (%v)", at, err), "install it or fix the path")
 		}
-		out = append(out, bind{Src: src, At: at, Dev: dev})
+		out = append(out, jailchild.Bind{Src: src, At: at, Dev: dev})
 		return nil
 	}
 	for _, p := range append([]string{s.Path}, s.ReadOnly...) {
@@ -133,10 +101,6 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("jail: finding this program to re-execute: %w", err)
-	}
 	p := &Process{j: j}
 	ok := false
 	defer func() {
@@ -158,18 +122,18 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 		return nil, err
 	}
 	extra := append(append([]*os.File(nil), s.ExtraFiles...), syncChild)
-	cs := childSpec{
+	cs := jailchild.Spec{
 		Path: s.Path, Argv: append([]string{s.Path}, s.Args...), Binds: binds,
 		SyncFD: 3 + len(s.ExtraFiles),
 	}
 	if p.cg == nil {
 		cs.Rlimits = rlimitsFor(s.Limits)
 	}
-	// The helper is this binary, executed through a descriptor: the
-	// jail's uid may not reach the directories above it.
-	exe, err := os.Open(self)
+	// The helper (isopod-jail, or this binary) is executed through a
+	// descriptor: the jail's uid may not reach the directories above it.
+	exe, err := j.openHelper()
 	if err != nil {
-		return nil, fmt.Errorf("jail: opening %s: %w", self, err)
+		return nil, err
 	}
 	p.closer = append(p.closer, exe)
 	extra = append(extra, exe)
@@ -185,8 +149,11 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 		cmd.Args = []string{"isopod-jail"}
 		cmd.SysProcAttr = j.sysProcAttr(p.cg)
 	}
-	b, _ := json.Marshal(cs)
-	cmd.Env = []string{childEnv + "=" + string(b)}
+	enc, err := jailchild.Encode(cs)
+	if err != nil {
+		return nil, fmt.Errorf("jail: %w", err)
+	}
+	cmd.Env = []string{jailchild.Env + "=" + enc}
 	if j.ids.mode == mapHelper {
 		// unshare runs newuidmap and newgidmap by name: where they were
 		// found (the helper and the VMM ignore PATH).
@@ -319,16 +286,16 @@ func (p *Process) Cleanup() {
 // and threads, its open files, and no core dumps. The process count is
 // the VMM's own: the kernel counts it per user of a user namespace, and
 // each VMM has a namespace of its own.
-func rlimitsFor(l Limits) []rlimit {
-	out := []rlimit{
+func rlimitsFor(l Limits) []jailchild.Rlimit {
+	out := []jailchild.Rlimit{
 		{Resource: syscall.RLIMIT_CORE, Max: 0},
 		{Resource: syscall.RLIMIT_NOFILE, Max: 4096},
 	}
 	if l.MemoryBytes > 0 {
-		out = append(out, rlimit{Resource: syscall.RLIMIT_AS, Max: uint64(l.MemoryBytes) + addressSpaceSlack})
+		out = append(out, jailchild.Rlimit{Resource: syscall.RLIMIT_AS, Max: uint64(l.MemoryBytes) + addressSpaceSlack})
 	}
 	if l.Pids > 0 {
-		out = append(out, rlimit{Resource: unix.RLIMIT_NPROC, Max: uint64(l.Pids)})
+		out = append(out, jailchild.Rlimit{Resource: unix.RLIMIT_NPROC, Max: uint64(l.Pids)})
 	}
 	return out
 }

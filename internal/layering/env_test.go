@@ -15,12 +15,13 @@ import (
 // environment themselves, and why: each reads a variable of its own, never
 // a setting (settings are read once, by internal/config).
 var envReaders = map[string]string{
-	"internal/config":      "reads the settings, for the front ends",
-	"internal/agent":       "the guest agent's debug switch (agentproto.AgentDebugEnv)",
-	"internal/jail":        "the jail's re-executed child finds its instructions",
-	"internal/testnet":     "a test network's re-executed child finds its role",
-	"internal/hosttool":    "PATH, to find host tools",
-	"internal/vmm/vmmtest": "the driver test suite's kernel, for tests",
+	"internal/config":         "reads the settings, for the front ends",
+	"internal/agent":          "the guest agent's debug switch (agentproto.AgentDebugEnv)",
+	"internal/jail":           "the jail's re-executed child finds its instructions",
+	"internal/jail/jailchild": "the jail helper finds its instructions",
+	"internal/testnet":        "a test network's re-executed child finds its role",
+	"internal/hosttool":       "PATH, to find host tools",
+	"internal/vmm/vmmtest":    "the driver test suite's kernel, for tests",
 }
 
 // TestEnvironmentReads checks that only the front ends and the packages

@@ -116,6 +116,9 @@ func TestImportRules(t *testing.T) {
 				return isStd(imp) || strings.HasPrefix(imp, "golang.org/x/sys/") ||
 					imp == mod+"internal/agentproto" || imp == mod+"internal/errdefs" || under("internal/agent")(imp)
 			}},
+		{"the jail helper's inside imports only the standard library and x/sys, so that isopod-jail stays small",
+			under("internal/jail/jailchild"),
+			func(_, imp string) bool { return isStd(imp) || strings.HasPrefix(imp, "golang.org/x/sys/") }},
 		{"vmm and its drivers never import the core, the machine layer or the front ends",
 			under("internal/vmm"),
 			func(_, imp string) bool {

@@ -28,7 +28,7 @@ func (r *Release) generate(ctx context.Context, dir string) (string, error) {
 		notices = goNotices
 	}
 	var bins []string
-	for _, n := range []string{"isopod", "isopod-mcp", "isopod-agent"} {
+	for _, n := range binaries {
 		bins = append(bins, filepath.Join(r.Bin, n))
 	}
 	text, err := notices(ctx, bins)
@@ -97,10 +97,12 @@ func (r *Release) changelog() []byte {
 // Lintian excuses static Go binaries only in packages built from a Debian
 // source package that build-depends on Go; these are built by scripts/release.sh.
 const lintianOverrides = `# Go binaries, built with CGO_ENABLED=0 so that one build runs on every
-# distribution; the guest agent must be static (the initramfs has no loader).
+# distribution; the guest agent must be static (the initramfs has no loader),
+# and so is the jail helper.
 isopod: statically-linked-binary [usr/bin/isopod]
 isopod: statically-linked-binary [usr/bin/isopod-mcp]
 isopod: statically-linked-binary [usr/lib/isopod/isopod-agent]
+isopod: statically-linked-binary [usr/lib/isopod/isopod-jail]
 `
 
 // gz compresses b at the best level with an empty header (no name, no

@@ -19,7 +19,7 @@ const (
 // so that it can be unpacked under /usr/local or ~/.local as it is).
 const (
 	binDir     = "bin"          // isopod, isopod-mcp
-	libDir     = "lib/isopod"   // the static guest agent
+	libDir     = "lib/isopod"   // the static guest agent and jail helper
 	shareDir   = "share/isopod" // the Claude Code plugin root: plugin, marketplace, launcher, skill
 	docDir     = "share/doc/isopod"
 	rpmLicence = "share/licenses/isopod"
@@ -63,6 +63,7 @@ func releaseFiles() []file {
 		{dst: path.Join(binDir, "isopod"), from: fromBin, src: "isopod", mode: 0o755},
 		{dst: path.Join(binDir, "isopod-mcp"), from: fromBin, src: "isopod-mcp", mode: 0o755},
 		{dst: path.Join(libDir, "isopod-agent"), from: fromBin, src: "isopod-agent", mode: 0o755},
+		{dst: path.Join(libDir, "isopod-jail"), from: fromBin, src: "isopod-jail", mode: 0o755},
 
 		{dst: path.Join(shareDir, ".claude-plugin/plugin.json"), from: fromSrc, src: ".claude-plugin/plugin.json", mode: 0o644},
 		{dst: path.Join(shareDir, ".claude-plugin/marketplace.json"), from: fromSrc, src: ".claude-plugin/marketplace.json", mode: 0o644},

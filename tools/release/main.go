@@ -39,7 +39,7 @@ func run(ctx context.Context, args []string) error {
 	var r Release
 	var epoch string
 	fs.StringVar(&r.Src, "src", "", "the source tree of the commit (docs, plugin, skill, VERSION)")
-	fs.StringVar(&r.Bin, "bin", "", "directory holding isopod, isopod-mcp and isopod-agent as built for the release")
+	fs.StringVar(&r.Bin, "bin", "", "directory holding isopod, isopod-mcp, isopod-agent and isopod-jail as built for the release")
 	fs.StringVar(&r.Version, "version", "", "the version the binaries report, e.g. 0.1.0 or 0.1.0+g1a2b3c4d")
 	fs.StringVar(&r.Commit, "commit", "", "the commit the binaries were built from")
 	fs.StringVar(&epoch, "epoch", os.Getenv("SOURCE_DATE_EPOCH"), "the commit time in seconds since 1970 (default $SOURCE_DATE_EPOCH): every timestamp in the packages")

@@ -57,12 +57,15 @@ var (
 
 // versionRE is what a release version may look like: VERSION, then at most
 // a build suffix (+g<commit>, .dirty), which Debian and RPM both accept.
+// binaries are the programs a release ships, as built into Release.Bin.
+var binaries = []string{"isopod", "isopod-mcp", "isopod-agent", "isopod-jail"}
+
 var versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(\+[0-9A-Za-z]+(\.[0-9A-Za-z]+)*)?$`)
 
 // Release is one packaging of a build.
 type Release struct {
 	Src     string // source tree of the commit
-	Bin     string // isopod, isopod-mcp, isopod-agent
+	Bin     string // isopod, isopod-mcp, isopod-agent, isopod-jail
 	Version string // what the binaries report
 	Commit  string
 	Epoch   int64 // SOURCE_DATE_EPOCH
@@ -114,7 +117,7 @@ func (r *Release) Build(ctx context.Context) ([]string, error) {
 	if err := r.validate(); err != nil {
 		return nil, err
 	}
-	for _, name := range []string{"isopod", "isopod-mcp", "isopod-agent"} {
+	for _, name := range binaries {
 		check := r.checkBinary
 		if check == nil {
 			check = r.verifyBinary
@@ -190,8 +193,8 @@ func (r *Release) verifyBinary(ctx context.Context, name, path string) error {
 			return fmt.Errorf("%s is dynamically linked; build it with CGO_ENABLED=0", path)
 		}
 	}
-	if name == "isopod-agent" {
-		return nil
+	if name == "isopod-agent" || name == "isopod-jail" {
+		return nil // no --version: the guest's init and the jail helper
 	}
 	out, err := exec.CommandContext(ctx, path, "--version").Output()
 	if err != nil {

@@ -35,7 +35,7 @@ func fakeRelease(t *testing.T, out string, epoch int64) *Release {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"isopod", "isopod-mcp", "isopod-agent"} {
+	for _, n := range binaries {
 		if err := os.WriteFile(filepath.Join(bin, n), []byte("stand-in for "+n+"\n"), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +152,7 @@ func TestTarball(t *testing.T) {
 		}
 	}
 	for name, mode := range map[string]int64{
-		"bin/isopod": 0o755, "bin/isopod-mcp": 0o755, "lib/isopod/isopod-agent": 0o755,
+		"bin/isopod": 0o755, "bin/isopod-mcp": 0o755, "lib/isopod/isopod-agent": 0o755, "lib/isopod/isopod-jail": 0o755,
 		"share/isopod/.claude-plugin/isopod-mcp": 0o755, "share/isopod/.claude-plugin/plugin.json": 0o644,
 		"share/isopod/skill/SKILL.md": 0o644, "share/doc/isopod/LICENSE": 0o644, "share/doc/isopod/README.md": 0o644,
 		"share/isopod/": 0o755,

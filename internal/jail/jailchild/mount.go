@@ -1,6 +1,6 @@
 //go:build linux
 
-package jail
+package jailchild
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ const (
 
 // buildRoot makes a root that holds only binds and a /proc of the jail's
 // own pid namespace, and switches to it.
-func buildRoot(binds []bind) error {
+func buildRoot(binds []Bind) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)
 	}
@@ -79,7 +79,7 @@ func buildRoot(binds []bind) error {
 // bindInto binds the host path b.Src (under the old root) at b.At in the
 // new root: read-only, nosuid and nodev, recursively, for files and
 // directories; read-write and nosuid for device nodes.
-func bindInto(b bind) error {
+func bindInto(b Bind) error {
 	src := oldRoot + b.Src
 	dst := newRoot + b.At
 	st, err := os.Stat(src)

@@ -1,9 +1,8 @@
 //go:build linux
 
-package jail
+package jailchild
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime"
@@ -15,27 +14,49 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A process started by Command runs this package's init first: it becomes
-// the jail helper, sets the jail up inside its new namespaces and executes
-// the VMM in its own place. It never returns to the program's main.
-func init() {
-	v, ok := os.LookupEnv(childEnv)
+// Main is the helper: it waits for the parent, builds the jail from the
+// spec in Env and executes the VMM in its own place. It never returns:
+// when anything fails it exits 125, with the reason written where the
+// parent reads it (the status pipe, or stderr before it has one).
+func Main() {
+	runtime.LockOSThread() // credentials and the parent-death signal are per thread
+	v, ok := os.LookupEnv(Env)
 	if !ok {
-		return
-	}
-	var cs childSpec
-	if err := json.Unmarshal([]byte(v), &cs); err != nil {
-		fmt.Fprintf(os.Stderr, "isopod-jail: bad spec: %v\n", err)
+		fmt.Fprintf(os.Stderr, "isopod-jail: no spec in the environment: isopod starts this program to confine each VMM; it is not run by hand\n")
 		os.Exit(125)
 	}
 	var status *os.File
-	err := runChild(&cs, &status)
+	err := run(v, &status)
 	// Only a failure returns: say why, where the parent reads it.
 	if status == nil {
-		status = os.Stderr
+		fmt.Fprintf(os.Stderr, "isopod-jail: %v\n", err)
+	} else {
+		fmt.Fprintf(status, "%v", err)
 	}
-	fmt.Fprintf(status, "%v", err)
 	os.Exit(125)
+}
+
+// run receives the status pipe, then reads the spec (so that even a
+// refused spec is reported to the parent) and runs the jail.
+func run(v string, statusOut **os.File) error {
+	fd := syncFD(v)
+	if fd < 0 {
+		_, err := Decode(v, self())
+		if err == nil {
+			err = fmt.Errorf("the spec has no sync descriptor")
+		}
+		return err
+	}
+	status, err := receiveStatus(fd)
+	if err != nil {
+		return err
+	}
+	*statusOut = status
+	cs, err := Decode(v, self())
+	if err != nil {
+		return err
+	}
+	return runChild(cs, status)
 }
 
 // receiveStatus waits for the parent's go-ahead on the sync socket and
@@ -64,16 +85,12 @@ func receiveStatus(fd int) (*os.File, error) {
 	return os.NewFile(uintptr(fds[0]), "status"), nil
 }
 
-// runChild waits for the parent, builds the jail and executes the VMM;
-// *status is set once the parent handed it over.
-func runChild(cs *childSpec, statusOut **os.File) error {
-	runtime.LockOSThread() // credentials and the parent-death signal are per thread
-	status, err := receiveStatus(cs.SyncFD)
-	if err != nil {
-		return err
+// runChild builds the jail and executes the VMM; status is the pipe the
+// parent reads.
+func runChild(cs *Spec, status *os.File) error {
+	if cs.ExeFD > 2 {
+		unix.Close(cs.ExeFD)
 	}
-	*statusOut = status
-	unix.Close(cs.ExeFD)
 	// The host pid of what will be the VMM: /proc here is still the
 	// host's.
 	self, err := os.Readlink("/proc/self")
@@ -112,7 +129,7 @@ func runChild(cs *childSpec, statusOut **os.File) error {
 
 // checkDevices opens every device node read-write as the VMM will, so that
 // a missing permission (the kvm group) stops the start with its reason.
-func checkDevices(binds []bind) error {
+func checkDevices(binds []Bind) error {
 	for _, b := range binds {
 		if !b.Dev {
 			continue
