@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -240,12 +241,19 @@ func (c *vmCgroup) attach(pid int) error {
 	if c == nil || c.kind != cgroupV1 {
 		return nil
 	}
-	for _, d := range c.dirs {
-		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-			return fmt.Errorf("jail: placing the VMM in %s: %w", d, err)
-		}
+	errs := make([]error, len(c.dirs))
+	var wg sync.WaitGroup
+	for i, d := range c.dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+				errs[i] = fmt.Errorf("jail: placing the VMM in %s: %w", d, err)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // removeTries bounds the wait, in 10 ms steps, for a cgroup's last

@@ -225,9 +225,10 @@ func (j *Jailer) sysProcAttr(cg *vmCgroup) *syscall.SysProcAttr {
 }
 
 // Started finishes the confinement of a started process: its ids are
-// mapped, it is placed in its cgroup, then it sets up its root and drops
-// its privileges; Started returns once it executed the VMM, or with why it
-// could not (the caller kills it).
+// mapped; it sets up its root and drops its privileges while it is placed
+// in its cgroup, and executes the VMM only once it is. Started returns
+// once it executed the VMM, or with why it could not (the caller kills
+// it).
 func (p *Process) Started() error {
 	for _, f := range p.closer {
 		f.Close()
@@ -236,13 +237,18 @@ func (p *Process) Started() error {
 	// With subordinate ids, unshare has mapped them itself (newuidmap
 	// writes a namespace's map once; a second write fails) before it runs
 	// the helper.
-	pid := p.Cmd.Process.Pid
-	if err := p.cg.attach(pid); err != nil {
-		return err
-	}
 	if err := syscall.Sendmsg(int(p.sync.Fd()), []byte{1}, syscall.UnixRights(int(p.statW.Fd())), nil, 0); err != nil {
 		return fmt.Errorf("jail: releasing the VMM: %w", err)
 	}
+	// A v1 cgroup is joined by writing the pid (a v2 one at the clone),
+	// which takes milliseconds: the helper builds the jail meanwhile, and
+	// waits for the byte below before it executes the VMM.
+	if err := p.cg.attach(p.Cmd.Process.Pid); err != nil {
+		return err
+	}
+	// A helper that refused its spec is gone already: what it wrote on the
+	// status pipe says why.
+	p.sync.Write([]byte{1})
 	// From here the helper holds the only write end: the read below ends
 	// at its exec, or when it (or unshare, whose socket end dropped the
 	// message) exits.

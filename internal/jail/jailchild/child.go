@@ -49,6 +49,7 @@ func run(v string, statusOut **os.File) error {
 	}
 	status, err := receiveStatus(fd)
 	if err != nil {
+		unix.Close(fd)
 		return err
 	}
 	*statusOut = status
@@ -56,13 +57,13 @@ func run(v string, statusOut **os.File) error {
 	if err != nil {
 		return err
 	}
-	return runChild(cs, status)
+	return runChild(cs, status, fd)
 }
 
 // receiveStatus waits for the parent's go-ahead on the sync socket and
-// returns the status pipe that comes with it (close-on-exec).
+// returns the status pipe that comes with it (close-on-exec). The socket
+// stays open for waitPlaced.
 func receiveStatus(fd int) (*os.File, error) {
-	defer unix.Close(fd)
 	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	for err == unix.EINTR {
@@ -85,9 +86,26 @@ func receiveStatus(fd int) (*os.File, error) {
 	return os.NewFile(uintptr(fds[0]), "status"), nil
 }
 
-// runChild builds the jail and executes the VMM; status is the pipe the
-// parent reads.
-func runChild(cs *Spec, status *os.File) error {
+// waitPlaced waits on the sync socket for the parent to say it placed
+// this process in its cgroups (a byte 1), which it does while the jail is
+// built; it closes the socket.
+func waitPlaced(fd int) error {
+	defer unix.Close(fd)
+	buf := make([]byte, 1)
+	n, err := unix.Read(fd, buf)
+	for err == unix.EINTR {
+		n, err = unix.Read(fd, buf)
+	}
+	if err != nil || n != 1 || buf[0] != 1 {
+		return fmt.Errorf("the parent did not place the VMM in its cgroup (%d bytes, %v)", n, err)
+	}
+	return nil
+}
+
+// runChild builds the jail and executes the VMM once the parent placed it
+// in its cgroups; status is the pipe the parent reads and syncFD the
+// socket it says so on.
+func runChild(cs *Spec, status *os.File, syncFD int) error {
 	if cs.ExeFD > 2 {
 		unix.Close(cs.ExeFD)
 	}
@@ -122,6 +140,10 @@ func runChild(cs *Spec, status *os.File) error {
 	// again, last.
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("setting the parent-death signal: %w", err)
+	}
+	// Nothing of the VMM runs before its limits hold.
+	if err := waitPlaced(syncFD); err != nil {
+		return err
 	}
 	err = syscall.Exec(cs.Path, cs.Argv, []string{})
 	return fmt.Errorf("executing %s: %w", cs.Path, err)

@@ -26,7 +26,7 @@ const Env = "_ISOPOD_JAIL_CHILD"
 // refuses a spec of another version, so that a helper left from another
 // build fails with a reason rather than building a different jail. It is
 // a variable so that tests can build a helper of another version.
-var Version = "1"
+var Version = "2"
 
 // Spec is what the helper needs.
 type Spec struct {
