@@ -60,10 +60,15 @@ func (s *Service) newDriver(j *jail.Jailer) (vmm.Driver, error) {
 // remembers whether KVM can run a guest on this host.
 const probeCacheName = "accel-probe.json"
 
+// factsCacheName is the file under the state root where the QEMU driver
+// keeps what the QEMU binary says of itself and the libraries it loads.
+const factsCacheName = "qemu-facts.json"
+
 func newQEMU(s *Service, j *jail.Jailer) (vmm.Driver, error) {
 	return qemu.New(qemu.Config{
 		Binary: s.opts.QEMU, Accel: s.opts.Accel, Logger: s.log,
 		ProbeCache: filepath.Join(s.opts.Paths.Home, probeCacheName),
+		FactsCache: filepath.Join(s.opts.Paths.Home, factsCacheName),
 		Jail:       j,
 	})
 }

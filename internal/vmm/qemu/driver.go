@@ -60,6 +60,11 @@ type Config struct {
 	// across processes (keyed by QEMU, kernel and host boot), so that only
 	// the first isopod call after a boot pays for it.
 	ProbeCache string
+	// FactsCache, when set, is a file that remembers what the QEMU binary
+	// says of itself and the libraries it loads across processes (keyed by
+	// the binary and the loader's cache), so that each isopod call does
+	// not ask again.
+	FactsCache string
 	// ProbeTimeout bounds the KVM probe boot; default 3s.
 	ProbeTimeout time.Duration
 	// Jail, when set, confines every QEMU process (see internal/jail);
@@ -71,6 +76,9 @@ type Config struct {
 func (c *Config) Validate() error {
 	if c.ProbeCache != "" && !filepath.IsAbs(c.ProbeCache) {
 		return fmt.Errorf("qemu config: probe cache %q must be absolute: %w", c.ProbeCache, errdefs.ErrInvalidArgument)
+	}
+	if c.FactsCache != "" && !filepath.IsAbs(c.FactsCache) {
+		return fmt.Errorf("qemu config: facts cache %q must be absolute: %w", c.FactsCache, errdefs.ErrInvalidArgument)
 	}
 	if c.ProbeTimeout < 0 {
 		return fmt.Errorf("qemu config: negative probe timeout: %w", errdefs.ErrInvalidArgument)
@@ -131,9 +139,10 @@ func New(cfg Config) (*Driver, error) {
 	if timeout == 0 {
 		timeout = 3 * time.Second
 	}
+	cache := factsCache{path: cfg.FactsCache}
 	var files []string
 	if cfg.Jail != nil {
-		if files, err = jailFiles(path); err != nil {
+		if files, err = jailFiles(path, cache); err != nil {
 			return nil, err
 		}
 	}
@@ -148,7 +157,9 @@ func New(cfg Config) (*Driver, error) {
 		probed:       make(map[string]error),
 		openKVM:      openDevKVM,
 		kvmFacts:     func() kvmFacts { return readKVMFacts(cfg.Jail) },
-		machineProbe: probeMachine,
+		machineProbe: func(ctx context.Context, bin string) (machineFacts, error) {
+			return probeMachine(ctx, cache, bin)
+		},
 	}, nil
 }
 

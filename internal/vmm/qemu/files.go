@@ -245,8 +245,8 @@ func dialNet(socket string) (*os.File, error) {
 // jailFiles are the host paths a jailed QEMU reads by name besides its
 // firmware (see jailPaths): its shared libraries and its modules (found
 // next to the binary, as QEMU looks for them).
-func jailFiles(bin string) ([]string, error) {
-	files, err := jail.Libraries(bin)
+func jailFiles(bin string, cache factsCache) ([]string, error) {
+	files, err := cache.cachedLibraries(bin, jail.Libraries)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}

@@ -152,10 +152,13 @@ func planMachine(f machineFacts) (machinePlan, error) {
 	return p, nil
 }
 
-// probeMachine asks bin about its microvm machine and finds its firmware.
-func probeMachine(ctx context.Context, bin string) (machineFacts, error) {
-	f := machineFacts{Bin: bin}
-	var defaults, microvm, backend string
+// helpTexts are what bin says of its data directories (-L help), its
+// microvm machine and its file memory backend.
+type helpTexts struct{ L, Microvm, Backend string }
+
+// askHelp runs bin three times, at once, for its help texts.
+func askHelp(ctx context.Context, bin string) (helpTexts, error) {
+	var h helpTexts
 	g, gctx := errgroup.WithContext(ctx)
 	help := func(out *string, args ...string) func() error {
 		return func() error {
@@ -167,17 +170,25 @@ func probeMachine(ctx context.Context, bin string) (machineFacts, error) {
 			return nil
 		}
 	}
-	g.Go(help(&defaults, "-L", "help"))
-	g.Go(help(&microvm, "-machine", "microvm,help"))
-	g.Go(help(&backend, "-object", "memory-backend-file,help"))
-	if err := g.Wait(); err != nil {
+	g.Go(help(&h.L, "-L", "help"))
+	g.Go(help(&h.Microvm, "-machine", "microvm,help"))
+	g.Go(help(&h.Backend, "-object", "memory-backend-file,help"))
+	return h, g.Wait()
+}
+
+// probeMachine asks bin about its microvm machine (through cache, which
+// keeps the answers across processes) and finds its firmware.
+func probeMachine(ctx context.Context, cache factsCache, bin string) (machineFacts, error) {
+	h, err := cache.cachedHelp(ctx, bin)
+	if err != nil {
 		return machineFacts{}, err
 	}
-	f.Extra, f.SearchPath = searchPath(bin, lines(defaults))
-	if strings.Contains(microvm, "microvm-machine options") || strings.Contains(microvm, "=<") {
-		f.Microvm = helpProps(microvm)
+	f := machineFacts{Bin: bin}
+	f.Extra, f.SearchPath = searchPath(bin, lines(h.L))
+	if strings.Contains(h.Microvm, "microvm-machine options") || strings.Contains(h.Microvm, "=<") {
+		f.Microvm = helpProps(h.Microvm)
 	}
-	f.Backend = helpProps(backend)
+	f.Backend = helpProps(h.Backend)
 	f.Firmware, f.Kind = findFirmware(f.SearchPath, microvmFirmware)
 	return f, nil
 }

@@ -201,7 +201,7 @@ func TestMachineProbeOnce(t *testing.T) {
 // TestProbeMachineInstalled asks the installed QEMU.
 func TestProbeMachineInstalled(t *testing.T) {
 	d := newTestDriver(t)
-	f, err := probeMachine(context.Background(), d.bin)
+	f, err := probeMachine(context.Background(), factsCache{}, d.bin)
 	if err != nil {
 		t.Fatal(err)
 	}
