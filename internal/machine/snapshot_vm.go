@@ -43,6 +43,25 @@ func (v *Machine) BootForSnapshot(ctx context.Context, drv vmm.Driver, cfg vmm.C
 	return m, nil
 }
 
+// CloneForSnapshot starts a snapshot VM as a clone of the snapshot in dir
+// (cfg gives it RAM of its own, which a snapshot can be taken of), made its
+// own with hostname (MakeOwn); started is called once the VMM runs. The
+// caller drops v, also on failure.
+func (v *Machine) CloneForSnapshot(ctx context.Context, drv vmm.Restorer, cfg vmm.Config, dir, hostname string, started func(vmm.Machine)) (vmm.Machine, error) {
+	m, err := v.Restore(ctx, drv, cfg, dir)
+	if err != nil {
+		return nil, fmt.Errorf("restoring the snapshot VM: %w", err)
+	}
+	started(m)
+	if err := v.Greet(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := v.MakeOwn(ctx, hostname); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // PrepareForSnapshot readies a booted snapshot VM for its snapshot
 // (PrepareSnapshot) and, for an assembled snapshot (root not nil),
 // assembles its root from root after the network, as a cold boot's root

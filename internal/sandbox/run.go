@@ -66,8 +66,8 @@ type run struct {
 	// resumedFrom is what a pause left of a held VM that ResumeVM
 	// brought back.
 	resumedFrom *pausefile.Paused
-	// phases times the run's steps for the debug log (phases.go).
-	phases phases
+	// phases times the run's steps for the debug log.
+	phases report.Phases
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (packing the workspace).
 	uncharged time.Duration
@@ -94,9 +94,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 	}
 
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
-	r.phases.mark("admit", t0)
+	r.phases.Mark("admit", t0)
 	r.warm = s.warmFor(ctx, req, pl)
-	r.phases.mark("warm_lookup", t0)
+	r.phases.Mark("warm_lookup", t0)
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.Claim(sp, r.warm.meta.BuildID)
 	}
@@ -107,11 +107,11 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
 		r.stopCritical()
-		r.phases.mark("stop", t0)
+		r.phases.Mark("stop", t0)
 		if rep != nil {
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
-		r.phases.log(s.log, r.rep)
+		r.phases.Log(s.log, r.rep)
 		s.teardown(r.cleanup)
 		// A shape that resumed is hot: keep a VM of it ready.
 		if sp, ok := r.readySpecFor(); ok && r.resumed {
@@ -121,7 +121,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 	if err := r.prepare(); err != nil {
 		return nil, err
 	}
-	r.phases.mark("prepare", t0)
+	r.phases.Mark("prepare", t0)
 	if err := r.packWorkspace(ctx); err != nil {
 		// Refused before any VM started: no record of it stays.
 		r.unrecord = r.ready == nil
@@ -133,7 +133,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 		}
 		return nil, err
 	}
-	r.phases.mark("boot", t0)
+	r.phases.Mark("boot", t0)
 	if err := r.configure(ctx); err != nil {
 		if errors.Is(err, errBootTimeout) {
 			return r.finishTimedOut(), nil
@@ -144,9 +144,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 		}
 		return nil, err
 	}
-	r.phases.mark("configure", t0)
+	r.phases.Mark("configure", t0)
 	done, err := r.exec(ctx, stdin)
-	r.phases.mark("exec", t0)
+	r.phases.Mark("exec", t0)
 	if err != nil {
 		if r.died(ctx, err) {
 			r.guestDied()

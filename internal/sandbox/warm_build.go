@@ -45,7 +45,8 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	t0 := time.Now()
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
-	m, err := s.bootSnapshotVM(bctx, drv, in, b)
+	defer os.Remove(filepath.Join(b.dir.Path(), buildRAMName))
+	m, cloned, err := s.startSnapshotVM(bctx, drv, in, b)
 	defer b.vm.Drop()
 	var root *machine.Disks
 	scratch := ""
@@ -61,6 +62,9 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	netUp, err := b.vm.PrepareForSnapshot(bctx, root, b.deadline, s.log)
 	if err != nil {
 		return nil, bootMS, err
+	}
+	if cloned {
+		netUp = time.Time{} // its link settled before the plain snapshot
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
@@ -85,30 +89,57 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	return meta, bootMS, nil
 }
 
-// bootSnapshotVM starts the snapshot VM with its disk slots backed by
-// placeholders and waits for its agent's hello. The caller drops b.vm.
-func (s *Service) bootSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, error) {
+// buildRAMName is the RAM file of a snapshot VM cloned from a plain
+// snapshot, in its VM directory, removed once the build ends.
+const buildRAMName = "snapshot-ram"
+
+// startSnapshotVM starts in's snapshot VM with its disk slots backed by
+// its disks or placeholders, and waits for its agent's hello. An assembled
+// snapshot's VM is a clone of its shape's plain snapshot where there is
+// one (a resume, MakeOwn, and its root assembled as a run's would be:
+// under TCG a second or so where a boot takes several); cloned says so.
+// Otherwise, or when the clone fails, it boots. The caller drops b.vm.
+func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (_ vmm.Machine, cloned bool, _ error) {
 	var net *vmm.Net
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
 	ph, err := machine.Placeholders(b.dir.Path())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if in.key.Assembled {
 		if err := s.prepareScratch(filepath.Join(b.dir.Path(), buildScratchName), in.key.ScratchMiB); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, snapshotDisks(in, b).Slots(ph))
 	cfg.Logger = s.log
-	return b.vm.BootForSnapshot(ctx, drv, cfg, func(m vmm.Machine) {
+	started := func(m vmm.Machine) {
 		b.dir.Started(m)
 		if b.started != nil {
 			b.started(m)
 		}
-	})
+	}
+	plain, perr := s.warm.Read(in.key.Plain().ID())
+	if restorer, ok := drv.(vmm.Restorer); ok && in.key.Assembled && perr == nil {
+		ccfg := cfg
+		ccfg.OwnRAM, ccfg.RAMFile, ccfg.RAMCopy = true, filepath.Join(b.dir.Path(), buildRAMName), true
+		release, err := s.warm.Use(ctx, plain.Key)
+		if err != nil {
+			return nil, false, err
+		}
+		m, err := b.vm.CloneForSnapshot(ctx, restorer, ccfg, s.warm.Dir(plain.Key), warmHostname, started)
+		release()
+		if err == nil {
+			return m, true, nil
+		}
+		s.log.Debug("warm pool: cloning the plain snapshot for an assembled one failed; booting", "err", err)
+		b.vm.Drop()
+		os.Remove(ccfg.RAMFile)
+	}
+	m, err := b.vm.BootForSnapshot(ctx, drv, cfg, started)
+	return m, false, err
 }
 
 // snapshotDisks are the disks of in's snapshot VM: its base, and for an

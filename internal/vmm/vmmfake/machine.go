@@ -269,9 +269,10 @@ func (m *Machine) State() State { return m.sys.State() }
 
 // Snapshot pauses the guest (requests are no longer delivered, nothing more
 // is sent) and writes the snapshot into dir. The machine stays paused; the
-// caller kills it. A restored machine cannot be snapshotted again.
+// caller kills it. As with QEMU, a restored machine can be snapshotted
+// again only with RAM of its own (vmm.Config.OwnRAM and RAMFile).
 func (m *Machine) Snapshot(ctx context.Context, dir string) error {
-	if m.g.restored {
+	if m.g.restored && !(m.cfg.OwnRAM && m.cfg.RAMFile != "") {
 		return fmt.Errorf("vmmfake snapshot: a restored machine cannot be snapshotted again: %w", errdefs.ErrNotSupported)
 	}
 	select {

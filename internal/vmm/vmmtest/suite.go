@@ -275,6 +275,7 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 	}
 
 	testPausedRestore(t, ctx, r, config, dir)
+	testSnapshotOfRestored(t, ctx, r, config, dir)
 
 	bad := config()
 	bad.MemMiB *= 2
@@ -294,6 +295,32 @@ func testSnapshot(t *testing.T, drv vmm.Driver, g Guest) {
 		}
 		t.Errorf("Restore from an empty directory: %v; want ErrNotFound", err)
 	}
+}
+
+// testSnapshotOfRestored: a machine restored with RAM of its own can be
+// snapshotted again, and that snapshot restores; one restored without
+// cannot.
+func testSnapshotOfRestored(t *testing.T, ctx context.Context, r vmm.Restorer, config func() vmm.Config, dir string) {
+	plain := Restore(t, r, config(), dir)
+	if err := plain.M.(vmm.Snapshotter).Snapshot(ctx, t.TempDir()); !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Errorf("Snapshot of a machine restored without RAM of its own: %v; want ErrNotSupported", err)
+	}
+	plain.M.Kill()
+	plain.M.Wait()
+	cfg := config()
+	cfg.OwnRAM, cfg.RAMFile, cfg.RAMCopy = true, filepath.Join(t.TempDir(), "ram"), true
+	own := Restore(t, r, cfg, dir)
+	own.Ping(t)
+	again := t.TempDir()
+	if err := own.M.(vmm.Snapshotter).Snapshot(ctx, again); err != nil {
+		t.Fatalf("Snapshot of a machine restored with RAM of its own: %v", err)
+	}
+	own.M.Kill()
+	own.M.Wait()
+	s := Restore(t, r, config(), again)
+	s.Ping(t)
+	s.M.Kill()
+	s.M.Wait()
 }
 
 // testPausedRestore: a machine restored paused answers nothing until it is

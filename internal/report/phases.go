@@ -1,29 +1,28 @@
-package sandbox
+package report
 
 import (
+	"context"
 	"log/slog"
 	"time"
-
-	"isopod/internal/report"
 )
 
-// phases records when each step of a run ended, as milliseconds since its
+// Phases records when each step of a run ended, as milliseconds since its
 // start, for one debug line per run: where a run's time goes without a
 // profiler.
-type phases struct {
+type Phases struct {
 	names []string
 	ms    []float64
 }
 
-// mark notes that the step name ended now.
-func (p *phases) mark(name string, t0 time.Time) {
+// Mark notes that the step name ended now.
+func (p *Phases) Mark(name string, t0 time.Time) {
 	p.names = append(p.names, name)
 	p.ms = append(p.ms, float64(time.Since(t0).Microseconds())/1000)
 }
 
-// log writes the steps at debug level.
-func (p *phases) log(log *slog.Logger, rep *report.Run) {
-	if !log.Enabled(nil, slog.LevelDebug) || len(p.names) == 0 {
+// Log writes the steps at debug level.
+func (p *Phases) Log(log *slog.Logger, rep *Run) {
+	if !log.Enabled(context.Background(), slog.LevelDebug) || len(p.names) == 0 {
 		return
 	}
 	args := make([]any, 0, 2*len(p.names)+2)
