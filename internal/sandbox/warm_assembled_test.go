@@ -2,15 +2,18 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"isopod/internal/sandbox"
 	"isopod/internal/settings"
 	"isopod/internal/stages"
+	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
 	"isopod/internal/warmpool"
 	"isopod/internal/workspace"
@@ -185,5 +188,44 @@ func TestAssembledBuildNeedsTime(t *testing.T) {
 			t.Errorf("run %d: path %s snapshot_built %v root_assembled %v warnings %q; want a plain resume and nothing said",
 				i+1, rep.Path, rep.SnapshotBuilt, rep.RootAssembled, rep.Warnings)
 		}
+	}
+}
+
+// An assembled snapshot's VM is a clone of its shape's plain snapshot
+// where there is one, not a boot; a clone that fails boots instead. Either
+// way a run resumes from the snapshot with its root assembled.
+func TestAssembledBuiltFromAClone(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		failClone bool
+		boots     int32
+	}{{"clone", false, 1}, {"clone fails", true, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var boots atomic.Int32
+			s, _ := newFakeService(t, vmmfake.Config{
+				FailStart: func(vmm.Config) error { boots.Add(1); return nil },
+				FailRestore: func(cfg vmm.Config, _ string) error {
+					if tc.failClone && cfg.OwnRAM {
+						return errors.New("no clone here")
+					}
+					return nil
+				},
+			})
+			ctx := context.Background()
+			if _, err := s.WarmBuild(ctx, warmpool.BuildOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.WarmBuild(ctx, warmpool.BuildOptions{Stage: sandbox.BaseStage})
+			if err != nil || !res.Built || !res.RootAssembled {
+				t.Fatalf("assembled build: %+v, %v", res, err)
+			}
+			if got := boots.Load(); got != tc.boots {
+				t.Errorf("%d boots for the plain and the assembled snapshot; want %d", got, tc.boots)
+			}
+			rep := run(t, s, sandbox.Request{Argv: []string{"echo", "hi"}, TimeoutS: 60})
+			if !rep.RootAssembled || rep.Stdout != "hi\n" {
+				t.Errorf("run: root_assembled %v stdout %q; want a resume from the assembled snapshot", rep.RootAssembled, rep.Stdout)
+			}
+		})
 	}
 }
