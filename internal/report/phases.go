@@ -20,8 +20,10 @@ func (p *Phases) Mark(name string, t0 time.Time) {
 	p.ms = append(p.ms, float64(time.Since(t0).Microseconds())/1000)
 }
 
-// Log writes the steps at debug level.
-func (p *Phases) Log(log *slog.Logger, rep *Run) {
+// End notes the last step, "stopped" (the VMM killed, the report
+// complete), and writes the steps at debug level.
+func (p *Phases) End(log *slog.Logger, rep *Run, t0 time.Time) {
+	p.Mark("stopped", t0)
 	if !log.Enabled(context.Background(), slog.LevelDebug) || len(p.names) == 0 {
 		return
 	}

@@ -94,9 +94,8 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 	}
 
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
-	r.phases.Mark("admit", t0)
 	r.warm = s.warmFor(ctx, req, pl)
-	r.phases.Mark("warm_lookup", t0)
+	r.phases.Mark("admitted", t0)
 	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
 		r.ready = s.ready.Claim(sp, r.warm.meta.BuildID)
 	}
@@ -107,34 +106,31 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
 		r.stopCritical()
-		r.phases.Mark("stop", t0)
 		if rep != nil {
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
-		r.phases.Log(s.log, r.rep)
+		r.phases.End(s.log, r.rep, t0)
 		s.teardown(r.cleanup)
 		// A shape that resumed is hot: keep a VM of it ready.
 		if sp, ok := r.readySpecFor(); ok && r.resumed {
 			s.ready.NoteHot(sp)
 		}
 	}()
-	if err := r.prepare(); err != nil {
+	if err := r.step("prepared", r.prepare()); err != nil {
 		return nil, err
 	}
-	r.phases.Mark("prepare", t0)
 	if err := r.packWorkspace(ctx); err != nil {
 		// Refused before any VM started: no record of it stays.
 		r.unrecord = r.ready == nil
 		return nil, err
 	}
-	if err := r.boot(ctx); err != nil {
+	if err := r.step("booted", r.boot(ctx)); err != nil {
 		if errors.Is(err, errBootTimeout) {
 			return r.finishTimedOut(), nil
 		}
 		return nil, err
 	}
-	r.phases.Mark("boot", t0)
-	if err := r.configure(ctx); err != nil {
+	if err := r.step("configured", r.configure(ctx)); err != nil {
 		if errors.Is(err, errBootTimeout) {
 			return r.finishTimedOut(), nil
 		}
@@ -144,9 +140,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 		}
 		return nil, err
 	}
-	r.phases.Mark("configure", t0)
 	done, err := r.exec(ctx, stdin)
-	r.phases.Mark("exec", t0)
 	if err != nil {
 		if r.died(ctx, err) {
 			r.guestDied()
@@ -163,6 +157,13 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 	r.halt(ctx)
 	r.commit(ctx, done)
 	return r.rep, nil
+}
+
+// step notes that the step name ended (report.Phases) and passes on its
+// error.
+func (r *run) step(name string, err error) error {
+	r.phases.Mark(name, r.t0)
+	return err
 }
 
 // died reports whether err means the guest went away (its channel closed or
@@ -268,6 +269,7 @@ func (r *run) exec(ctx context.Context, stdin io.Reader) (*agentproto.ExecDone, 
 		Stdout:  r.stdout,
 		Stderr:  r.stderr,
 	})
+	r.phases.Mark("executed", r.t0)
 	if res != nil {
 		r.rep.ExecMS = res.Elapsed.Milliseconds()
 	}
