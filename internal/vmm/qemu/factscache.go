@@ -54,36 +54,43 @@ type factsCache struct{ path string }
 
 // load returns the record for key, if the file holds it.
 func (c factsCache) load(key string) (factsRecord, bool) {
-	if c.path == "" {
-		return factsRecord{}, false
-	}
-	b, err := os.ReadFile(c.path)
-	if err != nil {
-		return factsRecord{}, false
-	}
 	var rec factsRecord
-	if json.Unmarshal(b, &rec) != nil || rec.Key != key {
+	if !readCache(c.path, &rec) || rec.Key != key {
 		return factsRecord{}, false
 	}
 	return rec, true
 }
 
-// store publishes rec by rename; a failure only costs asking again.
-func (c factsCache) store(rec factsRecord) {
-	if c.path == "" {
+// store publishes rec; a failure only costs asking again.
+func (c factsCache) store(rec factsRecord) { writeCache(c.path, rec) }
+
+// readCache reads the JSON cache file path ("" for none) into v and
+// reports whether it could.
+func readCache(path string, v any) bool {
+	if path == "" {
+		return false
+	}
+	b, err := os.ReadFile(path)
+	return err == nil && json.Unmarshal(b, v) == nil
+}
+
+// writeCache publishes v as the JSON cache file path ("" for none) by
+// rename, so that readers see a whole file; a failure leaves the old one.
+func writeCache(path string, v any) {
+	if path == "" {
 		return
 	}
-	b, err := json.Marshal(rec)
+	b, err := json.Marshal(v)
 	if err != nil {
 		return
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(c.path), ".qemu-facts-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {
 		return
 	}
 	_, werr := tmp.Write(b)
 	cerr := tmp.Close()
-	if werr != nil || cerr != nil || os.Rename(tmp.Name(), c.path) != nil {
+	if werr != nil || cerr != nil || os.Rename(tmp.Name(), path) != nil {
 		os.Remove(tmp.Name())
 	}
 }

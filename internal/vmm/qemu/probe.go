@@ -3,12 +3,10 @@ package qemu
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"isopod/internal/vmm"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -84,15 +82,8 @@ func (d *Driver) probeKey(kernel string) (string, error) {
 }
 
 func (d *Driver) readProbeCache(key string) (probeRecord, bool) {
-	if d.probeCache == "" {
-		return probeRecord{}, false
-	}
-	b, err := os.ReadFile(d.probeCache)
-	if err != nil {
-		return probeRecord{}, false
-	}
 	var rec probeRecord
-	if json.Unmarshal(b, &rec) != nil || rec.Key != key {
+	if !readCache(d.probeCache, &rec) || rec.Key != key {
 		return probeRecord{}, false
 	}
 	if !rec.KVM && time.Since(rec.At) > probeNegativeTTL {
@@ -101,23 +92,8 @@ func (d *Driver) readProbeCache(key string) (probeRecord, bool) {
 	return rec, true
 }
 
-// writeProbeCache publishes rec by rename; failures only cost a re-probe.
-func (d *Driver) writeProbeCache(rec probeRecord) {
-	if d.probeCache == "" {
-		return
-	}
-	b, _ := json.Marshal(rec)
-	tmp, err := os.CreateTemp(filepath.Dir(d.probeCache), ".kvmprobe-*")
-	if err != nil {
-		d.log.Debug("qemu kvm probe cache", "err", err)
-		return
-	}
-	_, werr := tmp.Write(b)
-	cerr := tmp.Close()
-	if werr != nil || cerr != nil || os.Rename(tmp.Name(), d.probeCache) != nil {
-		os.Remove(tmp.Name())
-	}
-}
+// writeProbeCache publishes rec; failures only cost a re-probe.
+func (d *Driver) writeProbeCache(rec probeRecord) { writeCache(d.probeCache, rec) }
 
 // probeKVM boots kernel under KVM without an initrd and waits for the
 // kernel banner on the console, then kills QEMU.
