@@ -52,6 +52,48 @@ type Cgroups struct {
 	// spareSeq numbers the spares.
 	spare    *execCgroup
 	spareSeq uint64
+	// tidying counts finished execs whose cgroup is still being removed
+	// or whose successor is being made; tidied signals it reaching 0.
+	tidying int
+	tidied  *sync.Cond
+}
+
+// begin and end bracket the clean-up of a finished exec (nil-safe).
+func (g *Cgroups) begin() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.tidying++
+	g.mu.Unlock()
+}
+
+func (g *Cgroups) end() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.tidying--; g.tidying == 0 && g.tidied != nil {
+		g.tidied.Broadcast()
+	}
+	g.mu.Unlock()
+}
+
+// settle waits until every finished exec's clean-up is done: before a
+// snapshot, so that no clone finishes it while it answers its first
+// request.
+func (g *Cgroups) settle() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.tidied == nil {
+		g.tidied = sync.NewCond(&g.mu)
+	}
+	for g.tidying > 0 {
+		g.tidied.Wait()
+	}
 }
 
 // setupCgroups mounts cgroup2, enables the cpu, memory and pids controllers

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestCommandMemMax(t *testing.T) {
@@ -34,4 +36,36 @@ func TestMemTotal(t *testing.T) {
 	e := g.forExec(1)
 	e.killAll()
 	e.remove()
+}
+
+// An exec takes the cgroup made ahead for it; without one it makes its
+// own. settle returns once every finished exec's clean-up has ended.
+func TestSpareCgroupAndSettle(t *testing.T) {
+	parent := t.TempDir()
+	g := &Cgroups{parent: parent, log: slog.New(slog.DiscardHandler)}
+	g.refill()
+	e := g.forExec(5)
+	if e == nil || filepath.Base(e.dir) != "spare-1" {
+		t.Fatalf("first exec's cgroup %+v; want the spare made ahead", e)
+	}
+	if f := g.forExec(6); f == nil || filepath.Base(f.dir) != "exec-6" {
+		t.Fatalf("second exec's cgroup %+v; want exec-6, made at once", f)
+	}
+	g.begin()
+	ended := make(chan struct{})
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		g.refill()
+		close(ended)
+		g.end()
+	}()
+	g.settle()
+	select {
+	case <-ended:
+	default:
+		t.Fatal("settle returned before the clean-up ended")
+	}
+	if g.spare == nil {
+		t.Error("no spare cgroup after the clean-up")
+	}
 }

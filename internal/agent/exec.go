@@ -319,12 +319,9 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		st.exited()
 		streams.finishKept(p)
 		cg.release()
-		c.execDone(st.id, start, &ws, 0, timedOut)
-		c.srv.opts.Cgroups.refill()
+		c.execDoneThenTidy(st.id, start, &ws, timedOut, nil)
 		return
 	}
-	defer c.srv.opts.Cgroups.refill() // after the reply, once the cgroup is gone
-	defer cg.remove()
 	streams := c.startStreams(st, p)
 	ws, timedOut := c.waitExec(st, pid, wait, cg, req.TimeoutMS)
 	// The direct child is gone: end whatever it left in its group and its
@@ -333,7 +330,19 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 	cg.killAll()
 	st.exited()
 	streams.finish(c, st, p)
-	c.execDone(st.id, start, &ws, 0, timedOut)
+	c.execDoneThenTidy(st.id, start, &ws, timedOut, cg)
+}
+
+// execDoneThenTidy answers an exec, then (off the exec's path) removes its
+// cgroup (cg; nil when it was released) and makes the next exec's;
+// [Cgroups.settle] waits for that.
+func (c *conn) execDoneThenTidy(id uint64, start time.Time, ws *unix.WaitStatus, timedOut bool, cg *execCgroup) {
+	g := c.srv.opts.Cgroups
+	g.begin()
+	defer g.end()
+	c.execDone(id, start, ws, 0, timedOut)
+	cg.remove()
+	g.refill()
 }
 
 // checkExecRequest rejects a malformed exec request and returns the

@@ -181,7 +181,12 @@ func (c *conn) launchJob(j *job, req *agentproto.Exec, env []string) {
 	go pumpJob(p.out, &j.mu, &j.out, &pumps)
 	go pumpJob(p.errR, &j.mu, &j.err, &pumps)
 	go c.srv.waitJob(j, wait, cg, req.TimeoutMS, &pumps)
-	go c.srv.opts.Cgroups.refill()
+	g := c.srv.opts.Cgroups
+	g.begin()
+	go func() {
+		defer g.end()
+		g.refill()
+	}()
 }
 
 // waitJob waits for a job's process, killing its group and cgroup when

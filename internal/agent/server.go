@@ -348,6 +348,11 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		c.spawn(func() { c.addEntropy(m, payload) })
 	case agentproto.KindSetBootID:
 		c.spawn(func() { c.setBootID(m) })
+	case agentproto.KindSettle:
+		c.spawn(func() {
+			c.srv.opts.Cgroups.settle()
+			c.replyOK(m.ID)
+		})
 	case agentproto.KindHalt:
 		c.spawn(func() { c.halt(m) })
 	case agentproto.KindMount:

@@ -95,7 +95,7 @@ package agentproto
 
 // Version is the protocol version. Bump it on any incompatible change; the
 // host refuses a guest that disagrees and tells the user to rebuild images.
-const Version = 5
+const Version = 6
 
 // Limits.
 const (
@@ -173,6 +173,7 @@ const (
 	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
 	KindFreeze       Kind = "freeze"        // host -> guest: FreezeMS; freeze the scratch filesystem; OK
 	KindThaw         Kind = "thaw"          // host -> guest: end the freeze this connection holds; OK
+	KindSettle       Kind = "settle"        // host -> guest: OK once finished commands are cleaned up (before a snapshot)
 
 	// Generic replies.
 	KindOK    Kind = "ok"    // guest -> host: request done

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"isopod/internal/agentclient"
+	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/vmm"
 )
@@ -80,14 +81,17 @@ func (v *Machine) PrepareForSnapshot(ctx context.Context, root *Disks, deadline 
 
 // warmExec runs, in an assembled snapshot's VM, the commands nearly every
 // run starts with, so that a clone finds the root's lookups and the exec
-// path cached. They write nothing to the root.
+// path cached, and waits for the agent to have cleaned up after them
+// (Settle), which no clone should do. They write nothing to the root.
 func (v *Machine) warmExec(ctx context.Context, log *slog.Logger) {
 	for _, argv := range [][]string{{"true"}, {"sh", "-c", ":"}} {
 		_, err := v.Exec(ctx, Exec{Argv: argv, Env: []string{"PATH=" + warmPath}, Cwd: "/",
 			Timeout: 10 * time.Second, Stdout: io.Discard, Stderr: io.Discard})
-		if err != nil {
-			log.Debug("warm pool: warming the exec path", "argv", argv, "err", err)
-		}
+		log.Debug("warm pool: warming the exec path", "argv", argv, "err", err)
+	}
+	if c, err := v.agent(); err == nil {
+		err = c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindSettle}, nil)
+		log.Debug("warm pool: settled", "err", err)
 	}
 }
 
