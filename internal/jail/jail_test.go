@@ -127,7 +127,7 @@ func TestCgroupLimits(t *testing.T) {
 	for _, c := range v1Controllers {
 		p.parents = append(p.parents, filepath.Join(root, c, "isopod"))
 	}
-	c, err := p.create("vm-1", lim)
+	c, err := p.create("vm-1", lim, os.Getuid(), os.Getgid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestCgroupLimits(t *testing.T) {
 	// rmdir once empty.
 	c.dirs = nil
 	v2 := cgroupPlan{kind: cgroupV2, parents: []string{filepath.Join(root, "unified", "isopod")}}
-	c2, err := v2.create("vm-2", lim)
+	c2, err := v2.create("vm-2", lim, os.Getuid(), os.Getgid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestCgroupLimits(t *testing.T) {
 			t.Errorf("v2 %s = %q, %v; want %q", file, b, err, want)
 		}
 	}
-	if none, err := (cgroupPlan{kind: cgroupNone}).create("vm-3", lim); none != nil || err != nil {
+	if none, err := (cgroupPlan{kind: cgroupNone}).create("vm-3", lim, os.Getuid(), os.Getgid()); none != nil || err != nil {
 		t.Errorf("no cgroups: %v, %v", none, err)
 	}
 }

@@ -118,7 +118,7 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 	if p.statR, p.statW, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
-	if p.cg, err = j.cgroups.create(s.Name, s.Limits); err != nil {
+	if p.cg, err = j.cgroups.create(s.Name, s.Limits, j.ids.uid, j.ids.gid); err != nil {
 		return nil, err
 	}
 	extra := append(append([]*os.File(nil), s.ExtraFiles...), syncChild)
@@ -128,6 +128,8 @@ func (j *Jailer) Command(s Spec) (*Process, error) {
 	}
 	if p.cg == nil {
 		cs.Rlimits = rlimitsFor(s.Limits)
+	} else {
+		cs.Tasks = p.cg.tasks
 	}
 	// The helper (isopod-jail, or this binary) is executed through a
 	// descriptor: the jail's uid may not reach the directories above it.

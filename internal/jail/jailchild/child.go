@@ -109,6 +109,11 @@ func runChild(cs *Spec, status *os.File, syncFD int) error {
 	if cs.ExeFD > 2 {
 		unix.Close(cs.ExeFD)
 	}
+	for _, t := range cs.Tasks {
+		if err := os.WriteFile(t, []byte("0"), 0); err != nil {
+			return fmt.Errorf("joining the VMM's cgroup (%s): %w", t, err)
+		}
+	}
 	// The host pid of what will be the VMM: /proc here is still the
 	// host's.
 	self, err := os.Readlink("/proc/self")

@@ -26,7 +26,7 @@ const Env = "_ISOPOD_JAIL_CHILD"
 // refuses a spec of another version, so that a helper left from another
 // build fails with a reason rather than building a different jail. It is
 // a variable so that tests can build a helper of another version.
-var Version = "2"
+var Version = "3"
 
 // Spec is what the helper needs.
 type Spec struct {
@@ -45,6 +45,9 @@ type Spec struct {
 	SyncFD  int      `json:"sync_fd"`
 	ExeFD   int      `json:"exe_fd"` // the helper's own binary, closed before the VMM runs
 	Rlimits []Rlimit `json:"rlimits,omitempty"`
+	// Tasks are v1 cgroups' tasks files the helper's thread (the one that
+	// executes the VMM) joins by writing 0, before anything else.
+	Tasks []string `json:"tasks,omitempty"`
 }
 
 // Bind is one path made visible inside: Src on the host (symlinks
