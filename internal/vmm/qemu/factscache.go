@@ -133,10 +133,12 @@ func (c factsCache) cachedLibraries(bin string, list func(string) ([]string, err
 	return libs, nil
 }
 
-// allExist reports whether every path names something.
+// allExist reports whether every path is absolute and names a regular
+// file (a cached list the jail would bind is taken only as ldd would give
+// it).
 func allExist(paths []string) bool {
 	for _, p := range paths {
-		if !exists(p) {
+		if st, err := os.Stat(p); !filepath.IsAbs(p) || err != nil || !st.Mode().IsRegular() {
 			return false
 		}
 	}

@@ -102,4 +102,14 @@ func TestFactsCacheLibraries(t *testing.T) {
 	if calls != 2 {
 		t.Errorf("listed %d times after a library went away; want 2", calls)
 	}
+	// A cached list that is not what ldd gives (a directory, a relative
+	// path) is not taken.
+	for _, bad := range []string{t.TempDir(), "libfake.so.1"} {
+		key, _ := factsKey(bin)
+		c.store(factsRecord{Key: key, Libraries: []string{bad}})
+		before := calls
+		if got, _ := c.cachedLibraries(bin, list); calls != before+1 || len(got) != 1 || got[0] == bad {
+			t.Errorf("cached %q taken: %v", bad, got)
+		}
+	}
 }
