@@ -214,9 +214,14 @@ func checkJail(ctx context.Context, cfg Config, h Host) Check {
 		c.Why += ", with a weaker fallback: " + strings.Join(info.Warnings, "; ")
 		c.Detail["warnings"] = info.Warnings
 	}
-	if info.Helper != "" {
+	switch {
+	case info.Helper != "":
 		c.Why += "; the jail helper " + info.Helper + " starts each VMM"
-	} else {
+	case len(info.PassedOver) > 0:
+		c.Why += "; isopod re-executes itself to start each VMM, as the jail helper was passed over (" +
+			strings.Join(info.PassedOver, "; ") + "): make it a regular file owned by root or by you, executable and not writable by group or others"
+		c.Detail["helpers_passed_over"] = info.PassedOver
+	default:
 		c.Why += "; isopod re-executes itself to start each VMM, as isopod-jail is not installed beside it: " +
 			"installing isopod-jail there (scripts/install.sh and the packages do) makes each VMM start faster"
 	}

@@ -408,14 +408,17 @@ func TestTools(t *testing.T) {
 func TestJailHelper(t *testing.T) {
 	for _, tt := range []struct {
 		helper string
+		passed []string
 		want   string
 	}{
-		{"/usr/lib/isopod/isopod-jail", "the jail helper /usr/lib/isopod/isopod-jail starts each VMM"},
-		{"", "installing isopod-jail there (scripts/install.sh and the packages do) makes each VMM start faster"},
+		{"/usr/lib/isopod/isopod-jail", nil, "the jail helper /usr/lib/isopod/isopod-jail starts each VMM"},
+		{"", nil, "installing isopod-jail there (scripts/install.sh and the packages do) makes each VMM start faster"},
+		{"", []string{"/x/isopod-jail: writable by group or others (mode 0775)"},
+			"the jail helper was passed over (/x/isopod-jail: writable by group or others (mode 0775)): make it a regular file owned by root or by you"},
 	} {
 		h := healthy()
 		h.Jail = func(context.Context, string) (JailInfo, error) {
-			return JailInfo{UID: 1, Tried: true, Helper: tt.helper}, nil
+			return JailInfo{UID: 1, Tried: true, Helper: tt.helper, PassedOver: tt.passed}, nil
 		}
 		c := check(t, Run(t.Context(), Config{Home: "/h"}, h), "jail")
 		if !c.OK || !strings.Contains(c.Why, tt.want) || c.Detail["helper"] != tt.helper {

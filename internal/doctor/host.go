@@ -45,8 +45,10 @@ type JailInfo struct {
 	// Tried: QEMU started and exited in the jail.
 	Tried bool
 	// Helper is the dedicated helper program that starts each VMM in the
-	// jail; "" when isopod re-executes itself instead.
-	Helper string
+	// jail; "" when isopod re-executes itself instead. PassedOver are the
+	// helpers that exist but were not used, and why.
+	Helper     string
+	PassedOver []string
 }
 
 // WarmPool is the warm pool's state.

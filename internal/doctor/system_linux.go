@@ -46,7 +46,7 @@ func System(p paths.Paths, kernel, agentBin string) Host {
 			if err != nil {
 				return JailInfo{}, err
 			}
-			info := JailInfo{UID: j.UID(), GID: j.GID(), Warnings: j.Warnings(), Helper: j.Helper()}
+			info := JailInfo{UID: j.UID(), GID: j.GID(), Warnings: j.Warnings(), Helper: j.Helper(), PassedOver: j.HelpersPassedOver()}
 			if qemu == "" {
 				return info, nil
 			}

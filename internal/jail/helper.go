@@ -77,6 +77,10 @@ func helperUsable(st fs.FileInfo, euid int) error {
 // jail, or "" when this program re-executes itself instead.
 func (j *Jailer) Helper() string { return j.helper }
 
+// HelpersPassedOver say which helper programs exist but were not used,
+// and why.
+func (j *Jailer) HelpersPassedOver() []string { return append([]string(nil), j.passed...) }
+
 // openHelper opens the program the helper process executes: the dedicated
 // helper, checked again on the opened file, or this program.
 func (j *Jailer) openHelper() (*os.File, error) {

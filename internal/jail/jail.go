@@ -84,7 +84,8 @@ type Jailer struct {
 	ids      idPlan
 	cgroups  cgroupPlan
 	scope    string
-	helper   string // the dedicated helper program; "" to re-execute this one
+	helper   string   // the dedicated helper program; "" to re-execute this one
+	passed   []string // why helpers that exist were passed over
 	warnings []string
 }
 
@@ -124,6 +125,7 @@ func New(cfg Config) (*Jailer, error) {
 	j.warnings = append(j.warnings, warn...)
 	self, _ := os.Executable()
 	j.helper = findHelper(self, []string{packagedHelper}, os.Geteuid(), func(path string, err error) {
+		j.passed = append(j.passed, fmt.Sprintf("%s: %v", path, err))
 		cfg.Logger.Warn("jail helper passed over; VMMs start through a re-execution of this program", "path", path, "err", err)
 	})
 	cfg.Logger.Debug("jail ready", "uid", ids.uid, "gid", ids.gid, "cgroups", cg.kind, "helper", helperLabel(j.helper), "warnings", j.warnings)
