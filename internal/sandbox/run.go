@@ -92,7 +92,6 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 			return nil, err
 		}
 	}
-
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)
 	r.phases.Mark("admitted", t0)
