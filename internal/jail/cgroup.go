@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -249,24 +248,18 @@ func writeLimits(kind cgroupKind, controller, dir string, lim Limits) error {
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
 
-// attach moves pid into a v1 cgroup (v2 VMMs are cloned into theirs).
+// attach moves pid into a v1 cgroup whose tasks files could not be given
+// to the VMM's uid (v2 VMMs are cloned into theirs).
 func (c *vmCgroup) attach(pid int) error {
 	if c == nil || c.kind != cgroupV1 || len(c.tasks) > 0 {
 		return nil
 	}
-	errs := make([]error, len(c.dirs))
-	var wg sync.WaitGroup
-	for i, d := range c.dirs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-				errs[i] = fmt.Errorf("jail: placing the VMM in %s: %w", d, err)
-			}
-		}()
+	for _, d := range c.dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("jail: placing the VMM in %s: %w", d, err)
+		}
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return nil
 }
 
 // removeTries bounds the wait, in 10 ms steps, for a cgroup's last
