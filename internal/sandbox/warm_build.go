@@ -108,10 +108,12 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 	if err != nil {
 		return nil, false, err
 	}
+	var plain *warmpool.Meta // the clone's, for an assembled snapshot
 	if in.key.Assembled {
 		if err := s.prepareScratch(filepath.Join(b.dir.Path(), buildScratchName), in.key.ScratchMiB); err != nil {
 			return nil, false, err
 		}
+		plain, _ = s.warm.Read(in.key.Plain().ID())
 	}
 	cfg := warmConfig(in, b.dir.Rec.ID, b.dir.Path(), b.dir.Serial, net, snapshotDisks(in, b).Slots(ph))
 	cfg.Logger = s.log
@@ -121,8 +123,7 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 			b.started(m)
 		}
 	}
-	plain, perr := s.warm.Read(in.key.Plain().ID())
-	if restorer, ok := drv.(vmm.Restorer); ok && in.key.Assembled && perr == nil {
+	if restorer, ok := drv.(vmm.Restorer); ok && plain != nil {
 		ccfg := cfg
 		ccfg.OwnRAM, ccfg.RAMFile, ccfg.RAMCopy = true, filepath.Join(b.dir.Path(), buildRAMName), true
 		release, err := s.warm.Use(ctx, plain.Key)
