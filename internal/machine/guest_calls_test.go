@@ -63,12 +63,11 @@ func TestRestorePausedThenUnpause(t *testing.T) {
 	m, drv := bootFake(t, vmmfake.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	netUp, err := m.PrepareSnapshot(ctx)
-	if err != nil {
+	if err := m.PrepareSnapshot(ctx); err != nil {
 		t.Fatal(err)
 	}
 	snap := t.TempDir()
-	if err := m.Snapshot(ctx, snap, netUp); err != nil {
+	if err := m.Snapshot(ctx, snap); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	m.Drop()

@@ -179,7 +179,7 @@ func TestQEMUSessionSurvivesSnapshot(t *testing.T) {
 		t.Fatalf("JobWait before the snapshot: %+v, %v", before.JobInfo, err)
 	}
 	snap := t.TempDir()
-	if err := m.Snapshot(ctx, snap, time.Time{}); err != nil {
+	if err := m.Snapshot(ctx, snap); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	m.Drop()

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"isopod/internal/agentproto"
 	"isopod/internal/machine"
@@ -44,7 +43,7 @@ func TestResumePausedRanOnRAMFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := t.TempDir()
-	if err := v.Snapshot(ctx, snap, time.Time{}); err != nil {
+	if err := v.Snapshot(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
 	v.Drop()

@@ -13,62 +13,53 @@ import (
 	"isopod/internal/vmm"
 )
 
-// Bounds of a snapshot.
-const (
-	// linkSettle is how long a snapshot VM stays up after its NIC came
-	// up: the guest kernel's link-event batching interval (one second)
-	// with some margin.
-	linkSettle = 1200 * time.Millisecond
-	// snapshotTimeout bounds writing a snapshot.
-	snapshotTimeout = 2 * time.Minute
-)
+// snapshotTimeout bounds writing a snapshot.
+const snapshotTimeout = 2 * time.Minute
+
+// shellPrefetch are the files a snapshot VM reads into its page cache, in
+// its base: the shell nearly every command starts through, or, where the
+// shell is an absolute link into the base (a busybox base's /bin/sh ->
+// /bin/busybox, which the guest resolves outside the base), its target.
+// The first that reads is enough.
+var shellPrefetch = []string{"/bin/sh", "/bin/busybox"}
 
 // PrepareSnapshot does, in a freshly booted guest that is to be
 // snapshotted, what every clone would otherwise do first. The NIC is
-// brought up (and addressed like every VM's private network): the link
-// coming up is the slow part of configuring it, and a resumed clone's
-// agent then finds the same configuration in force. The shell binary,
-// which nearly every command starts through, is read into the guest's
-// page cache. It returns when the NIC came up (zero without one).
-func (v *Machine) PrepareSnapshot(ctx context.Context) (time.Time, error) {
-	var netUp time.Time
+// brought up (and addressed like every VM's private network), so that a
+// resumed clone's agent finds the same configuration in force, and the
+// shell is read into the guest's page cache (shellPrefetch). The snapshot
+// may be taken at once: a clone is no slower for link events the guest
+// had not yet processed (BENCHMARKS.md).
+func (v *Machine) PrepareSnapshot(ctx context.Context) error {
 	c, err := v.agent()
 	if err != nil {
-		return netUp, err
+		return err
 	}
 	if n := v.Net; n != nil {
 		nc := *n.AgentConfig()
 		nc.Env = nil // a clone's own variables (proxies) are not the snapshot's
 		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
-			return netUp, fmt.Errorf("configuring the snapshot VM's network: %w", err)
+			return fmt.Errorf("configuring the snapshot VM's network: %w", err)
 		}
-		netUp = time.Now()
 	}
-	if _, err := c.CopyOut(ctx, agentproto.BaseMountPoint+"/bin/sh", agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{}); err != nil {
-		v.log.Debug("warm pool: prefetching /bin/sh", "err", err)
+	for _, f := range shellPrefetch {
+		_, err := c.CopyOut(ctx, agentproto.BaseMountPoint+f, agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{})
+		v.log.Debug("warm pool: prefetching the shell", "file", f, "err", err)
+		if err == nil {
+			break
+		}
 	}
-	return netUp, nil
+	return nil
 }
 
-// Snapshot writes the running VM's snapshot into dir, once its link (up
-// since netUp, zero without a NIC) has settled, and kills the VMM: a
+// Snapshot writes the running VM's snapshot into dir and kills the VMM: a
 // snapshotted VM is not run on. It fails with errdefs.ErrNotSupported
 // when the VMM cannot snapshot.
-func (v *Machine) Snapshot(ctx context.Context, dir string, netUp time.Time) error {
+func (v *Machine) Snapshot(ctx context.Context, dir string) error {
 	m, _ := v.Current()
 	snapper, ok := m.(vmm.Snapshotter)
 	if !ok {
 		return fmt.Errorf("the VMM cannot snapshot: %w", errdefs.ErrNotSupported)
-	}
-	// The guest kernel batches link events for up to a second after the
-	// NIC came up; a snapshot taken before that would leave every clone
-	// to process them while it answers its first request.
-	if wait := time.Until(netUp.Add(linkSettle)); !netUp.IsZero() && wait > 0 {
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the snapshot VM's link to settle: %w", ctx.Err())
-		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 	defer cancel()
@@ -97,7 +88,7 @@ func (v *Machine) Pause(ctx context.Context, dir string, p *pausefile.Paused) er
 			return err
 		}
 		m.Kill()
-	} else if err := v.Snapshot(ctx, dir, time.Time{}); err != nil {
+	} else if err := v.Snapshot(ctx, dir); err != nil {
 		return err
 	}
 	tSnap := time.Since(t)

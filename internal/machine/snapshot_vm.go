@@ -66,17 +66,16 @@ func (v *Machine) CloneForSnapshot(ctx context.Context, drv vmm.Restorer, cfg vm
 // PrepareForSnapshot readies a booted snapshot VM for its snapshot
 // (PrepareSnapshot) and, for an assembled snapshot (root not nil),
 // assembles its root from root after the network, as a cold boot's root
-// (the resolver goes in), and warms its exec path. netUp is for Snapshot.
-func (v *Machine) PrepareForSnapshot(ctx context.Context, root *Disks, deadline time.Time, log *slog.Logger) (netUp time.Time, _ error) {
-	netUp, err := v.PrepareSnapshot(ctx)
-	if err != nil || root == nil {
-		return netUp, err
+// (the resolver goes in), and warms its exec path.
+func (v *Machine) PrepareForSnapshot(ctx context.Context, root *Disks, deadline time.Time, log *slog.Logger) error {
+	if err := v.PrepareSnapshot(ctx); err != nil || root == nil {
+		return err
 	}
 	if err := v.Mount(ctx, *root, "", false, deadline); err != nil {
-		return netUp, fmt.Errorf("assembling the snapshot VM's root: %w", err)
+		return fmt.Errorf("assembling the snapshot VM's root: %w", err)
 	}
 	v.warmExec(ctx, log)
-	return netUp, nil
+	return nil
 }
 
 // warmExec runs, in an assembled snapshot's VM, the commands nearly every

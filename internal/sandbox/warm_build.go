@@ -46,7 +46,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
 	defer os.Remove(filepath.Join(b.dir.Path(), buildRAMName))
-	m, cloned, err := s.startSnapshotVM(bctx, drv, in, b)
+	m, err := s.startSnapshotVM(bctx, drv, in, b)
 	defer b.vm.Drop()
 	var root *machine.Disks
 	scratch := ""
@@ -59,12 +59,8 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 		return nil, 0, err
 	}
 	bootMS := time.Since(t0).Milliseconds()
-	netUp, err := b.vm.PrepareForSnapshot(bctx, root, b.deadline, s.log)
-	if err != nil {
+	if err := b.vm.PrepareForSnapshot(bctx, root, b.deadline, s.log); err != nil {
 		return nil, bootMS, err
-	}
-	if cloned {
-		netUp = time.Time{} // its link settled before the plain snapshot
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
@@ -73,7 +69,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	// The key records the accelerator the VM actually got.
 	key := in.key
 	key.Accel = string(m.Accel())
-	write := func(tmp string) error { return b.vm.Snapshot(bctx, tmp, netUp) }
+	write := func(tmp string) error { return b.vm.Snapshot(bctx, tmp) }
 	meta, err := s.warm.Take(bctx, in.key.ID(), write, scratch, func() *warmpool.Meta {
 		return &warmpool.Meta{
 			Key: key.ID(), Parts: key, Built: time.Now().UTC(),
@@ -97,21 +93,21 @@ const buildRAMName = "snapshot-ram"
 // its disks or placeholders, and waits for its agent's hello. An assembled
 // snapshot's VM is a clone of its shape's plain snapshot where there is
 // one (a resume, MakeOwn, and its root assembled as a run's would be:
-// under TCG a second or so where a boot takes several); cloned says so.
+// under TCG a second or so where a boot takes several).
 // Otherwise, or when the clone fails, it boots. The caller drops b.vm.
-func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (_ vmm.Machine, cloned bool, _ error) {
+func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, error) {
 	var net *vmm.Net
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
 	ph, err := machine.Placeholders(b.dir.Path())
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	var plain *warmpool.Meta // the clone's, for an assembled snapshot
 	if in.key.Assembled {
 		if err := s.prepareScratch(filepath.Join(b.dir.Path(), buildScratchName), in.key.ScratchMiB); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		plain, _ = s.warm.Read(in.key.Plain().ID())
 	}
@@ -128,19 +124,18 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 		ccfg.OwnRAM, ccfg.RAMFile, ccfg.RAMCopy = true, filepath.Join(b.dir.Path(), buildRAMName), true
 		release, err := s.warm.Use(ctx, plain.Key)
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		m, err := b.vm.CloneForSnapshot(ctx, restorer, ccfg, s.warm.Dir(plain.Key), warmHostname, started)
 		release()
 		if err == nil {
-			return m, true, nil
+			return m, nil
 		}
 		s.log.Debug("warm pool: cloning the plain snapshot for an assembled one failed; booting", "err", err)
 		b.vm.Drop()
 		os.Remove(ccfg.RAMFile)
 	}
-	m, err := b.vm.BootForSnapshot(ctx, drv, cfg, started)
-	return m, false, err
+	return b.vm.BootForSnapshot(ctx, drv, cfg, started)
 }
 
 // snapshotDisks are the disks of in's snapshot VM: its base, and for an
