@@ -170,8 +170,12 @@ func orDiscard(w io.Writer) io.Writer {
 	return w
 }
 
-// Halt asks the guest to sync its disks and power off, within timeout
-// (the VMM is killed after that), then stops the VMM. The network stays
+// Halt asks the guest to sync its disks and power off, within timeout,
+// then ends the VMM. Once the guest has answered, its disks are synced and
+// its scratch filesystem frozen, and what it wrote is in the disk files
+// (the VMM writes through to the host; it only leaves flushes out), so the
+// VMM is killed then instead of waiting for the guest's power-off. Without
+// an answer it is given exitWait to exit on its own. The network stays
 // until Close.
 func (v *Machine) Halt(ctx context.Context, timeout time.Duration) error {
 	var err error
@@ -179,6 +183,9 @@ func (v *Machine) Halt(ctx context.Context, timeout time.Duration) error {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		err = c.Call(hctx, &agentproto.Msg{Kind: agentproto.KindHalt, Sync: true}, nil)
 		cancel()
+		if err == nil {
+			v.Kill()
+		}
 	} else if !errors.Is(cerr, errNoAgent) {
 		err = cerr
 	}
