@@ -295,7 +295,15 @@ type Mount struct {
 	Workspace string `json:"workspace,omitempty"`
 	// WaitMS bounds the wait for the disks to appear.
 	WaitMS int64 `json:"wait_ms,omitempty"`
+	// Prefetch, when above 0, has the guest look up that many entries (at
+	// most MaxPrefetch) of the stage layers' trees, breadth first, through
+	// the assembled root, reading their metadata into its caches: what an
+	// assembled snapshot's VM does so that its clones find them there.
+	Prefetch int `json:"prefetch,omitempty"`
 }
+
+// MaxPrefetch bounds Mount.Prefetch.
+const MaxPrefetch = 65536
 
 // WorkspaceEntry is one path that differs in the workspace after a
 // command, as its writable layer records it. Path is relative to the

@@ -94,11 +94,14 @@ func (v *Machine) Configure(ctx context.Context) (guestIP string, err error) {
 // workspace disk goes; flush: after a resume, drop what it cached of the
 // snapshot's placeholders first), waiting for the disks until deadline.
 func (v *Machine) Mount(ctx context.Context, d Disks, workspaceDir string, flush bool, deadline time.Time) error {
+	return v.mount(ctx, d.Mount(workspaceDir, flush, deadline), deadline)
+}
+
+func (v *Machine) mount(ctx context.Context, m agentproto.Mount, deadline time.Time) error {
 	c, err := v.agent()
 	if err != nil {
 		return err
 	}
-	m := d.Mount(workspaceDir, flush, deadline)
 	mctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	return c.Call(mctx, &agentproto.Msg{Kind: agentproto.KindMount, Mount: &m}, nil)

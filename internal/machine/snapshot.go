@@ -16,20 +16,16 @@ import (
 // snapshotTimeout bounds writing a snapshot.
 const snapshotTimeout = 2 * time.Minute
 
-// shellPrefetch are the files a snapshot VM reads into its page cache, in
-// its base: the shell nearly every command starts through, or, where the
-// shell is an absolute link into the base (a busybox base's /bin/sh ->
-// /bin/busybox, which the guest resolves outside the base), its target.
-// The first that reads is enough.
+// shellPrefetch are the files of its base a snapshot VM reads into its
+// page cache, the first that reads: the shell, or its target where it is
+// an absolute link the guest resolves outside the base (busybox's).
 var shellPrefetch = []string{"/bin/sh", "/bin/busybox"}
 
 // PrepareSnapshot does, in a freshly booted guest that is to be
-// snapshotted, what every clone would otherwise do first. The NIC is
-// brought up (and addressed like every VM's private network), so that a
-// resumed clone's agent finds the same configuration in force, and the
-// shell is read into the guest's page cache (shellPrefetch). The snapshot
-// may be taken at once: a clone is no slower for link events the guest
-// had not yet processed (BENCHMARKS.md).
+// snapshotted, what every clone would otherwise do first: the NIC brought
+// up and addressed as every VM's private network, which a clone's agent
+// then finds in force, and the shell read (shellPrefetch). The snapshot
+// may be taken at once: pending link events cost a clone nothing.
 func (v *Machine) PrepareSnapshot(ctx context.Context) error {
 	c, err := v.agent()
 	if err != nil {
