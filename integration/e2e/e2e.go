@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/paths"
 	"isopod/internal/testnet"
 )
 
@@ -265,6 +267,32 @@ func QEMUPIDs(t testing.TB, vm string) []int {
 		}
 	}
 	return pids
+}
+
+// VMCgroups lists the cgroup directories of VM vm's VMM under HomeDir's
+// scope, in every hierarchy mounted under /sys/fs/cgroup (none where the
+// jail gave it none).
+func VMCgroups(vm string) []string {
+	p, err := paths.New(HomeDir)
+	if err != nil {
+		return nil
+	}
+	name := "isopod-" + p.Scope() + "-" + vm
+	var found []string
+	filepath.WalkDir("/sys/fs/cgroup", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if d.Name() == name {
+			found = append(found, path)
+			return filepath.SkipDir
+		}
+		if strings.Count(path, "/") > 8 {
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	return found
 }
 
 // Itoa formats n.

@@ -290,6 +290,17 @@ func testSignalLeavesNoQEMU(t *testing.T, sig syscall.Signal) {
 	if sig != syscall.SIGKILL && !bytes.Contains(out.Bytes(), []byte(`"ok":false`)) {
 		t.Errorf("an interrupted run should report failure, got %s", out.Bytes())
 	}
+	if sig == syscall.SIGKILL {
+		// What a killed isopod could not remove, vm gc does: its VMM's
+		// cgroup among it.
+		t.Logf("cgroups left by the killed run: %v", e2e.VMCgroups(vm))
+		if r := e2e.Isopod(t, nil, "vm", "gc"); r.Code != 0 {
+			t.Fatalf("vm gc: %s", r)
+		}
+	}
+	if left := e2e.VMCgroups(vm); len(left) > 0 {
+		t.Errorf("the VMM's cgroups %v outlived the run", left)
+	}
 }
 
 func TestProtocolMismatchNamesRebuild(t *testing.T) {

@@ -15,8 +15,9 @@ import (
 	"isopod/internal/knobs"
 )
 
-// counter counts in the guest, writing its pid and count to /tmp.
-const counter = `echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done`
+// counter counts in the guest, writing its pid and count to /tmp; the
+// count is renamed into place, so that no reader finds it truncated.
+const counter = `echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done`
 
 // guestInts runs a shell line in session id and returns the integers it
 // prints, and whether the call resumed the session.
