@@ -97,6 +97,7 @@ func (v *Machine) Mount(ctx context.Context, d Disks, workspaceDir string, flush
 	return v.mount(ctx, d.Mount(workspaceDir, flush, deadline), deadline)
 }
 
+// mount sends the guest m, bounded by deadline.
 func (v *Machine) mount(ctx context.Context, m agentproto.Mount, deadline time.Time) error {
 	c, err := v.agent()
 	if err != nil {
