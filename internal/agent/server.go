@@ -211,7 +211,8 @@ type conn struct {
 	reap reaper
 	wg   sync.WaitGroup
 
-	session atomic.Bool // the host sent KindSession
+	session atomic.Bool   // the host sent KindSession
+	lastID  atomic.Uint64 // the highest request id read (Hello.LastID)
 
 	mu       sync.Mutex
 	execs    map[uint64]*execState
@@ -284,6 +285,9 @@ func (c *conn) readLoop(r io.Reader) error {
 			continue // halting: nothing more is started
 		default:
 		}
+		if m.ID > c.lastID.Load() {
+			c.lastID.Store(m.ID) // only readLoop writes it
+		}
 		if err := c.dispatch(m, payload); err != nil {
 			c.log.Error("protocol violation; dropping the connection", "err", err)
 			return err
@@ -303,6 +307,7 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 		// Answered inline: it never blocks, and after a snapshot resume it
 		// is the first message, whose latency is the resume's.
 		h := c.srv.hello()
+		h.LastID = c.lastID.Load()
 		c.reply(&agentproto.Msg{ID: m.ID, Kind: agentproto.KindHello, Hello: &h}, nil)
 	case agentproto.KindPing:
 		c.spawn(func() {

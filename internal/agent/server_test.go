@@ -391,3 +391,24 @@ func (f *fakeSystem) freezeCounts() (freezes, thaws int) {
 	defer f.mu.Unlock()
 	return f.freezes, f.thaws
 }
+
+// After a resume, a new host's first request is a hello: the agent tells
+// it the highest id it has read, since what ran under the old host's ids
+// runs on, and the host's next exec does not collide with them.
+func TestHelloTellsLastID(t *testing.T) {
+	c := startAgent(t, Options{})
+	c.rawID++
+	old := c.rawID
+	c.sendRaw(&agentproto.Msg{ID: old, Kind: agentproto.KindExec, Exec: &agentproto.Exec{Argv: []string{"sh", "-c", "echo up; exec sleep 30"}}}, nil)
+	c.wire.await(t, old, func(f frame) bool { return f.m.Kind == agentproto.KindOutput })
+	h, err := c.Hello(c.ctx())
+	if err != nil || h.LastID != old {
+		t.Fatalf("hello = %+v, %v; want LastID %d", h, err, old)
+	}
+	if r := c.execWith(agentproto.Exec{Argv: []string{"true"}}, nil, nil); r.err != nil || r.code() != 0 {
+		t.Fatalf("exec after the hello: %+v, %v", r.done, r.err)
+	}
+	if id := c.wire.lastSent(t, agentproto.KindExec); id <= old {
+		t.Errorf("the host's next exec has id %d; want one above %d", id, old)
+	}
+}

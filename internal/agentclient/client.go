@@ -199,7 +199,24 @@ func (c *Client) Hello(ctx context.Context) (agentproto.Hello, error) {
 	if f.msg.Hello == nil {
 		return agentproto.Hello{}, fmt.Errorf("guest agent answered hello without a body")
 	}
-	return *f.msg.Hello, checkVersion(*f.msg.Hello)
+	h := *f.msg.Hello
+	if err := c.skipIDs(h.LastID); err != nil {
+		return h, err
+	}
+	return h, checkVersion(h)
+}
+
+// skipIDs makes the next request ids follow last, the highest id a
+// restored guest has read from the host before this one (Hello.LastID).
+func (c *Client) skipIDs(last uint64) error {
+	if last > agentproto.MaxLastID {
+		return fmt.Errorf("guest agent claims to have read request id %d, beyond any a host sends (%d): %w",
+			last, uint64(agentproto.MaxLastID), errdefs.ErrFailedPrecondition)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nextID = max(c.nextID, last)
+	return nil
 }
 
 // roundTrip sends one request and returns its single reply; a KindError

@@ -295,3 +295,55 @@ func TestCallContext(t *testing.T) {
 		t.Errorf("ping after a call gave up: %v", err)
 	}
 }
+
+// A guest resumed from a snapshot may hold requests of the host before
+// under their ids: Hello's LastID makes this client number above them,
+// and a LastID that would leave no ids is refused.
+func TestHelloSkipsTheGuestsIDs(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		last    uint64
+		wantErr error
+		wantID  uint64 // of the request after the hello
+	}{
+		{"none read", 0, nil, 2},
+		{"an earlier host's", 40, nil, 41},
+		{"the most a host sends", agentproto.MaxLastID, nil, agentproto.MaxLastID + 1},
+		{"beyond any host", agentproto.MaxLastID + 1, errdefs.ErrFailedPrecondition, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			host, guest := socketPair(t)
+			c := New(host, nil)
+			t.Cleanup(func() { c.Close(); guest.Close() })
+			ids := make(chan uint64, 2)
+			go func() {
+				for {
+					m, _, err := agentproto.ReadFrame(guest)
+					if err != nil {
+						return
+					}
+					ids <- m.ID
+					r := &agentproto.Msg{ID: m.ID, Kind: agentproto.KindOK}
+					if m.Kind == agentproto.KindHello {
+						r = &agentproto.Msg{ID: m.ID, Kind: agentproto.KindHello, Hello: &agentproto.Hello{Version: agentproto.Version, LastID: tt.last}}
+					}
+					agentproto.WriteFrame(guest, r, nil)
+				}
+			}()
+			ctx := testCtx(t)
+			_, err := c.Hello(ctx)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Hello with LastID %d: %v; want %v", tt.last, err, tt.wantErr)
+			}
+			if <-ids != 1 || err != nil {
+				return
+			}
+			if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindPing}, nil); err != nil {
+				t.Fatalf("Call after the hello: %v", err)
+			}
+			if got := <-ids; got != tt.wantID {
+				t.Errorf("the request after the hello has id %d; want %d", got, tt.wantID)
+			}
+		})
+	}
+}

@@ -231,7 +231,17 @@ type Hello struct {
 	BootError    string  `json:"boot_error,omitempty"` // set when the root could not be assembled
 	Kernel       string  `json:"kernel,omitempty"`
 	ModulesMS    float64 `json:"modules_ms,omitempty"`
+	// LastID, on a reply to the host's KindHello, is the highest request
+	// id the agent has read on this stream. A guest resumed from a
+	// snapshot may still hold execs, copy-ins and relayed streams under
+	// the ids of the host that made the snapshot; a new host numbers its
+	// requests above LastID so that none collides with them.
+	LastID uint64 `json:"last_id,omitempty"`
 }
+
+// MaxLastID bounds Hello.LastID: a host refuses a guest that claims more,
+// which would leave it no ids to use.
+const MaxLastID = 1 << 53
 
 // Exec starts one process.
 type Exec struct {
