@@ -76,11 +76,23 @@ func TestAssembledRoot(t *testing.T) {
 		// asm-c ran once above (its fork).
 		r, _ := c.run(t, env, "asm-c run 2", "warm", false, []string{"--stage", "asm-c"}, "true")
 		assembled(t, r, false)
-		r, out := c.run(t, env, "asm-c run 3", "warm", true, []string{"--stage", "asm-c"}, "cat /etc/asm-c")
+		// The run that builds the snapshot runs on in its VM: what it
+		// writes and commits is its own, and no later clone sees it.
+		r, out := c.run(t, env, "asm-c run 3", "warm", true, []string{"--stage", "asm-c", "--commit-as", "asm-d"},
+			"cat /etc/asm-c; echo d > /etc/asm-d; echo 3 > /root/w3")
+		assembled(t, r, true)
+		if out != "c\n" || e2e.Str(r.JSON, "stage_id") == "" {
+			t.Errorf("the run that built asm-c's assembled snapshot printed %q, committed %q (%s)", out, e2e.Str(r.JSON, "stage_id"), e2e.Str(r.JSON, "commit_error"))
+		}
+		r, out = c.run(t, env, "asm-c run 4", "warm", false, []string{"--stage", "asm-c"}, "cat /etc/asm-c; ls /root; test -e /etc/asm-d && echo asm-d; true")
 		assembled(t, r, true)
 		if out != "c\n" {
-			t.Errorf("the run that built asm-c's assembled snapshot printed %q", out)
+			t.Errorf("a clone of asm-c's assembled snapshot printed %q; want the stage's file and nothing the builder's run wrote", out)
 		}
+		if _, out := c.run(t, env, "fork of asm-d", "warm", false, []string{"--stage", "asm-d"}, "cat /etc/asm-d /root/w3"); out != "d\n3\n" {
+			t.Errorf("a fork of the stage the builder's run committed printed %q; want d and 3", out)
+		}
+		ok(t, env, "stage", "rm", "asm-d")
 		n := len(snapshotDirs(t, env))
 		ok(t, env, "stage", "rm", "asm-c")
 		if got := len(snapshotDirs(t, env)); got != n-1 {

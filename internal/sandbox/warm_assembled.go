@@ -89,9 +89,9 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 		case before < assembledAfter:
 			return false, nil
 		}
-		meta, err := r.buildAssembled(ctx, drv, in)
-		if meta == nil || err != nil {
-			return false, err
+		meta, ranOn, err := r.buildAssembled(ctx, drv, in)
+		if meta == nil || err != nil || ranOn {
+			return ranOn, err
 		}
 		w.rootMeta = meta
 	}
@@ -113,33 +113,55 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 // buildInline builds a plain one (half of what is left of the run's
 // timeout), unless another builder holds it or the time is too short: the
 // run then does without, silently, since it resumes from the plain
-// snapshot instead.
-func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs) (*warmpool.Meta, error) {
+// snapshot instead. The snapshot's VM runs on as the run's (ranOn), its
+// root assembled: one more clone of the snapshot, made its own as every
+// clone is (configure), which saves the run a restore and the first
+// translation of the guest's paths that a fresh VMM makes.
+func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs) (_ *warmpool.Meta, ranOn bool, _ error) {
 	budget := min(snapshotBuildTimeout, time.Until(r.deadline())/2)
 	if budget < inlineBuildMin {
-		return nil, nil
+		return nil, false, nil
 	}
 	unlock, ok := r.s.warm.TryBuild(in.key.ID())
 	if !ok {
-		return nil, nil
+		return nil, false, nil
 	}
 	defer unlock()
 	if meta, err := r.s.warm.Read(in.key.ID()); err == nil {
-		return meta, nil
+		return meta, false, nil
 	}
 	deadline := time.Now().Add(budget)
-	meta, _, err := r.s.buildWarm(ctx, drv, in, warmBuild{dir: r.dir, vm: r.vm, deadline: deadline})
+	meta, start, err := r.s.buildWarm(ctx, drv, in, warmBuild{dir: r.dir, vm: r.vm, deadline: deadline, runOn: true,
+		started: func(m vmm.Machine) { r.rep.Accel = m.Accel() }})
 	switch {
 	case err == nil:
 		r.rep.SnapshotBuilt = true
 		r.rep.SnapshotBuildMS = &meta.BuildMS
-		return meta, nil
+		if m, _ := r.vm.Current(); m != nil {
+			r.ranOn(start)
+			return meta, true, nil
+		}
+		return meta, false, nil
 	case ctx.Err() != nil:
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot of this shape with its root assembled failed "+
 		"(%v); this run resumed or booted as before", err))
-	return nil, nil
+	return nil, false, nil
+}
+
+// ranOn makes the assembled snapshot's VM, running on after its
+// snapshot, the run's: a clone of the plain snapshot reports a resume, a
+// booted one a boot, each as long as the VM took to answer.
+func (r *run) ranOn(start buildStart) {
+	r.scratch = filepath.Join(r.dir.Path(), buildScratchName)
+	r.resumed, r.rootAssembled, r.rep.RootAssembled = true, true, true
+	ms := start.ms
+	if start.cloned {
+		r.rep.Path, r.rep.ResumeMS = "warm", &ms
+	} else {
+		r.rep.BootMS = &ms
+	}
 }
 
 // resumeAssembled gives the run a copy of the snapshot's scratch image and

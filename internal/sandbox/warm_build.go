@@ -9,6 +9,7 @@ import (
 
 	"isopod/internal/admission"
 	"isopod/internal/egress"
+	"isopod/internal/image"
 	"isopod/internal/machine"
 	"isopod/internal/vmm"
 	"isopod/internal/vmrecord"
@@ -36,41 +37,71 @@ type warmBuild struct {
 	vm       *machine.Machine
 	deadline time.Time
 	started  func(vmm.Machine) // called once the VMM runs; may be nil
+	// runOn keeps an assembled snapshot's VM running after its snapshot,
+	// for the run that built it (warm_assembled.go): the snapshot gets a
+	// copy of the scratch disk, which the VM keeps (buildScratchName).
+	runOn bool
 }
 
-// buildWarm cold-boots the snapshot VM of in, waits for its agent, snapshots
-// it and publishes the snapshot. The caller holds in's build lock. It
-// returns the published snapshot and the boot time.
-func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (*warmpool.Meta, int64, error) {
+// buildStart is how a snapshot VM started: cloned from its shape's plain
+// snapshot or booted, and how long it took until its agent answered.
+type buildStart struct {
+	ms     int64
+	cloned bool
+}
+
+// buildWarm starts the snapshot VM of in (startSnapshotVM), readies it,
+// snapshots it and publishes the snapshot. The caller holds in's build
+// lock. The VM is dropped unless b.runOn and the snapshot was published.
+func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (*warmpool.Meta, buildStart, error) {
 	t0 := time.Now()
 	bctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
 	defer os.Remove(filepath.Join(b.dir.Path(), buildRAMName))
-	m, err := s.startSnapshotVM(bctx, drv, in, b)
-	defer b.vm.Drop()
+	m, cloned, err := s.startSnapshotVM(bctx, drv, in, b)
+	kept := false
+	defer func() {
+		if !kept {
+			b.vm.Drop()
+		}
+	}()
 	var root *machine.Disks
 	scratch := ""
 	if in.key.Assembled {
 		d := snapshotDisks(in, b)
 		root, scratch = &d, d.Scratch
-		defer os.Remove(scratch)
+		defer func() {
+			if !kept {
+				os.Remove(scratch)
+			}
+		}()
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, buildStart{}, err
 	}
-	bootMS := time.Since(t0).Milliseconds()
+	start := buildStart{ms: time.Since(t0).Milliseconds(), cloned: cloned}
 	if err := b.vm.PrepareForSnapshot(bctx, root, b.deadline, s.log); err != nil {
-		return nil, bootMS, err
+		return nil, start, err
 	}
 	info, err := drv.Info(bctx)
 	if err != nil {
-		return nil, bootMS, err
+		return nil, start, err
 	}
 	// The key records the accelerator the VM actually got.
 	key := in.key
 	key.Accel = string(m.Accel())
-	write := func(tmp string) error { return b.vm.Snapshot(bctx, tmp) }
-	meta, err := s.warm.Take(bctx, in.key.ID(), write, scratch, func() *warmpool.Meta {
+	runOn := b.runOn && scratch != ""
+	write, keep := func(tmp string) error { return b.vm.Snapshot(bctx, tmp) }, scratch
+	if runOn {
+		// The snapshot's scratch is copied while the guest is stopped, as
+		// the guest's memory holds it at the snapshot.
+		write, keep = func(tmp string) error {
+			return b.vm.SnapshotRunning(bctx, tmp, func() error {
+				return image.CopySparse(filepath.Join(tmp, warmpool.ScratchFile), scratch)
+			})
+		}, ""
+	}
+	meta, err := s.warm.Take(bctx, in.key.ID(), write, keep, func() *warmpool.Meta {
 		return &warmpool.Meta{
 			Key: key.ID(), Parts: key, Built: time.Now().UTC(),
 			BuildMS: time.Since(t0).Milliseconds(), Accel: m.Accel(), VMM: info,
@@ -78,11 +109,12 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 		}
 	})
 	if err != nil {
-		return nil, bootMS, err
+		return nil, start, err
 	}
-	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS)
+	kept = runOn
+	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS, "runs_on", runOn)
 	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
-	return meta, bootMS, nil
+	return meta, start, nil
 }
 
 // buildRAMName is the RAM file of a snapshot VM cloned from a plain
@@ -94,20 +126,21 @@ const buildRAMName = "snapshot-ram"
 // snapshot's VM is a clone of its shape's plain snapshot where there is
 // one (a resume, MakeOwn, and its root assembled as a run's would be:
 // under TCG a second or so where a boot takes several).
-// Otherwise, or when the clone fails, it boots. The caller drops b.vm.
-func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (vmm.Machine, error) {
+// Otherwise, or when the clone fails, it boots (cloned is false). The
+// caller drops b.vm.
+func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmInputs, b warmBuild) (_ vmm.Machine, cloned bool, _ error) {
 	var net *vmm.Net
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
 	ph, err := machine.Placeholders(b.dir.Path())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var plain *warmpool.Meta // the clone's, for an assembled snapshot
 	if in.key.Assembled {
 		if err := s.prepareScratch(filepath.Join(b.dir.Path(), buildScratchName), in.key.ScratchMiB); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		plain, _ = s.warm.Read(in.key.Plain().ID())
 	}
@@ -124,18 +157,19 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 		ccfg.OwnRAM, ccfg.RAMFile, ccfg.RAMCopy = true, filepath.Join(b.dir.Path(), buildRAMName), true
 		release, err := s.warm.Use(ctx, plain.Key)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		m, err := b.vm.CloneForSnapshot(ctx, restorer, ccfg, s.warm.Dir(plain.Key), warmHostname, started)
 		release()
 		if err == nil {
-			return m, nil
+			return m, true, nil
 		}
 		s.log.Debug("warm pool: cloning the plain snapshot for an assembled one failed; booting", "err", err)
 		b.vm.Drop()
 		os.Remove(ccfg.RAMFile)
 	}
-	return b.vm.BootForSnapshot(ctx, drv, cfg, started)
+	m, err := b.vm.BootForSnapshot(ctx, drv, cfg, started)
+	return m, false, err
 }
 
 // snapshotDisks are the disks of in's snapshot VM: its base, and for an

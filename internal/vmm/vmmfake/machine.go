@@ -60,8 +60,8 @@ type Machine struct {
 	ctx    context.Context // the agent's; cancelled when the machine stops
 	cancel context.CancelFunc
 
-	pauseOnce  sync.Once
-	paused     chan struct{} // closed by Snapshot
+	pmu        sync.Mutex
+	unpause    chan struct{} // non-nil while a Snapshot holds the guest; Resume closes it
 	resumeOnce sync.Once
 	resumed    chan struct{} // closed by Resume (at once unless restored paused)
 	exitOnce   sync.Once
@@ -110,7 +110,6 @@ func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
 		serial:  console,
 		console: agent.NewConsoleLogger(console, cmdlineValue(cfg.Cmdline, agentproto.CmdlineDebug) == "1"),
 		ctx:     ctx, cancel: cancel,
-		paused:  make(chan struct{}),
 		resumed: make(chan struct{}),
 		stopped: make(chan struct{}),
 		served:  make(chan struct{}),
@@ -123,9 +122,15 @@ func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
 	return m, nil
 }
 
-// Resume lets a machine restored paused run.
+// Resume lets a machine restored paused, or paused by Snapshot, run.
 func (m *Machine) Resume(ctx context.Context) error {
 	m.resumeOnce.Do(func() { close(m.resumed) })
+	m.pmu.Lock()
+	if m.unpause != nil {
+		close(m.unpause)
+		m.unpause = nil
+	}
+	m.pmu.Unlock()
 	return nil
 }
 
@@ -268,8 +273,8 @@ func (m *Machine) Restored() bool { return m.g.restored }
 func (m *Machine) State() State { return m.sys.State() }
 
 // Snapshot pauses the guest (requests are no longer delivered, nothing more
-// is sent) and writes the snapshot into dir. The machine stays paused; the
-// caller kills it. As with QEMU, a restored machine can be snapshotted
+// is sent) and writes the snapshot into dir. The machine stays paused until
+// Resume; the caller kills it or resumes it. As with QEMU, a restored machine can be snapshotted
 // again only with RAM of its own (vmm.Config.OwnRAM and RAMFile).
 func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 	if m.g.restored && !(m.cfg.OwnRAM && m.cfg.RAMFile != "") {
@@ -285,7 +290,11 @@ func (m *Machine) Snapshot(ctx context.Context, dir string) error {
 			return fmt.Errorf("vmmfake snapshot: %w", err)
 		}
 	}
-	m.pauseOnce.Do(func() { close(m.paused) })
+	m.pmu.Lock()
+	if m.unpause == nil {
+		m.unpause = make(chan struct{})
+	}
+	m.pmu.Unlock()
 	meta := snapshotMeta{
 		Format: snapshotFormat, Accel: m.accel,
 		VCPUs: m.cfg.VCPUs, MemMiB: m.cfg.MemMiB, Disks: len(m.cfg.Disks), NIC: m.cfg.Net != nil,
@@ -335,16 +344,25 @@ func (c *consoleWriter) stop() {
 // errStopped ends the agent's reads and writes once the machine stopped.
 var errStopped = errors.New("vmmfake: machine stopped")
 
-// holdIfPaused blocks while the machine is paused, until it stops; it
-// returns errStopped once the machine has stopped.
+// holdIfPaused blocks while the machine is paused, until it resumes or
+// stops; it returns errStopped once the machine has stopped.
 func (m *Machine) holdIfPaused() error {
-	select {
-	case <-m.stopped:
-		return errStopped
-	case <-m.paused:
-		<-m.stopped
-		return errStopped
-	default:
-		return nil
+	for {
+		m.pmu.Lock()
+		ch := m.unpause
+		m.pmu.Unlock()
+		if ch == nil {
+			select {
+			case <-m.stopped:
+				return errStopped
+			default:
+				return nil
+			}
+		}
+		select {
+		case <-m.stopped:
+			return errStopped
+		case <-ch:
+		}
 	}
 }
