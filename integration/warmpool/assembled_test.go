@@ -36,7 +36,18 @@ func TestAssembledRoot(t *testing.T) {
 		}
 		return r
 	}
-	commit(t, "asm-s", nil, "echo s > /etc/asm-s")
+	// The home's first run: it builds the plain snapshot and runs on in
+	// its VM, its scratch disk in the scratch slot; the layer it commits
+	// is the scratch disk at its own size.
+	first := commit(t, "asm-s", nil, "echo s > /etc/asm-s")
+	wantPath(t, first, "cold", true)
+	layer := stageLayer(t, env, "asm-s")
+	if st, err := os.Stat(layer); err != nil || st.Size() != 1024<<20 {
+		t.Errorf("the first run's layer %s: %v, %v; want the 1024 MiB scratch disk", layer, st, err)
+	}
+	if got := layerID(t, layer, "", "base-min"); got != e2e.Str(first.JSON, "stage_id") {
+		t.Errorf("the first run's layer hashes to %s; its stage id is %s", got, e2e.Str(first.JSON, "stage_id"))
+	}
 
 	var asmDir string
 	t.Run("warmpool build --stage, then clones of their own", func(t *testing.T) {

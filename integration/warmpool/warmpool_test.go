@@ -80,13 +80,18 @@ func TestWarmPool(t *testing.T) {
 	env := warmHome(t)
 
 	t.Run("first run builds, second resumes", func(t *testing.T) {
-		// The first run boots the snapshot VM, snapshots it and resumes
-		// from it: warm, with the build in its report.
-		r := warmRun(t, env, "--", "echo", "one")
-		wantPath(t, r, "warm", true)
-		// Its own hostname, a writable root, and a NIC that reaches its
-		// own network's gateway.
-		r = warmRun(t, env, "--", "sh", "-c", "echo two > /root/f; cat /root/f; hostname; ping -c 1 -W 5 10.0.2.1 >/dev/null && echo gateway")
+		// The first run boots the snapshot VM, snapshots it and runs on in
+		// it: cold, with the build in its report, made its own as a clone.
+		ownHost := "hostname; ping -c 1 -W 5 10.0.2.1 >/dev/null && echo gateway"
+		r := warmRun(t, env, "--", "sh", "-c", "echo one > /root/first; cat /root/first; "+ownHost)
+		wantPath(t, r, "cold", true)
+		e2e.Num(t, r.JSON, "boot_ms")
+		if got := e2e.Str(r.JSON, "stdout"); got != "one\n"+e2e.Str(r.JSON, "name")+"\ngateway\n" {
+			t.Errorf("first run stdout %q; want one, its own hostname %s, gateway", got, e2e.Str(r.JSON, "name"))
+		}
+		// Its own hostname, a writable root without the first run's file,
+		// and a NIC that reaches its own network's gateway.
+		r = warmRun(t, env, "--", "sh", "-c", "test ! -e /root/first; echo two > /root/f; cat /root/f; "+ownHost)
 		wantPath(t, r, "warm", false)
 		if got := e2e.Str(r.JSON, "stdout"); got != "two\n"+e2e.Str(r.JSON, "name")+"\ngateway\n" {
 			t.Errorf("warm run stdout %q; want two, its own hostname %s, gateway", got, e2e.Str(r.JSON, "name"))
@@ -165,7 +170,7 @@ func TestWarmPool(t *testing.T) {
 
 	t.Run("another memory size rebuilds once", func(t *testing.T) {
 		r := warmRun(t, env, "--mem-mib", "256", "--", "true")
-		wantPath(t, r, "warm", true)
+		wantPath(t, r, "cold", true)
 		r = warmRun(t, env, "--mem-mib", "256", "--", "true")
 		wantPath(t, r, "warm", false)
 		b := e2e.Isopod(t, env, "warmpool", "build", "--mem-mib", "256")
@@ -216,7 +221,7 @@ func TestWarmPool(t *testing.T) {
 		}
 		// Another scratch size: a shape that keeps to the plain snapshot.
 		r := warmRun(t, env, "--scratch-mib", "256", "--", "echo", "still fine")
-		wantPath(t, r, "warm", true)
+		wantPath(t, r, "cold", true)
 		warns, _ := r.JSON["warnings"].([]any)
 		if len(warns) == 0 || !strings.Contains(warns[0].(string), "could not be resumed") {
 			t.Errorf("no warning about the unusable snapshot: %v", r.JSON["warnings"])

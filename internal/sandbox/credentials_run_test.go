@@ -95,8 +95,8 @@ func TestRunInjectWarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Path != "warm" || rep.Net == nil || rep.Net.Mode != sandbox.NetworkFiltered {
-		t.Errorf("path %q net %+v; want a warm, filtered run", rep.Path, rep.Net)
+	if !rep.SnapshotBuilt || rep.Net == nil || rep.Net.Mode != sandbox.NetworkFiltered {
+		t.Errorf("path %q built %v net %+v; want a filtered run in the warm pool's snapshot VM", rep.Path, rep.SnapshotBuilt, rep.Net)
 	}
 	if !strings.Contains(rep.Stdout, credential.EndpointEnv+"=http://") {
 		t.Errorf("the command's environment lacks %s:\n%s", credential.EndpointEnv, rep.Stdout)

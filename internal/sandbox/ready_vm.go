@@ -138,7 +138,7 @@ func (r *run) claimReady(ctx context.Context) error {
 			return ctx.Err()
 		}
 		r.vm.Drop()
-		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+		return unusable(err)
 	}
 	r.s.warm.Used(rv.Shape.Key)
 	ms := time.Since(t).Milliseconds()

@@ -38,6 +38,9 @@ type run struct {
 	// vm owns the VMM, the agent client and the network.
 	vm      *machine.Machine
 	scratch string
+	// scratchBytes is the scratch disk's own size while it is grown to a
+	// disk slot's (warm_runon.go); 0 otherwise.
+	scratchBytes int64
 
 	// ws is the run's workspace copy and wsUpper its writable layer
 	// (workspace.go).

@@ -16,6 +16,7 @@ import (
 	"isopod/internal/agentproto"
 	"isopod/internal/errdefs"
 	"isopod/internal/machine"
+	"isopod/internal/report"
 	"isopod/internal/sandbox"
 	"isopod/internal/vmm"
 	"isopod/internal/vmm/vmmfake"
@@ -75,14 +76,14 @@ func TestRunCold(t *testing.T) {
 }
 
 // The default shape of run is warm-eligible: the first builds the
-// snapshot and resumes from it, the second only resumes.
+// snapshot and runs on in its VM, the second only resumes.
 func TestRunWarm(t *testing.T) {
 	t.Parallel()
 	s, d := newFakeService(t, vmmfake.Config{})
 	first := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
-	if first.Path != "warm" || !first.SnapshotBuilt || first.SnapshotBuildMS == nil || first.ResumeMS == nil || first.Stdout != "one\n" {
-		t.Fatalf("first run: path %q built %v resume %v stdout %q warnings %q; want a snapshot built and resumed",
-			first.Path, first.SnapshotBuilt, first.ResumeMS, first.Stdout, first.Warnings)
+	if first.Path != "cold" || !first.SnapshotBuilt || first.SnapshotBuildMS == nil || first.BootMS == nil || first.ResumeMS != nil || first.Stdout != "one\n" {
+		t.Fatalf("first run: path %q built %v boot %v resume %v stdout %q warnings %q; want a snapshot built by a boot that ran on",
+			first.Path, first.SnapshotBuilt, first.BootMS, first.ResumeMS, first.Stdout, first.Warnings)
 	}
 	second := run(t, s, sandbox.Request{Argv: []string{"echo", "two"}})
 	if second.Path != "warm" || second.SnapshotBuilt || second.ResumeMS == nil || second.BootMS != nil || second.Stdout != "two\n" {
@@ -94,24 +95,28 @@ func TestRunWarm(t *testing.T) {
 	}
 
 	ms := d.Machines()
-	if len(ms) != 3 || ms[0].Restored() || !ms[1].Restored() || !ms[2].Restored() {
-		t.Fatalf("machines: %d; want the snapshot builder and two restored guests", len(ms))
-	}
-	if net := ms[0].State().Net; net == nil || len(net.Env) != 0 {
-		t.Errorf("snapshot guest's network %+v; want configured without a run's env", net)
-	}
-	// A resumed clone is made its own machine before the command, and
-	// assembles its root from the disks it was given, flushing first.
-	st := ms[2].State()
-	if st.Hostname != second.Name || st.EntropyBytes < 64 || st.Clock.IsZero() || st.Net == nil {
-		t.Errorf("resumed guest state %+v; want the run's hostname, fresh entropy, a clock and the network", st)
-	}
-	if st.Mount == nil || !st.Mount.Flush || !st.Mount.Scratch || ms[0].State().Mount != nil {
-		t.Errorf("resumed mount %+v, snapshot VM's %+v; want a flushed mount after the resume and none before the snapshot", st.Mount, ms[0].State().Mount)
+	if len(ms) != 2 || ms[0].Restored() || !ms[1].Restored() {
+		t.Fatalf("machines: %d; want the snapshot builder, which ran the first command, and a restored guest", len(ms))
 	}
 	list, err := s.WarmList(context.Background())
 	if err != nil || len(list.Snapshots) != 1 || list.Snapshots[0].Stale {
-		t.Errorf("warm list: %+v, %v; want one current snapshot", list, err)
+		t.Fatalf("warm list: %+v, %v; want one current snapshot", list, err)
+	}
+	snap, err := vmmfake.SnapshotState(list.Snapshots[0].Path)
+	if err != nil || snap.Net == nil || len(snap.Net.Env) != 0 || snap.Mount != nil || snap.EntropyBytes != 0 || snap.Hostname == first.Name {
+		t.Errorf("the snapshot's guest %+v, %v; want its network configured without a run's env, nothing mounted, made its own by no run", snap, err)
+	}
+	// The snapshot VM that ran on and a resumed clone are each made their
+	// own machine before the command, and assemble their root from the
+	// disks they were given, flushing first.
+	for i, rep := range []*report.Run{first, second} {
+		st := ms[i].State()
+		if st.Hostname != rep.Name || st.EntropyBytes < 64 || st.Clock.IsZero() || st.Net == nil {
+			t.Errorf("run %d's guest state %+v; want the run's hostname, fresh entropy, a clock and the network", i+1, st)
+		}
+		if st.Mount == nil || !st.Mount.Flush || !st.Mount.Scratch {
+			t.Errorf("run %d's mount %+v; want a flushed mount with a scratch disk", i+1, st.Mount)
+		}
 	}
 }
 
@@ -296,8 +301,8 @@ func TestRunTimesOutDuringRootAssembly(t *testing.T) {
 			}}, !warm)
 			if warm {
 				// The first run builds the snapshot the second resumes.
-				if rep := run(t, s, sandbox.Request{Argv: []string{"true"}}); rep.Path != "warm" {
-					t.Fatalf("first run's path %q; want warm", rep.Path)
+				if rep := run(t, s, sandbox.Request{Argv: []string{"true"}}); !rep.SnapshotBuilt {
+					t.Fatalf("first run built no snapshot (path %q)", rep.Path)
 				}
 			}
 			slow.Store(true)

@@ -50,6 +50,9 @@ func (r *run) commit(ctx context.Context, done *agentproto.ExecDone) {
 
 // commitScratch stores the scratch disk as a stage.
 func (r *run) commitScratch(ctx context.Context) error {
+	if err := r.shrinkScratch(); err != nil {
+		return err
+	}
 	st, err := r.s.store.Open()
 	if err != nil {
 		return err

@@ -36,8 +36,27 @@ const (
 	warmHostname = "isopod-warm"
 )
 
-// errWarmUnusable marks a snapshot that could not be resumed.
+// errWarmUnusable marks a snapshot that could not be resumed
+// (errors.Is); unusable says why.
 var errWarmUnusable = errors.New("warm snapshot unusable")
+
+// unusableError is a snapshot that could not be resumed, and why.
+type unusableError struct{ err error }
+
+func unusable(err error) error { return &unusableError{err} }
+
+func (e *unusableError) Error() string        { return errWarmUnusable.Error() + ": " + e.err.Error() }
+func (e *unusableError) Unwrap() error        { return e.err }
+func (e *unusableError) Is(target error) bool { return target == errWarmUnusable }
+
+// unusableCause is why a snapshot could not be resumed, for a warning.
+func unusableCause(err error) error {
+	var u *unusableError
+	if errors.As(err, &u) {
+		return u.err
+	}
+	return err
+}
 
 // warmInputs are a key and what a snapshot VM of it boots.
 type warmInputs struct {
@@ -176,7 +195,7 @@ func (r *run) bootWarm(ctx context.Context, drv vmm.Driver) (done bool, err erro
 			// Not merely removed since the run was planned: retire it.
 			r.s.warm.Retire(key, meta.BuildID)
 			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf(
-				"the warm-pool snapshot %s could not be resumed (%v); it was removed and rebuilt for this run", key, errors.Unwrap(err)))
+				"the warm-pool snapshot %s could not be resumed (%v); it was removed and rebuilt for this run", key, unusableCause(err)))
 			r.s.log.Warn("warm pool: unusable snapshot retired", "key", key, "err", err)
 		}
 	}
@@ -198,9 +217,9 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 	}
 	defer unlock()
 	if _, err := r.s.warm.Read(key); err != nil {
-		meta, err := r.buildInline(ctx, drv, r.warm.in)
-		if meta == nil || err != nil {
-			return false, err
+		meta, ranOn, err := r.buildInline(ctx, drv, r.warm.in)
+		if meta == nil || err != nil || ranOn {
+			return ranOn, err
 		}
 		key = meta.Key
 	}
@@ -226,35 +245,48 @@ func (r *run) buildAndResume(ctx context.Context, drv vmm.Driver) (bool, error) 
 // that a build that fails or hangs (its VM is then killed) leaves the other
 // half to a cold boot. With less than inlineBuildMin for it, nothing is
 // built. meta is nil, and a warning says why, when the run must boot cold.
-func (r *run) buildInline(ctx context.Context, drv vmm.Driver, in warmInputs) (*warmpool.Meta, error) {
+// Where it can (runOnPlain), the snapshot VM runs on as the run's (ranOn).
+func (r *run) buildInline(ctx context.Context, drv vmm.Driver, in warmInputs) (_ *warmpool.Meta, ranOn bool, _ error) {
 	budget := min(snapshotBuildTimeout, time.Until(r.deadline())/2)
 	if budget < inlineBuildMin {
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("no warm-pool snapshot was built for this run's shape: "+
 			"half of what was left of its timeout (%.1f s) is too short for a build; this run cold-booted (`isopod warmpool build` builds it)",
 			budget.Seconds()))
-		return nil, nil
+		return nil, false, nil
 	}
 	// boot_ms is a cold boot's; the snapshot VM's boot is part of
 	// snapshot_build_ms.
 	deadline := time.Now().Add(budget)
-	meta, _, err := r.s.buildWarm(ctx, drv, in, warmBuild{
+	b := warmBuild{
 		dir: r.dir, vm: r.vm, deadline: deadline,
 		started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
-	})
+	}
+	if r.runOnPlain() {
+		b.runOn, b.runScratch = true, r.scratch
+	}
+	meta, start, err := r.s.buildWarm(ctx, drv, in, b)
+	if m, _ := r.vm.Current(); err == nil && b.runOn && m != nil {
+		r.rep.SnapshotBuilt, r.rep.SnapshotBuildMS = true, &meta.BuildMS
+		r.ranOn(start, r.scratch, false)
+		return meta, true, nil
+	}
+	if err := r.shrinkScratch(); err != nil {
+		r.s.log.Warn("warm pool: the run's scratch disk keeps its slot's size", "err", err)
+	}
 	switch {
 	case err == nil:
 		r.rep.SnapshotBuilt = true
 		r.rep.SnapshotBuildMS = &meta.BuildMS
-		return meta, nil
+		return meta, false, nil
 	case ctx.Err() != nil:
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	case !time.Now().Before(deadline):
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot did not finish within %.1f s, "+
 			"half of what was left of the run's timeout; the snapshot VM was killed and this run cold-booted (%v)", budget.Seconds(), err))
 	default:
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("building the warm-pool snapshot failed (%v); this run cold-booted", err))
 	}
-	return nil, nil
+	return nil, false, nil
 }
 
 // resume starts the run's VM from the snapshot meta and says hello. A
@@ -294,7 +326,7 @@ func (r *run) resume(ctx context.Context, drv vmm.Driver, meta *warmpool.Meta) e
 		if time.Now().After(r.deadline()) {
 			return errBootTimeout
 		}
-		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+		return unusable(err)
 	}
 	r.s.log.Debug("warm pool: restored", "restore_ms", tRestore.Milliseconds())
 	return r.greetResumed(ctx, rctx, meta.Key, t)
@@ -309,7 +341,7 @@ func (r *run) greetResumed(ctx, rctx context.Context, key string, t time.Time) e
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %w", errWarmUnusable, err)
+		return unusable(err)
 	}
 	r.s.warm.Used(key)
 	ms := time.Since(t).Milliseconds()

@@ -103,7 +103,7 @@ func (r *run) bootAssembled(ctx context.Context, drv vmm.Driver) (done bool, err
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		r.s.warm.Retire(key, meta.BuildID)
 		r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf(
-			"the assembled warm-pool snapshot %s could not be resumed (%v); it was removed and this run resumed another way", key, errors.Unwrap(err)))
+			"the assembled warm-pool snapshot %s could not be resumed (%v); it was removed and this run resumed another way", key, unusableCause(err)))
 		r.s.log.Warn("warm pool: unusable assembled snapshot retired", "key", key, "err", err)
 	}
 	return false, nil
@@ -138,7 +138,7 @@ func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs)
 		r.rep.SnapshotBuilt = true
 		r.rep.SnapshotBuildMS = &meta.BuildMS
 		if m, _ := r.vm.Current(); m != nil {
-			r.ranOn(start)
+			r.ranOn(start, filepath.Join(r.dir.Path(), buildScratchName), true)
 			return meta, true, nil
 		}
 		return meta, false, nil
@@ -150,20 +150,6 @@ func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs)
 	return nil, false, nil
 }
 
-// ranOn makes the assembled snapshot's VM, running on after its
-// snapshot, the run's: a clone of the plain snapshot reports a resume, a
-// booted one a boot, each as long as the VM took to answer.
-func (r *run) ranOn(start buildStart) {
-	r.scratch = filepath.Join(r.dir.Path(), buildScratchName)
-	r.resumed, r.rootAssembled, r.rep.RootAssembled = true, true, true
-	ms := start.ms
-	if start.cloned {
-		r.rep.Path, r.rep.ResumeMS = "warm", &ms
-	} else {
-		r.rep.BootMS = &ms
-	}
-}
-
 // resumeAssembled gives the run a copy of the snapshot's scratch image and
 // resumes it from meta, whose root is assembled. On a failure the copy is
 // removed, for the run to make a fresh scratch disk.
@@ -171,7 +157,7 @@ func (r *run) resumeAssembled(ctx context.Context, drv vmm.Driver, meta *warmpoo
 	scratch := filepath.Join(r.dir.Path(), "scratch.ext4")
 	if err := image.CopySparse(scratch, filepath.Join(r.s.warm.Dir(meta.Key), warmpool.ScratchFile)); err != nil {
 		// Retired only if it is still the build tried (bootAssembled).
-		return fmt.Errorf("%w: the snapshot's scratch disk: %w", errWarmUnusable, err)
+		return unusable(fmt.Errorf("the snapshot's scratch disk: %w", err))
 	}
 	r.scratch = scratch
 	if err := r.resume(ctx, drv, meta); err != nil {

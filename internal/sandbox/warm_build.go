@@ -37,10 +37,13 @@ type warmBuild struct {
 	vm       *machine.Machine
 	deadline time.Time
 	started  func(vmm.Machine) // called once the VMM runs; may be nil
-	// runOn keeps an assembled snapshot's VM running after its snapshot,
-	// for the run that built it (warm_assembled.go): the snapshot gets a
-	// copy of the scratch disk, which the VM keeps (buildScratchName).
-	runOn bool
+	// runOn keeps the snapshot VM running after its snapshot, as the VM
+	// of the run that built it: an assembled snapshot's (its scratch disk,
+	// buildScratchName, is copied into the snapshot and the VM keeps it;
+	// warm_assembled.go), or a plain one's whose scratch slot holds the
+	// run's own scratch disk, runScratch (warm_runon.go).
+	runOn      bool
+	runScratch string
 }
 
 // buildStart is how a snapshot VM started: cloned from its shape's plain
@@ -90,13 +93,16 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	// The key records the accelerator the VM actually got.
 	key := in.key
 	key.Accel = string(m.Accel())
-	runOn := b.runOn && scratch != ""
+	runOn := b.runOn && (scratch != "" || b.runScratch != "")
 	write, keep := func(tmp string) error { return b.vm.Snapshot(bctx, tmp) }, scratch
 	if runOn {
-		// The snapshot's scratch is copied while the guest is stopped, as
-		// the guest's memory holds it at the snapshot.
+		// An assembled snapshot's scratch is copied while the guest is
+		// stopped, as the guest's memory holds it at the snapshot.
 		write, keep = func(tmp string) error {
 			return b.vm.SnapshotRunning(bctx, tmp, func() error {
+				if scratch == "" {
+					return nil
+				}
 				return image.CopySparse(filepath.Join(tmp, warmpool.ScratchFile), scratch)
 			})
 		}, ""
@@ -173,9 +179,10 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 }
 
 // snapshotDisks are the disks of in's snapshot VM: its base, and for an
-// assembled snapshot its layers and scratch disk.
+// assembled snapshot its layers and scratch disk (a plain one's running on
+// as its run's: that run's scratch disk).
 func snapshotDisks(in warmInputs, b warmBuild) machine.Disks {
-	d := machine.Disks{Base: in.base.Path}
+	d := machine.Disks{Base: in.base.Path, Scratch: b.runScratch}
 	if in.key.Assembled {
 		d.Layers, d.Scratch = in.layers, filepath.Join(b.dir.Path(), buildScratchName)
 	}

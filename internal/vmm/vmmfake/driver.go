@@ -239,6 +239,29 @@ type snapshotMeta struct {
 	State     State     `json:"state"`
 }
 
+// readSnapshot reads the snapshot in dir.
+func readSnapshot(dir string) (*snapshotMeta, error) {
+	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a snapshot (%v): %w", dir, errors.Unwrap(err), errdefs.ErrNotFound)
+	}
+	var meta snapshotMeta
+	if err := json.Unmarshal(b, &meta); err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", snapshotFile, err, errdefs.ErrFailedPrecondition)
+	}
+	return &meta, nil
+}
+
+// SnapshotState is what the guest of the snapshot in dir had recorded
+// when the snapshot was taken: what a guest restored from it starts from.
+func SnapshotState(dir string) (State, error) {
+	meta, err := readSnapshot(dir)
+	if err != nil {
+		return State{}, err
+	}
+	return meta.State, nil
+}
+
 // Restore starts a machine from the snapshot in dir. cfg must have the
 // snapshot's sizes and as many disks and NICs. The guest sends no Hello of
 // its own: it was sent before the snapshot; it answers the host's.
@@ -246,13 +269,9 @@ func (d *Driver) Restore(ctx context.Context, cfg vmm.Config, dir string) (vmm.M
 	if err := d.check(ctx, &cfg); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	meta, err := readSnapshot(dir)
 	if err != nil {
-		return nil, fmt.Errorf("vmmfake restore: %s is not a snapshot (%v): %w", dir, errors.Unwrap(err), errdefs.ErrNotFound)
-	}
-	var meta snapshotMeta
-	if err := json.Unmarshal(b, &meta); err != nil {
-		return nil, fmt.Errorf("vmmfake restore: %s: %w: %w", snapshotFile, err, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("vmmfake restore: %w", err)
 	}
 	switch {
 	case meta.Format != snapshotFormat:
