@@ -33,6 +33,9 @@ type Machine struct {
 	machine vmm.Machine
 	client  *agentclient.Client
 	netDone bool
+	// shellRead: the VM is a clone of a snapshot whose VM read the shell
+	// into its page cache (PrepareSnapshot), which the clone's holds too.
+	shellRead bool
 }
 
 // New returns a Machine with no network and no VMM yet.
@@ -48,7 +51,7 @@ func New(log *slog.Logger) *Machine {
 func (v *Machine) Attach(m vmm.Machine) *agentclient.Client {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.machine = m
+	v.machine, v.shellRead = m, false
 	v.client = agentclient.New(m.Agent(), v.log)
 	return v.client
 }

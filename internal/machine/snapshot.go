@@ -21,22 +21,29 @@ const snapshotTimeout = 2 * time.Minute
 // an absolute link the guest resolves outside the base (busybox's).
 var shellPrefetch = []string{"/bin/sh", "/bin/busybox"}
 
-// PrepareSnapshot does, in a freshly booted guest that is to be
-// snapshotted, what every clone would otherwise do first: the NIC brought
-// up and addressed as every VM's private network, which a clone's agent
-// then finds in force, and the shell read (shellPrefetch). The snapshot
-// may be taken at once: pending link events cost a clone nothing.
+// PrepareSnapshot does, in a guest that is to be snapshotted, what every
+// clone would otherwise do first: the NIC brought up and addressed as
+// every VM's private network, which a clone's agent then finds in force,
+// and the shell read (shellPrefetch) unless the guest is a clone whose
+// page cache holds it already (CloneForSnapshot). The snapshot may be
+// taken at once: pending link events cost a clone nothing.
 func (v *Machine) PrepareSnapshot(ctx context.Context) error {
 	c, err := v.agent()
 	if err != nil {
 		return err
 	}
+	v.mu.Lock()
+	shellRead := v.shellRead
+	v.mu.Unlock()
 	if n := v.Net; n != nil {
 		nc := *n.AgentConfig()
 		nc.Env = nil // a clone's own variables (proxies) are not the snapshot's
 		if err := c.Call(ctx, &agentproto.Msg{Kind: agentproto.KindConfigureNet, Net: &nc}, nil); err != nil {
 			return fmt.Errorf("configuring the snapshot VM's network: %w", err)
 		}
+	}
+	if shellRead {
+		return nil
 	}
 	for _, f := range shellPrefetch {
 		_, err := c.CopyOut(ctx, agentproto.BaseMountPoint+f, agentclient.CopyLimits{MaxSize: 64 << 20, MaxData: agentclient.NoLimit}, discardAt{})

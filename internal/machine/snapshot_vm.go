@@ -60,6 +60,9 @@ func (v *Machine) CloneForSnapshot(ctx context.Context, drv vmm.Restorer, cfg vm
 	if _, err := v.MakeOwn(ctx, hostname); err != nil {
 		return nil, err
 	}
+	v.mu.Lock()
+	v.shellRead = true
+	v.mu.Unlock()
 	return m, nil
 }
 

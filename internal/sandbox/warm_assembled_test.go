@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/sandbox"
 	"isopod/internal/settings"
 	"isopod/internal/stages"
@@ -201,14 +202,21 @@ func TestAssembledBuildNeedsTime(t *testing.T) {
 // where there is one, not a boot; a clone that fails boots instead. Either
 // way a run resumes from the snapshot with its root assembled.
 func TestAssembledBuiltFromAClone(t *testing.T) {
+	// Each booted snapshot VM reads the shell (both of its names: the
+	// fake has no base tree); a clone's page cache holds it already.
 	for _, tc := range []struct {
-		name      string
-		failClone bool
-		boots     int32
-	}{{"clone", false, 1}, {"clone fails", true, 2}} {
+		name            string
+		failClone       bool
+		boots, copyOuts int32
+	}{{"clone", false, 1, 2}, {"clone fails", true, 2, 4}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var boots atomic.Int32
+			var boots, copyOuts atomic.Int32
 			s, _ := newFakeService(t, vmmfake.Config{
+				OnRequest: func(_ *vmmfake.Machine, m *agentproto.Msg) {
+					if m.Kind == agentproto.KindCopyOut {
+						copyOuts.Add(1)
+					}
+				},
 				FailStart: func(vmm.Config) error { boots.Add(1); return nil },
 				FailRestore: func(cfg vmm.Config, _ string) error {
 					if tc.failClone && cfg.OwnRAM {
@@ -227,6 +235,9 @@ func TestAssembledBuiltFromAClone(t *testing.T) {
 			}
 			if got := boots.Load(); got != tc.boots {
 				t.Errorf("%d boots for the plain and the assembled snapshot; want %d", got, tc.boots)
+			}
+			if got := copyOuts.Load(); got != tc.copyOuts {
+				t.Errorf("%d copy-outs of the shell for the two snapshots; want %d", got, tc.copyOuts)
 			}
 			rep := run(t, s, sandbox.Request{Argv: []string{"echo", "hi"}, TimeoutS: 60})
 			if !rep.RootAssembled || rep.Stdout != "hi\n" {
