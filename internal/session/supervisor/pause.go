@@ -164,7 +164,8 @@ func (s *sup) resumeVM(ctx context.Context) (*sandbox.Held, error) {
 	if ms := h.Info().ResumeMS; ms != nil {
 		s.rec.ResumeMS = *ms
 	}
-	s.rec.ResumeTotalMS = time.Since(t).Milliseconds()
+	// At least 1: a record with no resume time is one that never resumed.
+	s.rec.ResumeTotalMS = max(time.Since(t).Milliseconds(), 1)
 	s.mu.Unlock()
 	return h, nil
 }
