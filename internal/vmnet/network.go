@@ -1,7 +1,9 @@
 package vmnet
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -49,18 +51,29 @@ func SocketBase(scope string) (string, error) {
 	return base, nil
 }
 
+// DropSocketBase removes the socket directory base of a state root once
+// it is empty (its last run's directory removed); one that holds a run's
+// directory stays.
+func DropSocketBase(base string) { os.Remove(base) }
+
 // socketDir is a short private directory for a VM's unix sockets (a socket
 // path must fit in 107 bytes, which a deep $ISOPOD_HOME would not).
 func socketDir(scope, id string) (string, error) {
-	base, err := SocketBase(scope)
-	if err != nil {
-		return "", err
+	for attempt := 0; ; attempt++ {
+		base, err := SocketBase(scope)
+		if err != nil {
+			return "", err
+		}
+		dir := filepath.Join(base, id)
+		err = os.Mkdir(dir, 0o700)
+		if errors.Is(err, fs.ErrNotExist) && attempt < 8 {
+			continue // another run's end dropped the empty base meanwhile
+		}
+		if err != nil {
+			return "", fmt.Errorf("creating socket directory: %w", err)
+		}
+		return dir, nil
 	}
-	dir := filepath.Join(base, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", fmt.Errorf("creating socket directory: %w", err)
-	}
-	return dir, nil
 }
 
 // NIC is where a VM's NIC connects: a private socket directory and,
@@ -96,6 +109,7 @@ func (n *NIC) Close() {
 	}
 	if n.dir != "" {
 		os.RemoveAll(n.dir)
+		DropSocketBase(filepath.Dir(n.dir))
 		n.dir = ""
 	}
 }
@@ -250,6 +264,7 @@ func (n *Network) Close() {
 	}
 	if n.sockDir != "" {
 		os.RemoveAll(n.sockDir)
+		DropSocketBase(filepath.Dir(n.sockDir))
 		n.sockDir = ""
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,5 +165,48 @@ func TestLookupIPv4(t *testing.T) {
 	addrs, err := lookupIPv4(ctx, "localhost")
 	if err != nil || !slices.ContainsFunc(addrs, func(a netip.Addr) bool { return a.Unmap() == netip.MustParseAddr("127.0.0.1") }) {
 		t.Errorf("lookupIPv4(localhost) = %v, %v; want 127.0.0.1", addrs, err)
+	}
+}
+
+// TestSocketBaseGoesWhenEmpty: a state root's socket directory is removed
+// with its last run's, stays while another run's is there, and runs that
+// start and end at once never find it gone under them.
+func TestSocketBaseGoesWhenEmpty(t *testing.T) {
+	privateSockets(t)
+	a, err := ParkNIC("s2", "vm-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ParkNIC("s2", "vm-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Dir(filepath.Dir(a.VMMNet().Socket))
+	a.Close()
+	if !exists(base) {
+		t.Fatalf("%s went while another run's directory was in it", base)
+	}
+	b.Close()
+	if exists(base) {
+		t.Errorf("%s left after its last run's directory went", base)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				n, err := ParkNIC("s2", fmt.Sprintf("vm-%d-%d", g, i))
+				if err != nil {
+					t.Errorf("ParkNIC while others end: %v", err)
+					return
+				}
+				n.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if exists(base) {
+		t.Errorf("%s left after every run ended", base)
 	}
 }

@@ -47,8 +47,11 @@ func (rs Records) CleanLeftovers(r *Record) {
 	for _, name := range machine.PlaceholderNames {
 		os.Remove(filepath.Join(rs.Paths.VM(r.ID), name))
 	}
-	if base, err := vmnet.SocketBase(rs.Paths.Scope()); err == nil && strings.HasPrefix(r.ID, "vm-") {
-		os.RemoveAll(filepath.Join(base, r.ID))
+	if base, err := vmnet.SocketBase(rs.Paths.Scope()); err == nil {
+		if strings.HasPrefix(r.ID, "vm-") {
+			os.RemoveAll(filepath.Join(base, r.ID))
+		}
+		vmnet.DropSocketBase(base)
 	}
 	if strings.HasPrefix(r.ID, "vm-") {
 		workspace.RemoveWork(r.ID)
@@ -79,6 +82,7 @@ func (rs Records) SweepSocketDirs() {
 		}
 		os.RemoveAll(filepath.Join(base, e.Name()))
 	}
+	vmnet.DropSocketBase(base)
 }
 
 // Busy reports whether the VM id still belongs to a run: its record is
