@@ -13,8 +13,12 @@ import (
 	"isopod/internal/vmm"
 )
 
-// snapshotTimeout bounds writing a snapshot.
-const snapshotTimeout = 2 * time.Minute
+// snapshotTimeout bounds writing a snapshot, and runOnTimeout letting a
+// snapshotted VM run on.
+const (
+	snapshotTimeout = 2 * time.Minute
+	runOnTimeout    = 30 * time.Second
+)
 
 // shellPrefetch are the files of its base a snapshot VM reads into its
 // page cache, the first that reads: the shell, or its target where it is
@@ -127,8 +131,11 @@ func (v *Machine) SnapshotRunning(ctx context.Context, dir string, between func(
 	if err == nil {
 		err = between()
 	}
-	// The guest runs on whatever the snapshot's fate.
-	if rerr := res.Resume(context.WithoutCancel(ctx)); rerr != nil {
+	// The guest runs on whatever the snapshot's fate, and even once ctx
+	// is done; a VMM that does not answer within runOnTimeout fails it.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), runOnTimeout)
+	defer rcancel()
+	if rerr := res.Resume(rctx); rerr != nil {
 		return errors.Join(err, fmt.Errorf("letting the VM run on after its snapshot: %w", rerr))
 	}
 	return err

@@ -265,7 +265,7 @@ func (r *run) buildInline(ctx context.Context, drv vmm.Driver, in warmInputs) (_
 		b.runOn, b.runScratch = true, r.scratch
 	}
 	meta, start, err := r.s.buildWarm(ctx, drv, in, b)
-	if m, _ := r.vm.Current(); err == nil && b.runOn && m != nil {
+	if err == nil && start.runsOn {
 		r.rep.SnapshotBuilt, r.rep.SnapshotBuildMS = true, &meta.BuildMS
 		r.ranOn(start, r.scratch, false)
 		return meta, true, nil

@@ -137,11 +137,10 @@ func (r *run) buildAssembled(ctx context.Context, drv vmm.Driver, in warmInputs)
 	case err == nil:
 		r.rep.SnapshotBuilt = true
 		r.rep.SnapshotBuildMS = &meta.BuildMS
-		if m, _ := r.vm.Current(); m != nil {
+		if start.runsOn {
 			r.ranOn(start, filepath.Join(r.dir.Path(), buildScratchName), true)
-			return meta, true, nil
 		}
-		return meta, false, nil
+		return meta, start.runsOn, nil
 	case ctx.Err() != nil:
 		return nil, false, ctx.Err()
 	}

@@ -47,10 +47,12 @@ type warmBuild struct {
 }
 
 // buildStart is how a snapshot VM started: cloned from its shape's plain
-// snapshot or booted, and how long it took until its agent answered.
+// snapshot or booted, and how long it took until its agent answered; and
+// whether it runs on after its snapshot (warmBuild.runOn, done).
 type buildStart struct {
 	ms     int64
 	cloned bool
+	runsOn bool
 }
 
 // buildWarm starts the snapshot VM of in (startSnapshotVM), readies it,
@@ -117,7 +119,7 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	if err != nil {
 		return nil, start, err
 	}
-	kept = runOn
+	kept, start.runsOn = runOn, runOn
 	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS, "runs_on", runOn)
 	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
 	return meta, start, nil
