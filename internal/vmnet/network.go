@@ -43,8 +43,16 @@ type Network struct {
 func SocketBase(scope string) (string, error) {
 	user := filepath.Join(os.TempDir(), fmt.Sprintf("isopod-%d", os.Getuid()))
 	base := filepath.Join(user, scope)
-	if err := os.MkdirAll(base, 0o700); err != nil {
-		return "", fmt.Errorf("creating socket directory: %w", err)
+	for attempt := 0; ; attempt++ {
+		err := os.MkdirAll(base, 0o700)
+		if err == nil {
+			break
+		}
+		// MkdirAll found base made by another run, then gone with that
+		// run's end (DropSocketBase) before it could check it: again.
+		if !errors.Is(err, fs.ErrExist) || attempt == 8 {
+			return "", fmt.Errorf("creating socket directory: %w", err)
+		}
 	}
 	os.Chmod(user, 0o700)
 	os.Chmod(base, 0o700)
