@@ -15,7 +15,8 @@
 // it never ends the Machine.
 //
 // Optional abilities are separate interfaces, found by type assertion:
-// [Snapshotter] on a Machine, [Restorer] and [Prober] on a Driver.
+// [Snapshotter] and [DiskResizer] on a Machine, [Restorer] and [Prober] on
+// a Driver.
 package vmm
 
 import (
@@ -210,6 +211,16 @@ type Resumer interface {
 	// Resume lets the guest run. Calling it on a running Machine does
 	// nothing.
 	Resume(ctx context.Context) error
+}
+
+// DiskResizer is a Machine whose disks can change size while the guest
+// runs.
+type DiskResizer interface {
+	// ResizeDisk gives Config.Disks[i] the size bytes: its file is cut
+	// or grown to it and the guest is told the disk's new size. The VMM
+	// refuses the guest's requests past a disk's end, so a disk whose
+	// file is smaller than the guest once saw stays as small.
+	ResizeDisk(ctx context.Context, i int, bytes int64) error
 }
 
 // Timing is optional boot detail a driver may expose (as a Machine).

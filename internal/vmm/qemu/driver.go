@@ -395,9 +395,10 @@ type Machine struct {
 }
 
 var (
-	_ vmm.Machine = (*Machine)(nil)
-	_ vmm.Timing  = (*Machine)(nil)
-	_ vmm.Resumer = (*Machine)(nil)
+	_ vmm.Machine     = (*Machine)(nil)
+	_ vmm.Timing      = (*Machine)(nil)
+	_ vmm.Resumer     = (*Machine)(nil)
+	_ vmm.DiskResizer = (*Machine)(nil)
 )
 
 // Agent is the host end of the agent channel (a *net.UnixConn). The caller

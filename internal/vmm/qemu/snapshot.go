@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -314,6 +315,22 @@ func (m *Machine) incoming(ctx context.Context, state *os.File, run bool) error 
 func (m *Machine) Resume(ctx context.Context) error {
 	if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
 		return fmt.Errorf("qemu resume: %w", err)
+	}
+	return nil
+}
+
+// ResizeDisk cuts or grows disk i's file to bytes (QEMU's block_resize),
+// which also sets the size QEMU checks the guest's requests against, and
+// tells the guest.
+func (m *Machine) ResizeDisk(ctx context.Context, i int, bytes int64) error {
+	if i < 0 || i >= len(m.cfg.Disks) || bytes < 0 {
+		return fmt.Errorf("qemu: resizing disk %d of %d to %d bytes: %w", i, len(m.cfg.Disks), bytes, errdefs.ErrInvalidArgument)
+	}
+	if m.cfg.Disks[i].ReadOnly {
+		return fmt.Errorf("qemu: disk %d is read-only and keeps its size: %w", i, errdefs.ErrInvalidArgument)
+	}
+	if _, err := m.qmp.Execute(ctx, "block_resize", map[string]any{"device": "disk" + strconv.Itoa(i), "size": bytes}); err != nil {
+		return fmt.Errorf("qemu: resizing disk %d: %w", i, err)
 	}
 	return nil
 }

@@ -77,6 +77,7 @@ var (
 	_ vmm.Timing      = (*Machine)(nil)
 	_ vmm.Snapshotter = (*Machine)(nil)
 	_ vmm.Resumer     = (*Machine)(nil)
+	_ vmm.DiskResizer = (*Machine)(nil)
 )
 
 func newMachine(d *Driver, cfg vmm.Config, g guest) (*Machine, error) {
@@ -271,6 +272,20 @@ func (m *Machine) Restored() bool { return m.g.restored }
 
 // State is what the guest's machine operations have recorded so far.
 func (m *Machine) State() State { return m.sys.State() }
+
+// ResizeDisk cuts or grows disk i's file to bytes.
+func (m *Machine) ResizeDisk(ctx context.Context, i int, bytes int64) error {
+	if i < 0 || i >= len(m.cfg.Disks) || bytes < 0 {
+		return fmt.Errorf("vmmfake: resizing disk %d of %d to %d bytes: %w", i, len(m.cfg.Disks), bytes, errdefs.ErrInvalidArgument)
+	}
+	if m.cfg.Disks[i].ReadOnly {
+		return fmt.Errorf("vmmfake: disk %d is read-only and keeps its size: %w", i, errdefs.ErrInvalidArgument)
+	}
+	if err := os.Truncate(m.cfg.Disks[i].Path, bytes); err != nil {
+		return fmt.Errorf("vmmfake: resizing disk %d: %w", i, err)
+	}
+	return nil
+}
 
 // Snapshot pauses the guest (requests are no longer delivered, nothing more
 // is sent) and writes the snapshot into dir. The machine stays paused until

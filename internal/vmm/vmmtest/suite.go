@@ -105,6 +105,8 @@ func testBoot(t *testing.T, tg Target, drv vmm.Driver, g Guest) {
 		}
 	})
 
+	t.Run("ResizeDisk", func(t *testing.T) { testResize(t, tg, s, rw) })
+
 	poff := time.Now()
 	s.Halt(t)
 	errs := waitAll(t, m, 2)
@@ -140,6 +142,47 @@ func testBoot(t *testing.T, tg Target, drv vmm.Driver, g Guest) {
 			t.Errorf("console log lacks the kernel banner; got:\n%s", s.Serial.Tail(2000))
 		}
 	})
+}
+
+// testResize cuts the read-write disk (disk 1, 1 MiB) to half while the
+// guest runs: its file is cut, and the guest writes below the new end but
+// neither past it nor into a file grown again.
+func testResize(t *testing.T, tg Target, s *Session, rw string) {
+	r, ok := s.M.(vmm.DiskResizer)
+	if !ok {
+		t.Skip("the driver's machines cannot resize disks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
+	defer cancel()
+	if err := r.ResizeDisk(ctx, 0, 1<<19); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("resizing the read-only disk: %v; want it refused as an invalid argument", err)
+	}
+	if err := r.ResizeDisk(ctx, 2, 1<<19); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("resizing a disk the machine lacks: %v; want it refused as an invalid argument", err)
+	}
+	if err := r.ResizeDisk(ctx, 1, 1<<19); err != nil {
+		t.Fatal(err)
+	}
+	size := func() int64 {
+		st, err := os.Stat(rw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	if got := size(); got != 1<<19 {
+		t.Fatalf("disk file is %d bytes after the resize; want %d", got, 1<<19)
+	}
+	tg.needKernel(t)
+	if _, stderr, code := s.Exec(t, "/init", "write", "isopod-scratch", "below", "4096"); code != 0 {
+		t.Errorf("write below the new end: exit %d, %s", code, stderr)
+	}
+	if _, _, code := s.Exec(t, "/init", "write", "isopod-scratch", "past", strconv.Itoa(3<<18)); code == 0 {
+		t.Error("a write past the disk's new end succeeded; want it refused")
+	}
+	if got := size(); got != 1<<19 {
+		t.Errorf("disk file is %d bytes after the guest wrote past its end; want %d", got, 1<<19)
+	}
 }
 
 // testKill checks that closing the channel leaves the machine running, and

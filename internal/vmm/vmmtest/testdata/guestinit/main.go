@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,14 +94,18 @@ func tool(args []string) int {
 	case len(args) == 1 && args[0] == "disks":
 		fmt.Print(disks())
 		return 0
-	case len(args) == 3 && args[0] == "write":
-		if err := writeDisk(args[1], args[2]); err != nil {
+	case (len(args) == 3 || len(args) == 4) && args[0] == "write":
+		var off int64
+		if len(args) == 4 {
+			off, _ = strconv.ParseInt(args[3], 10, 64)
+		}
+		if err := writeDisk(args[1], args[2], off); err != nil {
 			fmt.Fprintf(os.Stderr, "guestinit write: %v\n", err)
 			return 1
 		}
 		return 0
 	}
-	fmt.Fprintln(os.Stderr, "usage: /init disks | /init write SERIAL TEXT")
+	fmt.Fprintln(os.Stderr, "usage: /init disks | /init write SERIAL TEXT [OFFSET]")
 	return 2
 }
 
@@ -156,7 +161,7 @@ func disks() string {
 	return b.String()
 }
 
-func writeDisk(serial, text string) error {
+func writeDisk(serial, text string, off int64) error {
 	serials, _ := filepath.Glob("/sys/block/vd*/serial")
 	for _, s := range serials {
 		v, err := os.ReadFile(s)
@@ -168,7 +173,7 @@ func writeDisk(serial, text string) error {
 			return err
 		}
 		defer f.Close()
-		if _, err := f.WriteAt([]byte(text), 0); err != nil {
+		if _, err := f.WriteAt([]byte(text), off); err != nil {
 			return err
 		}
 		return f.Sync()
