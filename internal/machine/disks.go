@@ -74,6 +74,12 @@ func (d Disks) Slots(ph SlotPlaceholders) []vmm.Disk {
 		vmm.Disk{Path: or(d.WorkspaceUpper, ph.RW[1]), Serial: agentproto.SerialWorkspaceUpper})
 }
 
+// The writable slots' places in Slots.
+const (
+	slotScratch        = 1 + agentproto.MaxLayers
+	slotWorkspaceUpper = 3 + agentproto.MaxLayers
+)
+
 // Mount is what the guest is told to assemble.
 func (d Disks) Mount(workspaceDir string, flush bool, deadline time.Time) agentproto.Mount {
 	m := agentproto.Mount{Layers: len(d.Layers), Scratch: d.Scratch != "", Flush: flush,
@@ -84,14 +90,14 @@ func (d Disks) Mount(workspaceDir string, flush bool, deadline time.Time) agentp
 	return m
 }
 
-// placeholder makes an empty sparse file of SlotBytes at path, for a slot
-// a VM attaches but never mounts.
-func placeholder(path string) error {
+// placeholder makes a sparse file of size bytes at path, for a slot a VM
+// attaches but never mounts.
+func placeholder(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("making a placeholder disk: %w", err)
 	}
-	err = f.Truncate(SlotBytes)
+	err = f.Truncate(size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -112,8 +118,20 @@ type SlotPlaceholders struct {
 // PlaceholderNames are the placeholder files in a VM's directory.
 var PlaceholderNames = []string{"slot-ro.img", "slot-rw-0.img", "slot-rw-1.img"}
 
-// Placeholders makes (once) the placeholder files of the VM in dir.
-func Placeholders(dir string) (SlotPlaceholders, error) {
+// Placeholders makes (once) the placeholder files of a VM in dir that is
+// restored from a snapshot: empty. Its guest sees each slot as large as
+// at the snapshot, but the VMM refuses a request past a file's end, so no
+// write of the guest's reaches an unused slot, nor the host's disk.
+func Placeholders(dir string) (SlotPlaceholders, error) { return placeholders(dir, 0) }
+
+// SnapshotPlaceholders makes (once) those of a VM in dir that may boot for
+// a snapshot: each SlotBytes, the size its clones' guests then see. Before
+// such a VM runs a run's command, FitSlots cuts the writable ones.
+func SnapshotPlaceholders(dir string) (SlotPlaceholders, error) {
+	return placeholders(dir, SlotBytes)
+}
+
+func placeholders(dir string, size int64) (SlotPlaceholders, error) {
 	var paths []string
 	for _, name := range PlaceholderNames {
 		p := filepath.Join(dir, name)
@@ -121,7 +139,7 @@ func Placeholders(dir string) (SlotPlaceholders, error) {
 		if _, err := os.Stat(p); err == nil {
 			continue
 		}
-		if err := placeholder(p); err != nil {
+		if err := placeholder(p, size); err != nil {
 			return SlotPlaceholders{}, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"isopod/internal/agentproto"
 	"isopod/internal/vmm"
 )
 
@@ -63,21 +64,44 @@ func TestRunDisks(t *testing.T) {
 	}
 }
 
-// TestPlaceholders: a VM's placeholder disks are sparse files of the
-// largest size a run attaches, made once.
+// TestPlaceholders: a VM that may boot for a snapshot gets placeholder
+// disks of the size its clones' guests see; a clone's are empty, so that
+// its guest can write nothing into them. Each is made once.
 func TestPlaceholders(t *testing.T) {
-	dir := t.TempDir()
-	ph, err := Placeholders(dir)
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name string
+		make func(string) (SlotPlaceholders, error)
+		size int64
+	}{
+		{"snapshot VM", SnapshotPlaceholders, SlotBytes},
+		{"clone", Placeholders, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ph, err := tt.make(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []string{ph.RO, ph.RW[0], ph.RW[1]} {
+				st, err := os.Stat(p)
+				if err != nil || st.Size() != tt.size || filepath.Dir(p) != dir {
+					t.Errorf("%s: %v, %v; want %d bytes", p, st, err, tt.size)
+				}
+			}
+			if ph2, err := tt.make(dir); err != nil || ph2 != ph {
+				t.Errorf("second call: %+v %v", ph2, err)
+			}
+		})
 	}
-	for _, p := range []string{ph.RO, ph.RW[0], ph.RW[1]} {
-		st, err := os.Stat(p)
-		if err != nil || st.Size() != SlotBytes || filepath.Dir(p) != dir {
-			t.Errorf("%s: %v, %v", p, st, err)
+}
+
+// TestSlotPlaces: FitSlots cuts the slots Slots puts the scratch disk and
+// the workspace's writable layer in.
+func TestSlotPlaces(t *testing.T) {
+	slots := Disks{Base: "/b"}.Slots(SlotPlaceholders{RO: "/ro", RW: [2]string{"/rw0", "/rw1"}})
+	for i, want := range map[int]string{slotScratch: agentproto.SerialScratch, slotWorkspaceUpper: agentproto.SerialWorkspaceUpper} {
+		if d := slots[i]; d.Serial != want || d.ReadOnly {
+			t.Errorf("slot %d is %+v; want the writable %s", i, d, want)
 		}
-	}
-	if ph2, err := Placeholders(dir); err != nil || ph2 != ph {
-		t.Errorf("second call: %+v %v", ph2, err)
 	}
 }

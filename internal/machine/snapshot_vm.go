@@ -66,6 +66,37 @@ func (v *Machine) CloneForSnapshot(ctx context.Context, drv vmm.Restorer, cfg vm
 	return m, nil
 }
 
+// FitSlots cuts the writable slots of a snapshot VM that runs on as a
+// run's VM (SnapshotRunning) to what the run may write, before the run's
+// command: an unused slot's placeholder (SnapshotPlaceholders, SlotBytes)
+// to nothing, and a scratch disk grown to SlotBytes for the boot to
+// scratchBytes (0: not grown). Its guest, which saw each slot as
+// SlotBytes, then writes no more past its files' ends than a clone's. d
+// are the disks in its slots.
+func (v *Machine) FitSlots(ctx context.Context, d Disks, scratchBytes int64) error {
+	m, _ := v.Current()
+	r, ok := m.(vmm.DiskResizer)
+	if !ok {
+		return fmt.Errorf("the VMM cannot cut the snapshot VM's disk slots: %w", errdefs.ErrNotSupported)
+	}
+	fit := map[int]int64{}
+	switch {
+	case d.Scratch == "":
+		fit[slotScratch] = 0
+	case scratchBytes > 0:
+		fit[slotScratch] = scratchBytes
+	}
+	if d.WorkspaceUpper == "" {
+		fit[slotWorkspaceUpper] = 0
+	}
+	for i, size := range fit {
+		if err := r.ResizeDisk(ctx, i, size); err != nil {
+			return fmt.Errorf("cutting the snapshot VM's disk slots: %w", err)
+		}
+	}
+	return nil
+}
+
 // PrepareForSnapshot readies a booted snapshot VM for its snapshot
 // (PrepareSnapshot) and, for an assembled snapshot (root not nil),
 // assembles its root from root after the network, as a cold boot's root

@@ -118,6 +118,43 @@ func TestRunWarm(t *testing.T) {
 			t.Errorf("run %d's mount %+v; want a flushed mount with a scratch disk", i+1, st.Mount)
 		}
 	}
+	// The snapshot VM that ran on had its writable slots cut before the
+	// command: its scratch disk back to its size, the unused one to
+	// nothing. A clone's come that way.
+	got, scratch := ms[0].Resized(), diskOf(t, ms[0], agentproto.SerialScratch)
+	if n, ok := got[scratch]; len(got) != 2 || !ok || n <= 0 || n >= machine.SlotBytes || got[diskOf(t, ms[0], agentproto.SerialWorkspaceUpper)] != 0 {
+		t.Errorf("the snapshot VM that ran on resized its disks %v; want its scratch (%d) cut below the slot's size, its workspace's writable slot to 0", got, scratch)
+	}
+	if got := ms[1].Resized(); len(got) != 0 {
+		t.Errorf("a clone resized its disks %v; want none", got)
+	}
+}
+
+// diskOf is the index of m's disk with serial.
+func diskOf(t *testing.T, m *vmmfake.Machine, serial string) int {
+	t.Helper()
+	i := slices.IndexFunc(m.Config().Disks, func(d vmm.Disk) bool { return d.Serial == serial })
+	if i < 0 {
+		t.Fatalf("the machine has no disk %s", serial)
+	}
+	return i
+}
+
+// A snapshot VM whose disk slots cannot be cut does not run on: the run
+// resumes a clone of the snapshot it built.
+func TestRunWarmSlotsNotCut(t *testing.T) {
+	t.Parallel()
+	s, d := newFakeService(t, vmmfake.Config{FailResize: func(*vmmfake.Machine, int) error {
+		return errors.New("no resize")
+	}})
+	rep := run(t, s, sandbox.Request{Argv: []string{"echo", "one"}})
+	if rep.Path != "warm" || !rep.SnapshotBuilt || rep.ResumeMS == nil || rep.Stdout != "one\n" {
+		t.Errorf("path %q built %v resume %v stdout %q; want a snapshot built and a clone of it resumed",
+			rep.Path, rep.SnapshotBuilt, rep.ResumeMS, rep.Stdout)
+	}
+	if ms := d.Machines(); len(ms) != 2 || !ms[1].Restored() {
+		t.Errorf("machines: %d; want the snapshot VM and a clone", len(ms))
+	}
 }
 
 // A snapshot that cannot be built leaves the run to a cold boot, with a

@@ -262,7 +262,7 @@ func (r *run) buildInline(ctx context.Context, drv vmm.Driver, in warmInputs) (_
 		started: func(m vmm.Machine) { r.rep.Accel = m.Accel() },
 	}
 	if r.runOnPlain() {
-		b.runOn, b.runScratch = true, r.scratch
+		b.runOn, b.runScratch, b.runScratchBytes = true, r.scratch, r.scratchBytes
 	}
 	meta, start, err := r.s.buildWarm(ctx, drv, in, b)
 	if err == nil && start.runsOn {

@@ -42,8 +42,11 @@ type warmBuild struct {
 	// buildScratchName, is copied into the snapshot and the VM keeps it;
 	// warm_assembled.go), or a plain one's whose scratch slot holds the
 	// run's own scratch disk, runScratch (warm_runon.go).
-	runOn      bool
-	runScratch string
+	// runScratchBytes is the size of runScratch before it was grown
+	// to fill its slot; FitSlots cuts it back before the run's command.
+	runOn           bool
+	runScratch      string
+	runScratchBytes int64
 }
 
 // buildStart is how a snapshot VM started: cloned from its shape's plain
@@ -119,6 +122,13 @@ func (s *Service) buildWarm(ctx context.Context, drv vmm.Driver, in warmInputs, 
 	if err != nil {
 		return nil, start, err
 	}
+	if runOn {
+		// Nothing of the run's has run in the VM yet.
+		if err := b.vm.FitSlots(bctx, snapshotDisks(in, b), b.runScratchBytes); err != nil {
+			s.log.Warn("warm pool: the snapshot VM cannot run on as its run's; the run resumes a clone", "err", err)
+			runOn = false
+		}
+	}
 	kept, start.runsOn = runOn, runOn
 	s.log.Info("warm pool: snapshot built", "key", meta.Key, "ms", meta.BuildMS, "runs_on", runOn)
 	s.warm.Enforce(s.opts.WarmPoolBytes, meta.Key)
@@ -141,7 +151,7 @@ func (s *Service) startSnapshotVM(ctx context.Context, drv vmm.Driver, in warmIn
 	if b.vm.Net != nil {
 		net = b.vm.Net.VMMNet()
 	}
-	ph, err := machine.Placeholders(b.dir.Path())
+	ph, err := machine.SnapshotPlaceholders(b.dir.Path())
 	if err != nil {
 		return nil, false, err
 	}

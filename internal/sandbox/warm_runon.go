@@ -22,8 +22,13 @@ import (
 // then sits in the scratch slot from the boot on. The guest sees a slot as
 // large as its file at the boot, and every clone must find the size its
 // snapshot saw (machine.SlotBytes, the placeholders'), so that scratch
-// file is grown to it (holes; the ext4 in it keeps its size) and shrunk
-// back before anything reads it as a layer (a commit).
+// file is grown to it (holes; the ext4 in it keeps its size) for the boot.
+// Once the snapshot is written, and before the run's command, the VM's
+// writable slots are cut to what the run may write (machine.FitSlots: the
+// scratch disk to its own size, an unused slot's placeholder to nothing),
+// so that its guest can fill no more of the host's disk than a clone's.
+// A scratch disk left grown (the VM did not run on) is shrunk before the
+// run resumes a clone or anything reads it as a layer (a commit).
 
 // runOnPlain says whether the run's VM may be its shape's plain snapshot
 // VM, and readies its scratch disk for the scratch slot if so.

@@ -63,6 +63,8 @@ type Config struct {
 	FailStart    func(cfg vmm.Config) error
 	FailSnapshot func(m *Machine, dir string) error
 	FailRestore  func(cfg vmm.Config, dir string) error
+	// FailResize, when set, is asked before every ResizeDisk.
+	FailResize func(m *Machine, disk int) error
 	// Hang, when set, is asked before every start (not restore); a guest
 	// whose config it reports true for never sends its Hello, as one
 	// whose kernel never boots, and runs until it is killed.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -70,6 +71,7 @@ type Machine struct {
 	served     chan struct{} // closed when the agent goroutine has returned
 	srv        atomic.Pointer[agent.Server]
 	done       chan struct{} // closed when stopped and served
+	resized    map[int]int64 // ResizeDisk's disks and sizes, under pmu
 }
 
 var (
@@ -281,10 +283,29 @@ func (m *Machine) ResizeDisk(ctx context.Context, i int, bytes int64) error {
 	if m.cfg.Disks[i].ReadOnly {
 		return fmt.Errorf("vmmfake: disk %d is read-only and keeps its size: %w", i, errdefs.ErrInvalidArgument)
 	}
+	if f := m.drv.cfg.FailResize; f != nil {
+		if err := f(m, i); err != nil {
+			return fmt.Errorf("vmmfake: resizing disk %d: %w", i, err)
+		}
+	}
 	if err := os.Truncate(m.cfg.Disks[i].Path, bytes); err != nil {
 		return fmt.Errorf("vmmfake: resizing disk %d: %w", i, err)
 	}
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	if m.resized == nil {
+		m.resized = map[int]int64{}
+	}
+	m.resized[i] = bytes
 	return nil
+}
+
+// Resized is each disk ResizeDisk resized, by its index in the config,
+// and its last size.
+func (m *Machine) Resized() map[int]int64 {
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	return maps.Clone(m.resized)
 }
 
 // Snapshot pauses the guest (requests are no longer delivered, nothing more
