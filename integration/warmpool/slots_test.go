@@ -22,7 +22,10 @@ const slotAttackRefused = "isopod-ws-upper 0 refused\nisopod-ws-upper 20000 refu
 // its guest cannot make the VMM write past the ends of the disks the run
 // asked for, though a VM resumed from a snapshot sees every disk slot as
 // large as the snapshot VM did (64 GiB): so a guest fills no more of the
-// host's disk than its scratch disk.
+// host's disk than its scratch disk. The cases: a snapshot VM that runs
+// on as its run's (a plain and an assembled snapshot's), a clone of each,
+// and a clone resumed in the VM directory where its shape's snapshot VM
+// ran just before (a stage's fork, the first of its shape).
 func TestGuestWritesNothingPastItsDisks(t *testing.T) {
 	e2e.RequireVM(t)
 	env := warmHome(t)
@@ -44,5 +47,13 @@ func TestGuestWritesNothingPastItsDisks(t *testing.T) {
 		if out := e2e.Str(r.JSON, "stdout"); out != slotAttackRefused {
 			t.Errorf("%s: the guest's writes past its disks:\n%s\nwant every one refused", tt.what, out)
 		}
+	}
+	// A fork of a stage in a shape of its own: its run builds the shape's
+	// snapshot in its VM directory, then resumes a clone there.
+	warmRun(t, env, "--no-network", "--commit-as", "slots", "--", "true")
+	r := warmRun(t, env, "--no-network", "--mem-mib", "384", "--stage", "slots", "--", "sh", "-c", slotAttack)
+	wantPath(t, r, "warm", true)
+	if out := e2e.Str(r.JSON, "stdout"); out != slotAttackRefused {
+		t.Errorf("a fork that built its shape's snapshot, then resumed: the guest's writes past its disks:\n%s\nwant every one refused", out)
 	}
 }

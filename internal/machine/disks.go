@@ -118,14 +118,15 @@ type SlotPlaceholders struct {
 // PlaceholderNames are the placeholder files in a VM's directory.
 var PlaceholderNames = []string{"slot-ro.img", "slot-rw-0.img", "slot-rw-1.img"}
 
-// Placeholders makes (once) the placeholder files of a VM in dir that is
-// restored from a snapshot: empty. Its guest sees each slot as large as
+// Placeholders makes the placeholder files of a VM in dir that is
+// restored from a snapshot, or cuts those there (a snapshot VM's, which
+// ran in the directory before): empty. Its guest sees each slot as large as
 // at the snapshot, but the VMM refuses a request past a file's end, so no
 // write of the guest's reaches an unused slot, nor the host's disk.
 func Placeholders(dir string) (SlotPlaceholders, error) { return placeholders(dir, 0) }
 
-// SnapshotPlaceholders makes (once) those of a VM in dir that may boot for
-// a snapshot: each SlotBytes, the size its clones' guests then see. Before
+// SnapshotPlaceholders makes those of a VM in dir that may boot for a
+// snapshot, or grows those there: each SlotBytes, the size its clones' guests then see. Before
 // such a VM runs a run's command, FitSlots cuts the writable ones.
 func SnapshotPlaceholders(dir string) (SlotPlaceholders, error) {
 	return placeholders(dir, SlotBytes)
@@ -136,7 +137,13 @@ func placeholders(dir string, size int64) (SlotPlaceholders, error) {
 	for _, name := range PlaceholderNames {
 		p := filepath.Join(dir, name)
 		paths = append(paths, p)
-		if _, err := os.Stat(p); err == nil {
+		if st, err := os.Stat(p); err == nil {
+			if st.Size() == size {
+				continue
+			}
+			if err := os.Truncate(p, size); err != nil {
+				return SlotPlaceholders{}, fmt.Errorf("resizing a placeholder disk: %w", err)
+			}
 			continue
 		}
 		if err := placeholder(p, size); err != nil {

@@ -66,7 +66,7 @@ func TestRunDisks(t *testing.T) {
 
 // TestPlaceholders: a VM that may boot for a snapshot gets placeholder
 // disks of the size its clones' guests see; a clone's are empty, so that
-// its guest can write nothing into them. Each is made once.
+// its guest can write nothing into them, also where a snapshot VM's were.
 func TestPlaceholders(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -92,6 +92,23 @@ func TestPlaceholders(t *testing.T) {
 				t.Errorf("second call: %+v %v", ph2, err)
 			}
 		})
+	}
+	// A clone in the directory of a snapshot VM, which ran there before,
+	// finds them cut; a snapshot VM after a clone, grown.
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		make func(string) (SlotPlaceholders, error)
+		size int64
+	}{{SnapshotPlaceholders, SlotBytes}, {Placeholders, 0}, {SnapshotPlaceholders, SlotBytes}} {
+		ph, err := tt.make(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{ph.RO, ph.RW[0], ph.RW[1]} {
+			if st, err := os.Stat(p); err != nil || st.Size() != tt.size {
+				t.Errorf("%s: %v, %v; want %d bytes", p, st, err, tt.size)
+			}
+		}
 	}
 }
 
