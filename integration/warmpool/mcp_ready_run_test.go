@@ -53,6 +53,13 @@ func TestMCPReadyVMsHaveRun(t *testing.T) {
 		}
 	}
 
+	// Nor can a ready VM's guest write past the disks its call has
+	// (slots_test.go).
+	waitFor(t, "ready VM", 3*time.Minute, func() bool { return s.readyVMs(t) >= 1 })
+	if rep, out := s.run(t, c, "ready call writing past its disks", nil, slotAttack); rep["ready_vm"] != true || out != slotAttackRefused {
+		t.Errorf("a ready VM's guest wrote past its disks (ready_vm %v):\n%s\nwant every write refused", rep["ready_vm"], out)
+	}
+
 	// A waiting ready VM idles: its QEMU takes a sliver of a core (a guest
 	// spinning or a busy timer would take most of one).
 	waitFor(t, "ready VM", 3*time.Minute, func() bool { return s.readyVMs(t) >= 1 })
