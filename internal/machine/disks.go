@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,6 +131,21 @@ func Placeholders(dir string) (SlotPlaceholders, error) { return placeholders(di
 // such a VM runs a run's command, FitSlots cuts the writable ones.
 func SnapshotPlaceholders(dir string) (SlotPlaceholders, error) {
 	return placeholders(dir, SlotBytes)
+}
+
+// CutPlaceholders empties the writable placeholders among a VM's disks
+// before a VMM opens them again: a paused VM's, which a version of isopod
+// that gave a clone placeholders of SlotBytes may have left.
+func CutPlaceholders(disks []vmm.Disk) error {
+	for _, d := range disks {
+		if name := filepath.Base(d.Path); d.ReadOnly || !slices.Contains(PlaceholderNames[1:], name) {
+			continue
+		}
+		if err := os.Truncate(d.Path, 0); err != nil {
+			return fmt.Errorf("emptying a placeholder disk: %w", err)
+		}
+	}
+	return nil
 }
 
 func placeholders(dir string, size int64) (SlotPlaceholders, error) {

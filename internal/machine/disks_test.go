@@ -112,6 +112,29 @@ func TestPlaceholders(t *testing.T) {
 	}
 }
 
+// TestCutPlaceholders: a paused VM's writable placeholders are emptied
+// before its resume; its other disks keep their bytes.
+func TestCutPlaceholders(t *testing.T) {
+	dir := t.TempDir()
+	ph, err := SnapshotPlaceholders(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch := filepath.Join(dir, "scratch.ext4")
+	if err := os.WriteFile(scratch, []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	disks := Disks{Base: "/b", Scratch: scratch}.Slots(ph)
+	if err := CutPlaceholders(disks); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]int64{ph.RO: SlotBytes, ph.RW[0]: SlotBytes, ph.RW[1]: 0, scratch: 4} {
+		if st, err := os.Stat(p); err != nil || st.Size() != want {
+			t.Errorf("%s: %v, %v; want %d bytes", p, st, err, want)
+		}
+	}
+}
+
 // TestSlotPlaces: FitSlots cuts the slots Slots puts the scratch disk and
 // the workspace's writable layer in.
 func TestSlotPlaces(t *testing.T) {

@@ -133,6 +133,9 @@ func (v *Machine) Unpause(ctx context.Context) error {
 func (v *Machine) ResumePaused(ctx context.Context, drv vmm.Restorer, cfg vmm.Config, dir string, fork bool,
 	hostname string, started func(vmm.Machine)) (resumed, restore time.Duration, err error) {
 	t := time.Now()
+	if err := CutPlaceholders(cfg.Disks); err != nil {
+		return 0, 0, err
+	}
 	m, err := v.Restore(ctx, drv, cfg, dir)
 	if err != nil {
 		return 0, 0, fmt.Errorf("restoring the paused VM: %w", err)
