@@ -121,14 +121,15 @@ var PlaceholderNames = []string{"slot-ro.img", "slot-rw-0.img", "slot-rw-1.img"}
 
 // Placeholders makes the placeholder files of a VM in dir that is
 // restored from a snapshot, or cuts those there (a snapshot VM's, which
-// ran in the directory before): empty. Its guest sees each slot as large as
-// at the snapshot, but the VMM refuses a request past a file's end, so no
-// write of the guest's reaches an unused slot, nor the host's disk.
+// ran in the directory before): empty. Its guest sees each slot as large
+// as at the snapshot, but the VMM refuses a request past a file's end, so
+// no write of the guest's reaches an unused slot, nor the host's disk.
 func Placeholders(dir string) (SlotPlaceholders, error) { return placeholders(dir, 0) }
 
 // SnapshotPlaceholders makes those of a VM in dir that may boot for a
-// snapshot, or grows those there: each SlotBytes, the size its clones' guests then see. Before
-// such a VM runs a run's command, FitSlots cuts the writable ones.
+// snapshot, or grows those there: each SlotBytes, the size its clones'
+// guests then see. Before such a VM runs a run's command, FitSlots cuts
+// the writable ones.
 func SnapshotPlaceholders(dir string) (SlotPlaceholders, error) {
 	return placeholders(dir, SlotBytes)
 }
