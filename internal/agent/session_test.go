@@ -56,6 +56,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // still holds the output pipes, and what it started keeps running,
 // writing to those pipes without harm; a one-shot exec's leftovers die.
 func TestKeepExecLeavesDaemons(t *testing.T) {
+	t.Parallel()
 	c := startAgent(t, Options{})
 	// The daemon writes to the exec's stdout after the exec ended.
 	daemon := `(sleep 0.5; while :; do echo tick; sleep 0.05; done) & echo $!`
@@ -97,6 +98,7 @@ func TestKeepExecOutputEndsWithProcess(t *testing.T) {
 // A leftover that writes without pause holds a kept exec for at most
 // keepDrainMax after its process exited, and keeps running.
 func TestKeepExecChattyLeftover(t *testing.T) {
+	t.Parallel()
 	c := startAgent(t, Options{})
 	t0 := time.Now()
 	r := c.exec(agentproto.Exec{Argv: []string{"sh", "-c", "echo $$ >&2; (while :; do echo tick; done) & echo $! >&2"}, Keep: true})

@@ -22,6 +22,7 @@ import (
 // queues 4: 6 succeed (the 4 queued after progress said so), 14 are
 // refused as busy at once, and nothing is left running.
 func TestHTTPAdmission(t *testing.T) {
+	t.Parallel()
 	core, drv := newFakeCore(t)
 	adm := mustAdmission(t, 2, 4)
 	h := startHTTP(t, Config{Core: core, Admission: adm, ProgressInterval: time.Hour}, nil)

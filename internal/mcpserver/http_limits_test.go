@@ -98,6 +98,7 @@ func hugeCalls(v string) []hugeCall {
 // quotes at most a short head of it, in a reply of a few KiB at most, on
 // the real core (its own checks and messages) over HTTP.
 func TestHugeValuesAreNotEchoed(t *testing.T) {
+	t.Parallel()
 	core, drv := newFakeCore(t)
 	tree := newHostTree(t)
 	hostIO, _ := hostio.Remote(settings.HostIO{StdinFile: true, CopyOut: true, Workspace: true}, tree.Root, tree.Home)
@@ -151,6 +152,7 @@ func TestHugeValuesAreNotEchoed(t *testing.T) {
 // TestHugeRequestsAreRefused: a request body over the limit gets 413, and
 // a huge method name an answer that quotes only its head.
 func TestHugeRequestsAreRefused(t *testing.T) {
+	t.Parallel()
 	h := startHTTP(t, Config{Core: &scriptedCore{}}, nil)
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sandbox_run","arguments":{"cmd":"true","stdin":"` +
 		strings.Repeat("x", maxBody) + `"}}}`

@@ -165,6 +165,7 @@ func (c *blockingCore) waitStarted(t *testing.T) {
 // with Last-Event-ID and gets the result: the run went on, its VM was torn
 // down once it ended, and its place was given back.
 func TestHTTPResumesADroppedStream(t *testing.T) {
+	t.Parallel()
 	core, drv := newFakeCore(t)
 	adm := mustAdmission(t, 2, 2)
 	h := startHTTP(t, Config{Core: core, Admission: adm, ProgressInterval: time.Hour}, nil)
@@ -254,6 +255,7 @@ func readEvent(br *bufio.Reader) (sseEvent, error) {
 // last event id it saw gets the rest, the result included, for that
 // token only; the spent stream then answers 204, and an unknown one 404.
 func TestHTTPStreamOutlivesItsConnection(t *testing.T) {
+	t.Parallel()
 	core, drv := newFakeCore(t)
 	adm := mustAdmission(t, 2, 2)
 	h := startHTTP(t, Config{Core: core, Admission: adm, ProgressInterval: time.Hour}, nil)

@@ -143,6 +143,7 @@ func TestListenRules(t *testing.T) {
 }
 
 func TestHTTPWithTLS(t *testing.T) {
+	t.Parallel()
 	certFile, keyFile, rt := testCert(t, t.TempDir())
 	tlsCfg, err := LoadTLS(certFile, keyFile)
 	if err != nil {

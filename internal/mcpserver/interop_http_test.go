@@ -67,6 +67,7 @@ func (c *streamCore) endings() []error {
 // client aborts is cancelled and gets nothing; a call in flight when the
 // server stops gets a JSON-RPC error saying so, and the server stops.
 func TestTypeScriptClientHTTPStreams(t *testing.T) {
+	t.Parallel()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("node is not installed")

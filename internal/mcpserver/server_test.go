@@ -226,6 +226,7 @@ func TestRunReportAndGuestFailure(t *testing.T) {
 }
 
 func TestProgressKeepalive(t *testing.T) {
+	t.Parallel()
 	core := &scriptedCore{run: func(ctx context.Context, _ sandbox.Request) (*report.Run, error) {
 		select {
 		case <-time.After(600 * time.Millisecond):

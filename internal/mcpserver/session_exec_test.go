@@ -114,6 +114,7 @@ func (f *fakeSupervisor) calls() []string {
 // shell with its env, reads read_files back inline within 4 MiB
 // together, says progress while it runs, and starts a background job.
 func TestSessionExecFlow(t *testing.T) {
+	t.Parallel()
 	sc, _ := testSessions(t, nil)
 	f, id := startFakeSupervisor(t, sc, "web")
 	f.hold = 300 * time.Millisecond

@@ -171,6 +171,7 @@ func TestPushCommits(t *testing.T) {
 // pull goes on; once it ends, a call finds the stage here. A call whose
 // pull ends in time runs with what is left of its timeout_s.
 func TestStagePullWaitsAtMostTimeout(t *testing.T) {
+	t.Parallel()
 	core := newTransferCore("reg.test/isopod/stages")
 	id := "st-00112233445566cc"
 	core.registry[id] = id

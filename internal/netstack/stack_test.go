@@ -170,6 +170,7 @@ func findEventHost(evs []flightrec.Event, host string) *flightrec.Event {
 // TestStackLoopback drives the stack with a userspace guest, with local
 // servers reached through a redirecting policy: no root, no namespaces.
 func TestStackLoopback(t *testing.T) {
+	t.Parallel()
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "host="+r.Host)
 	}))

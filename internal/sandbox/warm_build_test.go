@@ -35,6 +35,7 @@ func TestSnapshotBuildWithinTheRunsTimeout(t *testing.T) {
 		{"nothing boots", 4, func(vmm.Config) bool { return true }, "did not finish within", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // the parent, serial, holds inlineBuildMin for all three
 			s, d := newFakeService(t, vmmfake.Config{Hang: tt.hang})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

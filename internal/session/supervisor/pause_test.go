@@ -98,6 +98,7 @@ func TestSupervisorPauseOverBudget(t *testing.T) {
 // An idle pause over the disk budget stops the session instead, saying
 // why.
 func TestSupervisorIdleOverBudget(t *testing.T) {
+	t.Parallel()
 	s := startWith(t, 1, 0, func(o *supervisor.Options) { o.DiskBudget, o.BudgetSetting = 4096, "ISOPOD_X_MIB" })
 	s.endsBy(t, "ISOPOD_X_MIB")
 }

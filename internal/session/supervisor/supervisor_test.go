@@ -225,6 +225,7 @@ func TestSupervisor(t *testing.T) {
 // A session nobody calls pauses at its idle timeout, or stops when its
 // idle action says so.
 func TestSupervisorIdleTimeout(t *testing.T) {
+	t.Parallel()
 	s := start(t, 1)
 	s.endsIn(t, session.StatePaused, "idle")
 	s = startWith(t, 1, 0, nil, func(r *session.Record) { r.IdleAction = session.IdleStop })
@@ -255,6 +256,7 @@ func (s *started) endsIn(t *testing.T, state, reason string) {
 
 // A session stops at its maximum lifetime, calls or not.
 func TestSupervisorMaxLifetime(t *testing.T) {
+	t.Parallel()
 	s := startLimits(t, 0, 1)
 	s.endsBy(t, "maximum lifetime")
 }
@@ -271,6 +273,7 @@ func TestSupervisorVMExits(t *testing.T) {
 // A connection relayed through an exposed port keeps the session from
 // going idle while it is open.
 func TestSupervisorExposedConnIsNotIdle(t *testing.T) {
+	t.Parallel()
 	s := start(t, 1)
 	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
