@@ -179,6 +179,10 @@ type Ticket struct {
 	ending  bool          // a background VM asked to end
 	lentTo  *Ticket       // the call a TicketLent place is lent to
 	lent    []*Ticket     // background places lent to this call
+	// keeps counts the Keeps not yet done; releaseDue, a Release that
+	// waits for them (keep.go).
+	keeps      int
+	releaseDue bool
 }
 
 // Reserve takes a place for a VM of memMiB of guest memory: admitted at
@@ -357,13 +361,18 @@ func (t *Ticket) wait(ctx context.Context, bound time.Duration) error {
 // background place is the call's: releasing it only says that its VM is
 // gone (ended, or claimed by a run with a place of its own). A call's
 // release gives each place lent to it whose VM is still there back to
-// that VM, which is asked to end. Idempotent.
+// that VM, which is asked to end. While t is kept ([Ticket.Keep]), the
+// release waits for the last Keep to be done. Idempotent.
 func (t *Ticket) Release() {
 	if t == nil {
 		return
 	}
 	a := t.a
 	a.lock() // without the ledger, the place is still given back here
+	if t.deferRelease() {
+		a.unlock()
+		return
+	}
 	a.unlockEnding(t.releaseLocked())
 }
 

@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -42,8 +43,8 @@ type placeHost struct {
 }
 
 // newPlaceHost makes a host of maxVMs places with ready VMs and
-// background snapshot builds; hang picks the guests that never boot.
-func newPlaceHost(t *testing.T, maxVMs int, hang func(vmm.Config) bool) *placeHost {
+// background snapshot builds, its machines as cfg makes them.
+func newPlaceHost(t *testing.T, maxVMs int, cfg vmmfake.Config) *placeHost {
 	t.Helper()
 	h := &placeHost{a: newAdmission(t, maxVMs, 4)}
 	var drv atomic.Pointer[vmmfake.Driver]
@@ -63,16 +64,16 @@ func newPlaceHost(t *testing.T, maxVMs int, hang func(vmm.Config) bool) *placeHo
 			}
 		}
 	}
-	cfg := vmmfake.Config{
-		Hang:        hang,
-		FailStart:   func(vmm.Config) error { count(); return nil },
-		FailRestore: func(vmm.Config, string) error { count(); return nil },
-	}
+	cfg.FailStart = func(vmm.Config) error { count(); return nil }
+	cfg.FailRestore = func(vmm.Config, string) error { count(); return nil }
 	h.s, h.d = newFakeWith(t, cfg, func(o *sandbox.Options) {
 		o.ReadyVMs, o.BackgroundSnapshots, o.Places = 1, true, h.a
 	})
 	drv.Store(h.d)
+	// As in the MCP server: a VM's last teardown comes after its report.
+	h.s.TeardownInBackground()
 	t.Cleanup(func() {
+		h.s.Wait()
 		if n := h.maxLive.Load(); n > int32(maxVMs) {
 			t.Errorf("%d machines ran at once on a host of %d places", n, maxVMs)
 		}
@@ -141,7 +142,7 @@ func isBuilder(cfg vmm.Config) bool { return strings.Contains(cfg.Cmdline, "=iso
 // ready VM ended for its own.
 func TestOnePlaceCallsTakeReadyVMs(t *testing.T) {
 	t.Parallel()
-	h := newPlaceHost(t, 1, nil)
+	h := newPlaceHost(t, 1, vmmfake.Config{})
 	if rep := h.call(t, "first call", sandbox.Request{Argv: []string{"true"}}); rep != nil && rep.Path != "cold" {
 		t.Errorf("first call: path %q; want cold", rep.Path)
 	}
@@ -173,7 +174,7 @@ func TestOnePlaceCallsTakeReadyVMs(t *testing.T) {
 func TestOnePlaceCallEndsABuild(t *testing.T) {
 	t.Parallel()
 	var builders atomic.Int32
-	h := newPlaceHost(t, 1, func(cfg vmm.Config) bool { return isBuilder(cfg) && builders.Add(1) == 1 })
+	h := newPlaceHost(t, 1, vmmfake.Config{Hang: func(cfg vmm.Config) bool { return isBuilder(cfg) && builders.Add(1) == 1 }})
 	h.call(t, "first call", sandbox.Request{Argv: []string{"true"}, ScratchMiB: otherScratch})
 	var builder *vmmfake.Machine
 	waitFor(t, "the snapshot build after the first call", func() bool {
@@ -206,7 +207,7 @@ func TestOnePlaceCallEndsABuild(t *testing.T) {
 // take turns: each command waits for the other's to start.
 func TestTwoPlacesReadyVMConcurrentCalls(t *testing.T) {
 	t.Parallel()
-	h := newPlaceHost(t, 2, nil)
+	h := newPlaceHost(t, 2, vmmfake.Config{})
 	h.call(t, "first call", sandbox.Request{Argv: []string{"true"}})
 	waitFor(t, "the snapshot", func() bool { return h.snapshots() == 1 })
 	h.call(t, "second call", sandbox.Request{Argv: []string{"true"}})
@@ -240,7 +241,7 @@ func TestTwoPlacesReadyVMConcurrentCalls(t *testing.T) {
 // to take its place; the ready VM is made again after the build.
 func TestBuildTakesAReadyVMsPlace(t *testing.T) {
 	t.Parallel()
-	h := newPlaceHost(t, 2, nil)
+	h := newPlaceHost(t, 2, vmmfake.Config{})
 	h.call(t, "first call", sandbox.Request{Argv: []string{"true"}})
 	waitFor(t, "the snapshot", func() bool { return h.snapshots() == 1 })
 	h.call(t, "second call", sandbox.Request{Argv: []string{"true"}})
@@ -250,4 +251,19 @@ func TestBuildTakesAReadyVMsPlace(t *testing.T) {
 	}
 	waitFor(t, "the other shape's snapshot", func() bool { return h.snapshots() == 2 })
 	h.waitReady(t)
+}
+
+// A call's place is free only once its VM is gone: with the last of the
+// teardown after the report, as in the MCP server, and VMMs that take a
+// while to be reaped, calls one after another on a host of one place
+// never have two VMMs at once, the ready VM's and the background build's
+// included.
+func TestAPlaceIsFreeOnceItsVMIsGone(t *testing.T) {
+	t.Parallel()
+	h := newPlaceHost(t, 1, vmmfake.Config{ReapDelay: 100 * time.Millisecond})
+	for i := range 5 {
+		if rep := h.call(t, fmt.Sprintf("call %d", i+1), sandbox.Request{Argv: []string{"true"}}); rep != nil && code(rep) != 0 {
+			t.Errorf("call %d: exit %d", i+1, code(rep))
+		}
+	}
 }

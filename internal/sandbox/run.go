@@ -95,6 +95,9 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 			return nil, err
 		}
 	}
+	// The caller's place is free once the VMM is reaped, not when the
+	// report is made: release it no sooner.
+	keep := req.Place.Keep()
 	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
 	r.warm = s.warmFor(ctx, req, pl)
 	r.phases.Mark("admitted", t0)
@@ -112,7 +115,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
 		r.phases.End(s.log, r.rep, t0)
-		s.teardown(r.cleanup)
+		s.teardown(func() { r.cleanup(); keep() })
 		// A shape that resumed is hot: keep a VM of it ready.
 		if sp, ok := r.readySpecFor(); ok && r.resumed {
 			s.ready.NoteHot(sp)

@@ -58,6 +58,9 @@ type Config struct {
 	// BootError is put in a cold-booted guest's Hello, as a guest that could
 	// not assemble its root reports it. A snapshot keeps it.
 	BootError string
+	// ReapDelay is how long a machine that stopped takes to be gone
+	// (Done, Wait), as a killed VMM's process takes to be reaped.
+	ReapDelay time.Duration
 	// FailStart, FailSnapshot and FailRestore, when set, are asked before
 	// every start, snapshot or restore; a non-nil error fails it.
 	FailStart    func(cfg vmm.Config) error

@@ -214,6 +214,7 @@ func (m *Machine) exit(err error) {
 			if srv := m.srv.Load(); srv != nil {
 				srv.KillAll()
 			}
+			time.Sleep(m.drv.cfg.ReapDelay)
 			close(m.done)
 		}()
 	})
