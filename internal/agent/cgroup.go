@@ -133,8 +133,11 @@ func setupCgroups(log *slog.Logger) (*Cgroups, error) {
 // execCgroup is one exec's cgroup. A nil *execCgroup (commands not
 // confined) does nothing.
 type execCgroup struct {
-	fd  int // for clone3(CLONE_INTO_CGROUP)
-	dir string
+	fd int // for clone3(CLONE_INTO_CGROUP)
+	// kill is its cgroup.kill, opened with the cgroup (-1: not open), so
+	// that ending an exec's processes is one write.
+	kill int
+	dir  string
 	log *slog.Logger
 	g   *Cgroups
 }
@@ -209,7 +212,19 @@ func (g *Cgroups) make(name string) *execCgroup {
 		os.Remove(dir)
 		return nil
 	}
-	return &execCgroup{fd: fd, dir: dir, log: g.log, g: g}
+	kill, err := unix.Open(filepath.Join(dir, "cgroup.kill"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		kill = -1 // killAll opens it then, and says why it cannot
+	}
+	return &execCgroup{fd: fd, kill: kill, dir: dir, log: g.log, g: g}
+}
+
+// closeFDs closes the cgroup's descriptors.
+func (e *execCgroup) closeFDs() {
+	unix.Close(e.fd)
+	if e.kill >= 0 {
+		unix.Close(e.kill)
+	}
 }
 
 // sweep removes the leftover cgroups that have emptied.
@@ -244,7 +259,7 @@ func (e *execCgroup) release() {
 	if e == nil {
 		return
 	}
-	unix.Close(e.fd)
+	e.closeFDs()
 	if err := os.Remove(e.dir); err == nil || errors.Is(err, os.ErrNotExist) {
 		return
 	}
@@ -282,6 +297,11 @@ func (e *execCgroup) killAll() {
 	if e == nil {
 		return
 	}
+	if e.kill >= 0 {
+		if _, err := unix.Pwrite(e.kill, []byte("1"), 0); err == nil {
+			return
+		}
+	}
 	if err := writeFile(filepath.Join(e.dir, "cgroup.kill"), "1"); err != nil {
 		e.log.Warn("killing an exec's cgroup", "err", err)
 	}
@@ -292,8 +312,8 @@ func (e *execCgroup) remove() {
 	if e == nil {
 		return
 	}
-	unix.Close(e.fd)
 	e.killAll()
+	e.closeFDs()
 	deadline := time.Now().Add(cgroupKillWait)
 	for {
 		err := os.Remove(e.dir)

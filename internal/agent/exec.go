@@ -293,7 +293,7 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		return
 	}
 
-	p, err := newExecPipes(req.Stdin)
+	p, err := c.srv.pipes.take(req.Stdin)
 	if err != nil {
 		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
 		return
@@ -334,8 +334,8 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 }
 
 // execDoneThenTidy answers an exec, then (off the exec's path) removes its
-// cgroup (cg; nil when it was released) and makes the next exec's;
-// [Cgroups.settle] waits for that.
+// cgroup (cg; nil when it was released) and makes the next exec's cgroup
+// and pipes; [Cgroups.settle] waits for that.
 func (c *conn) execDoneThenTidy(id uint64, start time.Time, ws *unix.WaitStatus, timedOut bool, cg *execCgroup) {
 	g := c.srv.opts.Cgroups
 	g.begin()
@@ -343,6 +343,7 @@ func (c *conn) execDoneThenTidy(id uint64, start time.Time, ws *unix.WaitStatus,
 	c.execDone(id, start, ws, 0, timedOut)
 	cg.remove()
 	g.refill()
+	c.srv.pipes.refill()
 }
 
 // checkExecRequest rejects a malformed exec request and returns the

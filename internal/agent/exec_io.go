@@ -42,6 +42,59 @@ func newExecPipes(withStdin bool) (*execPipes, error) {
 	return p, nil
 }
 
+// sparePipes holds an exec's pipes made ahead, as a spare cgroup is
+// (cgroup.go): after each exec, so that a snapshot's clone starts its
+// first command with pipes its snapshot already holds.
+type sparePipes struct {
+	mu sync.Mutex
+	p  *execPipes // without stdin; nil when none is ready
+}
+
+// take returns the spare pipes, made fresh when there are none; with
+// stdin, the spare's /dev/null gives way to a pipe.
+func (s *sparePipes) take(withStdin bool) (*execPipes, error) {
+	s.mu.Lock()
+	p := s.p
+	s.p = nil
+	s.mu.Unlock()
+	if p == nil {
+		return newExecPipes(withStdin)
+	}
+	if withStdin {
+		childIn, in, err := os.Pipe()
+		if err != nil {
+			p.closeChildEnds()
+			p.closeAll()
+			return nil, fmt.Errorf("creating pipes: %w", err)
+		}
+		p.childIn.Close()
+		p.childIn, p.in = childIn, in
+	}
+	return p, nil
+}
+
+// refill makes spare pipes when there are none.
+func (s *sparePipes) refill() {
+	s.mu.Lock()
+	ready := s.p != nil
+	s.mu.Unlock()
+	if ready {
+		return
+	}
+	p, err := newExecPipes(false)
+	if err != nil {
+		return // the next exec makes its own, and says why it cannot
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.p != nil {
+		p.closeChildEnds() // made twice at once: keep one
+		p.closeAll()
+		return
+	}
+	s.p = p
+}
+
 func (p *execPipes) closeChildEnds() {
 	for _, f := range []*os.File{p.childIn, p.childOut, p.childErr} {
 		if f != nil {

@@ -156,7 +156,7 @@ func (c *conn) launchJob(j *job, req *agentproto.Exec, env []string) {
 		notStarted(string(msg))
 		return
 	}
-	p, err := newExecPipes(false)
+	p, err := c.srv.pipes.take(false)
 	if err != nil {
 		notStarted(fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
 		return
@@ -186,6 +186,7 @@ func (c *conn) launchJob(j *job, req *agentproto.Exec, env []string) {
 	go func() {
 		defer g.end()
 		g.refill()
+		c.srv.pipes.refill()
 	}()
 }
 

@@ -78,6 +78,7 @@ type Server struct {
 	cgroupSeq atomic.Uint64 // names the execs' cgroups, unique across connections
 	jobs      jobTable      // background jobs outlive their connection
 	freeze    freezer       // the scratch filesystem's one bounded freeze
+	pipes     sparePipes    // the next exec's, made ahead
 }
 
 // NewServer returns a Server with opts.
