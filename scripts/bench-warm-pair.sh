@@ -15,7 +15,9 @@
 # with its root assembled, as a recurring shape's do. Printed: p50 of the
 # report's total_ms, resume_ms and exec_ms and of the wall time of each
 # version, the ratios new/old, and the median of the per-round total_ms
-# differences. Needs go, git, python3, and base-min built under
+# differences, and the share of the host's CPU time stolen by its
+# hypervisor meanwhile (a contended host's figures are slower and
+# noisier). Needs go, git, python3, and base-min built under
 # $ISOPOD_HOME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,13 @@ import json, os, statistics, subprocess, sys, time
 
 work, n = sys.argv[1], int(sys.argv[2])
 runs = {"new": [], "old": []}
+
+def cpu():  # /proc/stat's aggregate ticks: all of them, and steal
+    f = open("/proc/stat").readline().split()
+    t = [int(x) for x in f[1:9]]
+    return sum(t), t[7]
+
+cpu0 = cpu()
 for i in range(n + 1):
     for v in (("new", "old") if i % 2 == 0 else ("old", "new")):
         env = dict(os.environ, ISOPOD_HOME=os.path.join(work, "home-" + v),
@@ -83,4 +92,6 @@ for k, name in enumerate(("total_ms", "resume_ms", "exec_ms", "wall")):
 m = min(len(runs["new"]), len(runs["old"]))
 d = statistics.median(runs["new"][j][0] - runs["old"][j][0] for j in range(m))
 print("rounds %d; median of the per-round total_ms differences, new - old: %+.0f ms" % (m, d))
+cpu1 = cpu()
+print("host steal (CPU time the hypervisor took for other guests): %.1f %%" % (100.0 * (cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0])))
 PY

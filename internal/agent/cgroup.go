@@ -138,8 +138,8 @@ type execCgroup struct {
 	// that ending an exec's processes is one write.
 	kill int
 	dir  string
-	log *slog.Logger
-	g   *Cgroups
+	log  *slog.Logger
+	g    *Cgroups
 }
 
 // forExec makes exec id's cgroup, or returns nil when commands are not

@@ -77,6 +77,10 @@ type Result struct {
 	Series  map[string]Stats   `json:"series"`
 	Ratios  map[string]float64 `json:"ratios"`
 	Extra   map[string]any     `json:"extra,omitempty"`
+	// HostStealPct is the share of the host's CPU time its hypervisor
+	// took for other guests while the bench ran (steal.go), in percent;
+	// absent where it cannot be told.
+	HostStealPct *float64 `json:"host_steal_pct,omitempty"`
 }
 
 // benchSeries are the series --series accepts.
@@ -120,6 +124,15 @@ func (b *bench) run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{OK: true, Machine: machineDesc(), Series: map[string]Stats{}, Ratios: map[string]float64{}, Extra: map[string]any{}}
+	if t0, ok := readCPUTimes(); ok {
+		defer func() {
+			if t1, ok := readCPUTimes(); ok {
+				if p := stealPct(t0, t1); p >= 0 {
+					res.HostStealPct = &p
+				}
+			}
+		}()
+	}
 	total := b.totalMS(ctx, res)
 	if want.has("cold") || want.has("floor") {
 		if err := b.coldAndFloor(ctx, o.N, res, total); err != nil {
