@@ -74,6 +74,9 @@ type run struct {
 	// uncharged is time spent inside the run that its timeout does not
 	// cover (packing the workspace).
 	uncharged time.Duration
+	// placeKept gives the caller's place back once cleanup has reaped
+	// the VMM (admission.Ticket.Keep); nil for a held VM's run.
+	placeKept func()
 }
 
 // Run boots a fresh microVM, runs req.Argv in it, optionally copies files out
@@ -95,18 +98,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 			return nil, err
 		}
 	}
-	// The caller's place is free once the VMM is reaped, not when the
-	// report is made: release it no sooner.
-	keep := req.Place.Keep()
-	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log)}
-	r.warm = s.warmFor(ctx, req, pl)
-	r.phases.Mark("admitted", t0)
-	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
-		r.ready = s.ready.Claim(sp, r.warm.meta.BuildID)
-	}
-	// Ready VMs whose places were lent to this run and that it did not
-	// claim end before its own VM starts.
-	s.ready.Settle(req.Place)
+	r := s.newRun(ctx, req, pl, t0)
 	defer func() {
 		// The report is complete once the VMM is killed and the network
 		// totals are in; the rest of the teardown does not delay it.
@@ -115,7 +107,7 @@ func (s *Service) Run(ctx context.Context, req Request) (rep *report.Run, retErr
 			rep.TotalMS = time.Since(t0).Milliseconds()
 		}
 		r.phases.End(s.log, r.rep, t0)
-		s.teardown(func() { r.cleanup(); keep() })
+		s.teardown(r.cleanup)
 		// A shape that resumed is hot: keep a VM of it ready.
 		if sp, ok := r.readySpecFor(); ok && r.resumed {
 			s.ready.NoteHot(sp)
@@ -316,6 +308,22 @@ func (r *run) finishTimedOut() *report.Run {
 	return r.rep
 }
 
+// newRun is an admitted request's run: its warm-pool path chosen and a
+// ready VM claimed where one fits; ready VMs whose places were lent to it
+// and that it did not claim end before its own VM starts. It keeps the
+// caller's place until its cleanup: the place is free once the VMM is
+// reaped, not when the report is made.
+func (s *Service) newRun(ctx context.Context, req Request, pl *plan, t0 time.Time) *run {
+	r := &run{s: s, req: req, t0: t0, plan: pl, vm: machine.New(s.log), placeKept: req.Place.Keep()}
+	r.warm = s.warmFor(ctx, req, pl)
+	r.phases.Mark("admitted", t0)
+	if sp, ok := r.readySpecFor(); ok && r.warm.meta != nil {
+		r.ready = s.ready.Claim(sp, r.warm.meta.BuildID)
+	}
+	s.ready.Settle(req.Place)
+	return r
+}
+
 // stopCritical is the part of the teardown a report waits for: the VMM is
 // killed (not waited for) and the network closed, its totals put in the
 // report. Idempotent.
@@ -335,6 +343,9 @@ func (r *run) stopCritical() {
 // scratch disk removed, the logs closed, the record finished.
 func (r *run) cleanup() {
 	r.vm.Close()
+	if r.placeKept != nil {
+		defer r.placeKept()
+	}
 	for _, c := range []*machine.Capture{r.stdout, r.stderr} {
 		if c != nil {
 			c.Close()
