@@ -142,6 +142,9 @@ type execCgroup struct {
 	g    *Cgroups
 }
 
+// confined reports whether commands run in cgroups of their own.
+func (g *Cgroups) confined() bool { return g != nil && g.parent != "" }
+
 // forExec makes exec id's cgroup, or returns nil when commands are not
 // confined (or the cgroup cannot be made, which is logged).
 func (g *Cgroups) forExec(id uint64) *execCgroup {

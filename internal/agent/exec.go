@@ -293,14 +293,10 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 		return
 	}
 
-	p, err := c.srv.pipes.take(req.Stdin)
-	if err != nil {
-		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %v\n", req.Argv[0], err))
-		return
+	pid, wait, p, cg, err := c.startProcess(req, prog, cwd, env)
+	if p != nil {
+		defer p.closeAll()
 	}
-	defer p.closeAll()
-	cg := c.srv.opts.Cgroups.forExec(c.srv.cgroupSeq.Add(1))
-	pid, wait, err := c.forkExec(prog, req.Argv, cwd, env, p, cg)
 	if err != nil {
 		cg.remove()
 		c.notStarted(st.id, start, fmt.Sprintf("isopod: %s: %s\n", req.Argv[0], errnoText(err)))
@@ -334,16 +330,15 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 }
 
 // execDoneThenTidy answers an exec, then (off the exec's path) removes its
-// cgroup (cg; nil when it was released) and makes the next exec's cgroup
-// and pipes; [Cgroups.settle] waits for that.
+// cgroup (cg; nil when it was released) and makes the next exec's
+// process, cgroup and pipes; [Cgroups.settle] waits for that.
 func (c *conn) execDoneThenTidy(id uint64, start time.Time, ws *unix.WaitStatus, timedOut bool, cg *execCgroup) {
 	g := c.srv.opts.Cgroups
 	g.begin()
 	defer g.end()
 	c.execDone(id, start, ws, 0, timedOut)
 	cg.remove()
-	g.refill()
-	c.srv.pipes.refill()
+	c.srv.refillSpares(c.reap)
 }
 
 // checkExecRequest rejects a malformed exec request and returns the

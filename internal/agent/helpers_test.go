@@ -159,6 +159,7 @@ func (w *wireTap) countSent(kind agentproto.Kind) int {
 type testConn struct {
 	*agentclient.Client
 	t        *testing.T
+	srv      *Server
 	wire     *wireTap
 	serveErr chan error
 	hello    agentproto.Hello
@@ -185,8 +186,8 @@ func startAgent(t *testing.T, opts Options) *testConn {
 		opts.Logger = NewConsoleLogger(os.Stderr, true)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &testConn{t: t, wire: newWireTap(host), serveErr: make(chan error, 1), rawID: 1 << 40}
 	srv := NewServer(opts)
+	c := &testConn{t: t, srv: srv, wire: newWireTap(host), serveErr: make(chan error, 1), rawID: 1 << 40}
 	t.Cleanup(srv.KillAll) // after the connection's end (cleanups run last first)
 	go func() { c.serveErr <- srv.Serve(ctx, guest) }()
 	c.Client = agentclient.New(c.wire, nil)

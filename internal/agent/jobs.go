@@ -185,8 +185,7 @@ func (c *conn) launchJob(j *job, req *agentproto.Exec, env []string) {
 	g.begin()
 	go func() {
 		defer g.end()
-		g.refill()
-		c.srv.pipes.refill()
+		c.srv.refillSpares(c.reap)
 	}()
 }
 
@@ -233,7 +232,8 @@ func (s *Server) waitJob(j *job, wait <-chan unix.WaitStatus, cg *execCgroup, ti
 }
 
 // KillAll kills every running background job, its process group and
-// cgroup, and what kept execs and jobs left in their cgroups: what a
+// cgroup, what kept execs and jobs left in their cgroups, and the exec
+// stub made ahead: what a
 // power-off does to a guest, for an agent that serves as a plain process
 // (tests, the fake VMM), whose jobs would otherwise outlive it. Processes
 // that a kept exec left outside any cgroup (commands not confined) are
@@ -252,4 +252,7 @@ func (s *Server) KillAll() {
 		cg.killAll()
 	}
 	s.opts.Cgroups.killLeftovers()
+	if st := s.stub.take(); st != nil {
+		st.kill()
+	}
 }

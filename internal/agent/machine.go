@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"regexp"
@@ -98,7 +100,12 @@ func (c *conn) configureNet(m *agentproto.Msg) {
 	c.srv.netApplied = &want
 	c.srv.netEnv = append([]string(nil), m.Net.Env...)
 	c.srv.mu.Unlock()
-	c.log.Info("network configured", "address", m.Net.Address, "gateway", m.Net.Gateway, "already_in_force", inForce)
+	// A clone's network was in force already: nothing to tell its console.
+	level := slog.LevelInfo
+	if inForce {
+		level = slog.LevelDebug
+	}
+	c.log.Log(context.Background(), level, "network configured", "address", m.Net.Address, "gateway", m.Net.Gateway, "already_in_force", inForce)
 	c.replyOK(m.ID)
 }
 

@@ -16,8 +16,12 @@ import (
 // Main is the isopod-agent program. As PID 1 it boots the guest and serves
 // the host forever (it never returns). As any other process it serves one
 // connection on stdin and stdout, without touching the machine, and exits
-// when the stream ends; "--version" prints the versions.
+// when the stream ends; "--version" prints the versions. With ExecStubArg
+// it is an exec stub (exec_stub.go).
 func Main() {
+	if len(os.Args) > 1 && os.Args[1] == ExecStubArg {
+		RunExecStub()
+	}
 	if os.Getpid() == 1 && len(os.Args) > 1 && os.Args[1] == FloorArg {
 		// The benchmark floor: the same kernel and initramfs, an init that
 		// does nothing but power off.
@@ -70,10 +74,11 @@ func runPID1() {
 	bootErr := oneLine(info.err)
 	sys := &linuxSystem{log: log}
 	srv := NewServer(Options{
-		Logger:  log,
-		ReapAll: true,
-		System:  sys,
-		Cgroups: info.cgroups,
+		Logger:   log,
+		ReapAll:  true,
+		System:   sys,
+		Cgroups:  info.cgroups,
+		ExecStub: "/proc/self/exe",
 		Hello: func() agentproto.Hello {
 			h := DefaultHello()
 			h.BootError = bootErr

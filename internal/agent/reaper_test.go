@@ -21,11 +21,15 @@ import (
 
 const pid1ModeEnv = "ISOPOD_AGENT_TEST_REAP_ALL"
 
-// TestMain doubles as a stand-in for PID 1: with pid1ModeEnv set, the test
-// binary becomes a child subreaper and serves the protocol on stdin and
+// TestMain doubles as an exec stub (with ExecStubArg) and as a stand-in
+// for PID 1: with pid1ModeEnv set, the test binary becomes a child
+// subreaper and serves the protocol on stdin and
 // stdout with ReapAll, so the process-wide reaper is exercised without
 // stealing the wait statuses of the other tests.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == ExecStubArg {
+		RunExecStub() // the test binary as an exec stub (exec_stub_test.go)
+	}
 	if os.Getenv(pid1ModeEnv) == "1" {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 			fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)

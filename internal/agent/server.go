@@ -34,6 +34,9 @@ type Options struct {
 	// Cgroups confines each exec in a cgroup of its own under capped
 	// parents; nil runs commands unconfined (a plain process).
 	Cgroups *Cgroups
+	// ExecStub is the agent's own binary, run as an exec stub
+	// (exec_stub.go) for the next command; "" forks every command.
+	ExecStub string
 }
 
 // System is what the agent changes on the machine. The PID-1 agent uses the
@@ -79,6 +82,7 @@ type Server struct {
 	jobs      jobTable      // background jobs outlive their connection
 	freeze    freezer       // the scratch filesystem's one bounded freeze
 	pipes     sparePipes    // the next exec's, made ahead
+	stub      spareStub     // the next exec's process, made ahead
 }
 
 // NewServer returns a Server with opts.
