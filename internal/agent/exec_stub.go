@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -356,7 +357,10 @@ func decodeStubRequest(b []byte) (prog, cwd string, argv, env []string, err erro
 // RunExecStub is the stub's program (the agent binary with ExecStubArg):
 // it reads one request on descriptor 3 and executes it, or writes the
 // errno of its failure on descriptor 4 and exits 127. It never returns.
+// The program starts with no signal blocked, as one the PID-1 agent
+// forks does.
 func RunExecStub() {
+	runtime.LockOSThread() // the thread whose mask is cleared executes
 	unix.CloseOnExec(4)
 	unix.Write(4, []byte{stubReadyByte})
 	var req []byte
@@ -377,6 +381,9 @@ func RunExecStub() {
 	prog, cwd, argv, env, err := decodeStubRequest(req)
 	if err == nil {
 		err = unix.Chdir(cwd)
+	}
+	if err == nil {
+		err = unix.PthreadSigmask(unix.SIG_SETMASK, &unix.Sigset_t{}, nil)
 	}
 	if err == nil {
 		err = syscall.Exec(prog, argv, env)

@@ -44,8 +44,10 @@ func (c *testConn) readyStub() int {
 	return 0
 }
 
-// processFacts is what a command can see of how it was started.
-const processFacts = `grep -E '^(SigBlk|SigIgn|NoNewPrivs|Seccomp|CapEff|CapBnd)' /proc/$$/status; ` +
+// processFacts is what a command can see of how it was started. Its
+// blocked signals are checked apart: a forked command gets those the test
+// binary started with, a PID-1 agent's none.
+const processFacts = `grep -E '^(SigIgn|NoNewPrivs|Seccomp|CapEff|CapBnd)' /proc/$$/status; ` +
 	`ulimit -n; ulimit -Hn; umask; pwd; env | sort; ` +
 	`[ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ] && echo own-group; ` +
 	`[ "$PPID" = "` + "%d" + `" ] && echo child-of-agent; echo "pid $$"`
@@ -85,6 +87,10 @@ func TestExecStubStartsAsForkDoes(t *testing.T) {
 		if !strings.Contains(string(stubbed.stdout), w+"\n") {
 			t.Errorf("stdout lacks %q:\n%s", w, stubbed.stdout)
 		}
+	}
+	c.readyStub()
+	if r := c.exec(agentproto.Exec{Argv: []string{"grep", "^SigBlk", "/proc/self/status"}}); !strings.HasSuffix(string(r.stdout), "\t0000000000000000\n") {
+		t.Errorf("through the stub the command started with %q blocked; want none", r.stdout)
 	}
 }
 
