@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,10 +49,10 @@ type Cgroups struct {
 
 	mu        sync.Mutex
 	leftovers []string // cgroups of kept execs and jobs, removed once empty
-	// spare is a cgroup made ahead for the next exec (see takeSpare);
+	// spare is a cgroup made ahead for the next exec (see refill);
 	// spareSeq numbers the spares.
-	spare    *execCgroup
-	spareSeq uint64
+	spare    spare[execCgroup]
+	spareSeq atomic.Uint64
 	// tidying counts finished execs whose cgroup is still being removed
 	// or whose successor is being made; tidied signals it reaching 0.
 	tidying int
@@ -151,7 +152,7 @@ func (g *Cgroups) forExec(id uint64) *execCgroup {
 	if g == nil || g.parent == "" {
 		return nil
 	}
-	if e := g.takeSpare(); e != nil {
+	if e := g.spare.take(); e != nil {
 		return e
 	}
 	g.sweep()
@@ -164,41 +165,17 @@ func (g *Cgroups) forExec(id uint64) *execCgroup {
 // snapshot's clone then starts its first command in a cgroup its snapshot
 // already holds.
 
-// takeSpare returns the spare cgroup, nil when there is none.
-func (g *Cgroups) takeSpare() *execCgroup {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	e := g.spare
-	g.spare = nil
-	return e
-}
-
 // refill makes a spare cgroup when there is none; a nil or unconfined
 // Cgroups does nothing.
 func (g *Cgroups) refill() {
-	if g == nil || g.parent == "" {
+	if !g.confined() || g.spare.ready() {
 		return
 	}
-	g.mu.Lock()
-	if g.spare != nil {
-		g.mu.Unlock()
-		return
-	}
-	g.spareSeq++
-	name := "spare-" + strconv.FormatUint(g.spareSeq, 10)
-	g.mu.Unlock()
+	name := "spare-" + strconv.FormatUint(g.spareSeq.Add(1), 10)
 	g.sweep()
-	e := g.make(name)
-	if e == nil {
-		return
+	if e := g.make(name); e != nil {
+		g.spare.put(e, (*execCgroup).release)
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.spare != nil {
-		e.release() // made twice at once: keep one
-		return
-	}
-	g.spare = e
 }
 
 // make makes the cgroup name under the parent and opens it, or returns nil

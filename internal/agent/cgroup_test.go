@@ -65,7 +65,7 @@ func TestSpareCgroupAndSettle(t *testing.T) {
 	default:
 		t.Fatal("settle returned before the clean-up ended")
 	}
-	if g.spare == nil {
+	if !g.spare.ready() {
 		t.Error("no spare cgroup after the clean-up")
 	}
 }

@@ -42,21 +42,13 @@ func newExecPipes(withStdin bool) (*execPipes, error) {
 	return p, nil
 }
 
-// sparePipes holds an exec's pipes made ahead, as a spare cgroup is
-// (cgroup.go): after each exec, so that a snapshot's clone starts its
-// first command with pipes its snapshot already holds.
-type sparePipes struct {
-	mu sync.Mutex
-	p  *execPipes // without stdin; nil when none is ready
-}
+// sparePipes holds an exec's pipes made ahead, without stdin.
+type sparePipes struct{ spare[execPipes] }
 
 // take returns the spare pipes, made fresh when there are none; with
 // stdin, the spare's /dev/null gives way to a pipe.
 func (s *sparePipes) take(withStdin bool) (*execPipes, error) {
-	s.mu.Lock()
-	p := s.p
-	s.p = nil
-	s.mu.Unlock()
+	p := s.spare.take()
 	if p == nil {
 		return newExecPipes(withStdin)
 	}
@@ -75,24 +67,17 @@ func (s *sparePipes) take(withStdin bool) (*execPipes, error) {
 
 // refill makes spare pipes when there are none.
 func (s *sparePipes) refill() {
-	s.mu.Lock()
-	ready := s.p != nil
-	s.mu.Unlock()
-	if ready {
+	if s.ready() {
 		return
 	}
 	p, err := newExecPipes(false)
 	if err != nil {
 		return // the next exec makes its own, and says why it cannot
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.p != nil {
-		p.closeChildEnds() // made twice at once: keep one
+	s.put(p, func(p *execPipes) {
+		p.closeChildEnds()
 		p.closeAll()
-		return
-	}
-	s.p = p
+	})
 }
 
 func (p *execPipes) closeChildEnds() {

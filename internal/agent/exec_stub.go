@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -96,18 +95,12 @@ const stubReady = 30 * time.Second
 var stubStart = 10 * time.Second
 
 // spareStub holds the stub made ahead.
-type spareStub struct {
-	mu sync.Mutex
-	s  *stubProc
-}
+type spareStub struct{ spare[stubProc] }
 
 // take returns the spare stub when it is still alive, else nil (a dead
 // one is cleaned up).
 func (ss *spareStub) take() *stubProc {
-	ss.mu.Lock()
-	s := ss.s
-	ss.s = nil
-	ss.mu.Unlock()
+	s := ss.spare.take()
 	if s == nil {
 		return nil
 	}
@@ -126,13 +119,7 @@ func (ss *spareStub) take() *stubProc {
 // until it is ready for a request.
 func (ss *spareStub) refill(srv *Server, reap reaper) {
 	bin := srv.opts.ExecStub
-	if bin == "" {
-		return
-	}
-	ss.mu.Lock()
-	ready := ss.s != nil
-	ss.mu.Unlock()
-	if ready {
+	if bin == "" || ss.ready() {
 		return
 	}
 	g := srv.opts.Cgroups
@@ -152,13 +139,7 @@ func (ss *spareStub) refill(srv *Server, reap reaper) {
 		cg.remove()
 		return
 	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.s != nil {
-		s.kill() // started twice at once: keep one
-		return
-	}
-	ss.s = s
+	ss.put(s, (*stubProc).kill) // two started at once: one is kept
 }
 
 // stubArgv is a stub's command line: the name that commands listing the

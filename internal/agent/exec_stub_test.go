@@ -29,7 +29,7 @@ func (c *testConn) readyStub() int {
 	deadline := time.Now().Add(20 * time.Second)
 	for ran := false; time.Now().Before(deadline); {
 		c.srv.stub.mu.Lock()
-		s := c.srv.stub.s
+		s := c.srv.stub.v
 		c.srv.stub.mu.Unlock()
 		if s != nil {
 			return s.pid
