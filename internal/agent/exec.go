@@ -330,15 +330,15 @@ func (c *conn) runExec(st *execState, req *agentproto.Exec) {
 }
 
 // execDoneThenTidy answers an exec, then (off the exec's path) removes its
-// cgroup (cg; nil when it was released) and makes the next exec's
-// process, cgroup and pipes; [Cgroups.settle] waits for that.
+// cgroup (cg; nil when it was released) and makes the next exec's cgroup
+// and pipes; [Cgroups.settle] waits for that.
 func (c *conn) execDoneThenTidy(id uint64, start time.Time, ws *unix.WaitStatus, timedOut bool, cg *execCgroup) {
 	g := c.srv.opts.Cgroups
 	g.begin()
 	defer g.end()
 	c.execDone(id, start, ws, 0, timedOut)
 	cg.remove()
-	c.srv.refillSpares(c.reap)
+	c.srv.refillSpares()
 }
 
 // checkExecRequest rejects a malformed exec request and returns the

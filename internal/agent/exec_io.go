@@ -80,6 +80,13 @@ func (s *sparePipes) refill() {
 	})
 }
 
+// refillSpares makes what the next exec takes when it is not ready: its
+// cgroup and its pipes.
+func (s *Server) refillSpares() {
+	s.opts.Cgroups.refill()
+	s.pipes.refill()
+}
+
 func (p *execPipes) closeChildEnds() {
 	for _, f := range []*os.File{p.childIn, p.childOut, p.childErr} {
 		if f != nil {

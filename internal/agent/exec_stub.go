@@ -21,9 +21,9 @@ import (
 // command takes a fork: the kernel's process creation, a kernel stack, the
 // cgroup's task set and the child's set-up. A clone of a snapshot under
 // TCG translates all of that afresh for its first command, about a tenth
-// of the guest code a warm `true` translates. So, as the next exec's
-// cgroup and pipes are, the process itself is made ahead: the agent's own
-// binary in its stub mode (ExecStubArg), started in the spare cgroup, in a
+// of the guest code a warm `true` translates. So before a snapshot
+// (KindSettle) the process itself is made ahead: the agent's own binary
+// in its stub mode (ExecStubArg), started in the spare cgroup, in a
 // process group of its own, with the spare pipes as its standard streams.
 // It waits for one request on descriptor 3: the program, the directory,
 // the arguments and the environment. Then it changes directory and
@@ -38,14 +38,15 @@ import (
 // ExecStubArg is the argument that makes the agent binary an exec stub.
 const ExecStubArg = "--exec-stub"
 
-// refillSpares makes what the next exec takes when it is not ready: its
-// process (a stub, when the Server has one), its cgroup and its pipes.
-func (s *Server) refillSpares(reap reaper) {
-	s.opts.Cgroups.refill()
-	s.pipes.refill()
+// readyStub makes the next exec's process, a stub, when the Server has a
+// stub program and none is ready, before a snapshot (KindSettle): only a
+// snapshot's clone gains by it, as its QEMU translates a fork afresh. A
+// running VM's QEMU has translated the fork already, so a stub made after
+// each exec would only compete with the next command for the guest's CPU.
+// The spare cgroup and pipes the stub takes are made again.
+func (s *Server) readyStub(reap reaper) {
 	s.stub.refill(s, reap)
-	s.opts.Cgroups.refill()
-	s.pipes.refill()
+	s.refillSpares()
 }
 
 // startProcess starts prog for req: through the stub made ahead when one

@@ -21,27 +21,19 @@ func stubOptions() Options {
 	return Options{ExecStub: os.Args[0]}
 }
 
-// readyStub runs a command when no stub was made yet (one is made after
-// each exec), waits until the server holds a ready stub and returns its
-// pid.
+// readyStub has the server make a stub (as before a snapshot: settle)
+// and returns its pid.
 func (c *testConn) readyStub() int {
 	c.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for ran := false; time.Now().Before(deadline); {
-		c.srv.stub.mu.Lock()
-		s := c.srv.stub.v
-		c.srv.stub.mu.Unlock()
-		if s != nil {
-			return s.pid
-		}
-		if !ran {
-			c.exec(agentproto.Exec{Argv: []string{"true"}})
-			ran = true
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := c.call(&agentproto.Msg{Kind: agentproto.KindSettle}, nil); err != nil {
+		c.t.Fatalf("settle: %v", err)
 	}
-	c.t.Fatal("no exec stub got ready within 20s")
-	return 0
+	c.srv.stub.mu.Lock()
+	defer c.srv.stub.mu.Unlock()
+	if c.srv.stub.v == nil {
+		c.t.Fatal("no exec stub after a settle")
+	}
+	return c.srv.stub.v.pid
 }
 
 // processFacts is what a command can see of how it was started. Its
@@ -65,6 +57,10 @@ func TestExecStubStartsAsForkDoes(t *testing.T) {
 	forked := fork.exec(e)
 
 	c := startAgent(t, stubOptions())
+	c.exec(agentproto.Exec{Argv: []string{"true"}})
+	if c.srv.stub.ready() {
+		t.Error("an exec made a stub; only a settle should")
+	}
 	pid := c.readyStub()
 	stubbed := c.exec(e)
 	if stubbed.code() != 0 || forked.code() != 0 {
@@ -125,8 +121,8 @@ func TestExecStubCannotStart(t *testing.T) {
 }
 
 // TestExecStubUnusable: a stub that a command killed or stopped does not
-// fail the exec: it forks, the stub is ended, and a new one is made for
-// the next. A request too large for a stub forks and leaves it ready.
+// fail the exec: it forks, and the stub is ended (the next settle makes
+// another). A request too large for a stub forks and leaves it ready.
 func TestExecStubUnusable(t *testing.T) {
 	defer func(d time.Duration) { stubStart = d }(stubStart)
 	stubStart = 300 * time.Millisecond

@@ -185,7 +185,7 @@ func (c *conn) launchJob(j *job, req *agentproto.Exec, env []string) {
 	g.begin()
 	go func() {
 		defer g.end()
-		c.srv.refillSpares(c.reap)
+		c.srv.refillSpares()
 	}()
 }
 

@@ -361,6 +361,7 @@ func (c *conn) dispatch(m *agentproto.Msg, payload []byte) error {
 	case agentproto.KindSettle:
 		c.spawn(func() {
 			c.srv.opts.Cgroups.settle()
+			c.srv.readyStub(c.reap)
 			c.replyOK(m.ID)
 		})
 	case agentproto.KindHalt:
