@@ -173,7 +173,7 @@ const (
 	KindHalt         Kind = "halt"          // host -> guest: sync disks and power off
 	KindFreeze       Kind = "freeze"        // host -> guest: FreezeMS; freeze the scratch filesystem; OK
 	KindThaw         Kind = "thaw"          // host -> guest: end the freeze this connection holds; OK
-	KindSettle       Kind = "settle"        // host -> guest: OK once finished commands are cleaned up (before a snapshot)
+	KindSettle       Kind = "settle"        // host -> guest: OK once finished commands are cleaned up and the next one's process is made (before a snapshot)
 
 	// Generic replies.
 	KindOK    Kind = "ok"    // guest -> host: request done
