@@ -53,13 +53,15 @@ func (s *Server) readyStub(reap reaper) {
 // is ready and the request has no stdin, else by a fork of its own. It
 // returns the pipes and cgroup in use, also when the start failed.
 func (c *conn) startProcess(req *agentproto.Exec, prog, cwd string, env []string) (int, <-chan unix.WaitStatus, *execPipes, *execCgroup, error) {
-	if b, ok := encodeStubRequest(prog, cwd, req.Argv, env); ok && c.srv.opts.ExecStub != "" && !req.Stdin {
-		if s := c.srv.stub.take(); s != nil {
-			err := s.exec(b)
-			if !errors.Is(err, errStubGone) {
-				return s.pid, s.wait, s.pipes, s.cg, err
+	if !req.Stdin && c.srv.stub.ready() {
+		if b, ok := encodeStubRequest(prog, cwd, req.Argv, env); ok {
+			if s := c.srv.stub.take(); s != nil {
+				err := s.exec(b)
+				if !errors.Is(err, errStubGone) {
+					return s.pid, s.wait, s.pipes, s.cg, err
+				}
+				c.log.Debug("the exec stub could not take the command; forking", "err", err)
 			}
-			c.log.Debug("the exec stub could not take the command; forking", "err", err)
 		}
 	}
 	p, err := c.srv.pipes.take(req.Stdin)
