@@ -149,7 +149,7 @@ func (g *Cgroups) confined() bool { return g != nil && g.parent != "" }
 // forExec makes exec id's cgroup, or returns nil when commands are not
 // confined (or the cgroup cannot be made, which is logged).
 func (g *Cgroups) forExec(id uint64) *execCgroup {
-	if g == nil || g.parent == "" {
+	if !g.confined() {
 		return nil
 	}
 	if e := g.spare.take(); e != nil {

@@ -233,11 +233,10 @@ func (s *Server) waitJob(j *job, wait <-chan unix.WaitStatus, cg *execCgroup, ti
 
 // KillAll kills every running background job, its process group and
 // cgroup, what kept execs and jobs left in their cgroups, and the exec
-// stub made ahead: what a
-// power-off does to a guest, for an agent that serves as a plain process
-// (tests, the fake VMM), whose jobs would otherwise outlive it. Processes
-// that a kept exec left outside any cgroup (commands not confined) are
-// not tracked and are not killed.
+// stub made ahead: what a power-off does to a guest, for an agent that
+// serves as a plain process (tests, the fake VMM), whose jobs would
+// otherwise outlive it. Processes that a kept exec left outside any
+// cgroup (commands not confined) are not tracked and are not killed.
 func (s *Server) KillAll() {
 	for _, j := range s.jobs.list() {
 		if j.exited() {
