@@ -39,14 +39,15 @@ type WarmResult struct {
 	WarmOverCold    float64 `json:"warm_over_cold"`
 	ResumeOverFloor float64 `json:"resume_over_floor"`
 	// WarmVMsPerMinute is how many warm runs finish per minute one after
-	// another (wall clock of the whole Run calls).
+	// another: n over the wall clock of the warm Run calls, each with its
+	// teardown.
 	WarmVMsPerMinute float64 `json:"warm_vms_per_minute"`
 }
 
-// benchWarm measures n cold runs, n warm runs and n bare restores of the
-// default key (base-min, default sizes, networking on); the warm runs
-// resume from its snapshot with the root assembled. The cold runs are
-// the same request on the Service with the warm pool off.
+// warm measures n cold runs, n warm runs and n bare restores of the
+// default key (base-min, default sizes, networking on), alternating; the
+// warm runs resume from its snapshot with the root assembled. The cold
+// runs are the same request on the Service with the warm pool off.
 func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 	s := b.s
 	if n < 1 {
@@ -80,8 +81,14 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		}
 		return rep, nil
 	}
+	// A cold run, a warm run and a bare restore each round, so that the
+	// host's drift (its load, its neighbours' on a shared machine) falls
+	// on the three series alike. Each run's teardown ends before the next
+	// starts; a warm run's counts towards its throughput.
+	var warmWall time.Duration
 	for i := 0; i < n; i++ {
 		rep, err := b.cold.Run(ctx, sandbox.Request{Argv: []string{"true"}})
+		b.cold.Wait()
 		if err != nil {
 			return nil, err
 		}
@@ -89,10 +96,10 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 			return nil, fmt.Errorf("bench: the cold side resumed: give the bench a Service with the warm pool off: %w", errdefs.ErrFailedPrecondition)
 		}
 		res.ColdTotalMS = append(res.ColdTotalMS, rep.TotalMS)
-	}
-	t := time.Now()
-	for i := 0; i < n; i++ {
-		rep, err := one(sandbox.Request{Argv: []string{"true"}})
+		t := time.Now()
+		rep, err = one(sandbox.Request{Argv: []string{"true"}})
+		s.Wait()
+		warmWall += time.Since(t)
 		if err != nil {
 			return nil, err
 		}
@@ -101,16 +108,13 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		}
 		res.WarmTotalMS = append(res.WarmTotalMS, rep.TotalMS)
 		res.ResumeMS = append(res.ResumeMS, *rep.ResumeMS)
-	}
-	s.Wait()
-	res.WarmVMsPerMinute = float64(n) / time.Since(t).Minutes()
-	for i := 0; i < n; i++ {
 		ms, err := b.restoreFloor(ctx)
 		if err != nil {
 			return nil, err
 		}
 		res.QEMUFloorMS = append(res.QEMUFloorMS, ms)
 	}
+	res.WarmVMsPerMinute = float64(n) / warmWall.Minutes()
 	res.ColdTotalP50, res.WarmTotalP50 = p50(res.ColdTotalMS), p50(res.WarmTotalMS)
 	res.ResumeP50, res.QEMUFloorP50 = p50(res.ResumeMS), p50(res.QEMUFloorMS)
 	if res.ColdTotalP50 > 0 {
