@@ -54,22 +54,8 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		return nil, invalid("bench: n %d < 1", n)
 	}
 	res := &WarmResult{OK: true, N: n}
-	wb, err := s.WarmBuild(ctx, warmpool.BuildOptions{})
-	if err != nil {
+	if err := b.warmSnapshots(ctx, res); err != nil {
 		return nil, err
-	}
-	if wb.Built {
-		res.SnapshotBuildMS = wb.BuildMS
-	}
-	res.Accel = wb.Accel
-	// The runs below recur: they resume from the shape's snapshot with the
-	// root assembled, built here rather than inside one of them.
-	ab, err := s.WarmBuild(ctx, warmpool.BuildOptions{Stage: sandbox.BaseStage})
-	if err != nil {
-		return nil, err
-	}
-	if ab.Built {
-		res.SnapshotBuildMS += ab.BuildMS
 	}
 	one := func(req sandbox.Request) (*report.Run, error) {
 		rep, err := s.Run(ctx, req)
@@ -124,6 +110,23 @@ func (b *bench) warm(ctx context.Context, n int) (*WarmResult, error) {
 		res.ResumeOverFloor = float64(res.ResumeP50) / float64(res.QEMUFloorP50)
 	}
 	return res, nil
+}
+
+// warmSnapshots builds, where missing, the default key's plain snapshot
+// and the one with its root assembled: the warm runs recur, so they
+// resume from the latter, built here rather than inside one of them.
+func (b *bench) warmSnapshots(ctx context.Context, res *WarmResult) error {
+	for _, opts := range []warmpool.BuildOptions{{}, {Stage: sandbox.BaseStage}} {
+		wb, err := b.s.WarmBuild(ctx, opts)
+		if err != nil {
+			return err
+		}
+		if wb.Built {
+			res.SnapshotBuildMS += wb.BuildMS
+		}
+		res.Accel = wb.Accel
+	}
+	return nil
 }
 
 // restoreFloor times the VMM alone restoring the default snapshot: from the
